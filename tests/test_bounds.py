@@ -151,8 +151,8 @@ def test_entropic_expectation_is_plain_residual(seed, d):
 
 def test_entropic_gain_bound():
     g = [entropic_gain_bound(L) / 1.5 ** L for L in range(1, 65)]
-    assert all(a < b for a, b in zip(g, g[1:])) and g[-1] < math.exp(5 / 3)
-    assert entropic_gain_bound(1) == 5.0
+    assert all(a < b for a, b in zip(g, g[1:])) and g[-1] < math.exp(11 / 3)
+    assert entropic_gain_bound(1) == 11.0  # (1.5 + 4)(1 + 1): a case per channel
     assert entropic_gain_bound(10 ** 5) == math.inf
     with pytest.raises(ValueError): entropic_gain_bound(0)
 

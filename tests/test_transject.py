@@ -1,0 +1,331 @@
+"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, and a literal reference."
+import math
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from transject_nb.core import build_config, config_fields, variant_spec, sinusoidal_pe, masked_pool
+from transject_nb.bounds import layer_bounds, transject_bounds
+from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
+                                    CayleyOrthogonal, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
+                                    orthogonal_ffn, orthogonality_error, reorthogonalize_, token_distance_ratios,
+                                    plot_distance_ratios)
+
+torch.set_num_threads(1)
+VARIANTS4 = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
+FAST = settings(max_examples=30, deadline=None)
+seeds = st.integers(0, 2**31 - 1)
+
+
+def make(variant, seed=0, double=False, vocab_sz=40, n_classes=3, **kw):
+    torch.manual_seed(seed)
+    cfg = build_config(variant, vocab_sz, n_classes, **(dict(d_model=8, n_layers=2, n_experts=2, max_len=32) | kw))
+    m = TransJect(cfg)
+    return reorthogonalize_(m.double()) if double else m
+
+
+def randomize_(m, seed, scale=1.0, alphas=None):
+    "Random values for every parameter; `alphas`: the raw residual weights w_l (alpha_l = tanh(w_l))."
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters(): p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        if alphas is not None:
+            for blk, a in zip(m.blocks, alphas): blk.alpha_raw.fill_(a)
+    return m
+
+
+def tokens(seed, B, n, vocab_sz=40, pad=0):
+    "Random ids (B, n) with 0..n-1 trailing padding per row, plus `pad` extra padding columns."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, vocab_sz, (B, n), generator=g)
+    for b in range(B): x[b, int(torch.randint(1, n + 1, (1,), generator=g)):] = 0
+    return torch.cat([x, x.new_zeros(B, pad)], 1)
+
+
+# --- the reference: TransJect by the equations (the notebook's "Reference implementation", condensed) ---------
+def reference(m, x, cases=None):
+    cfg = m.cfg; L, E, d = cfg.n_layers, cfg.n_experts, cfg.d_model
+    out, recons = [], []
+    for b in range(x.shape[0]):
+        pos = (x[b] != 0).nonzero()[:, 0]
+        X = torch.cat([m.emb.weight[x[b, pos]], sinusoidal_pe(cfg.max_len, d // 2, dtype=X_dtype(m))[pos]], 1)
+        if cfg.sigma == 'approx':
+            U = m.eigenbasis.weight[0]; M = X.T @ X
+            s = torch.diagonal(U.T @ M @ U)
+            recons.append((M - U @ torch.diag(s) @ U.T).pow(2).sum() / M.pow(2).sum())
+            S = torch.diag(s / s.max())
+        else:
+            t = torch.tanh(m.sigma_param); S = torch.diag(t / t.abs().max())
+        for l, layer in enumerate(m.blocks):
+            Q = layer.bank.weight; a = torch.tanh(layer.alpha_raw) / L; lam = torch.softmax(layer.gate_logits, 0)
+            H = torch.zeros_like(X)
+            for e in range(E):
+                Fe = a * F.elu(X @ Q[e] @ S @ Q[E + e])
+                if cases is None or cases[l] is None: R = X + Fe
+                else:
+                    opts = [1.5 * X + Fe, 1.5 * X - Fe, 4 * Fe, X]
+                    R = torch.stack([opts[int(cases[l][e, j])][:, j] for j in range(d)], 1)
+                H = H + lam[e] * R
+            X = H + a * F.elu(F.elu(H @ Q[2 * E] + layer.b1) @ Q[2 * E + 1] + layer.b2)
+        out.append(m.head(X.mean(0) if cfg.pooling == 'mean' else X.max(0).values))
+    return torch.stack(out), (torch.stack(recons).mean() if recons else torch.zeros(()))
+
+
+def X_dtype(m): return m.emb.weight.dtype
+
+
+@FAST
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, training=st.booleans(), pooling=st.sampled_from(['mean', 'max']),
+       d=st.sampled_from([4, 8]), L=st.integers(1, 3), E=st.integers(1, 3), B=st.integers(1, 3), n=st.integers(1, 7))
+def test_matches_reference(variant, seed, training, pooling, d, L, E, B, n):
+    m = randomize_(make(variant, seed, double=True, d_model=d, n_layers=L, n_experts=E, pooling=pooling), seed)
+    m.train(training)
+    x = tokens(seed, B, n)
+    hs, mask, ctx = m._run(x)
+    logits = m.head(masked_pool(hs[-1], mask, pooling))
+    ref, recon = reference(m, x, ctx['entropic_cases'])
+    assert torch.allclose(logits, ref, atol=1e-9, rtol=1e-9)
+    assert torch.allclose(m.aux_loss, recon.to(m.aux_loss), atol=1e-9)
+    assert all((c is not None) == (training and 'entropic' in variant) for c in ctx['entropic_cases'])
+
+
+# --- registry and config -------------------------------------------------------------------------------------
+def test_variants_registered():
+    fixed = {'transject': ('approx', 'plain'), 'entropic-transject': ('approx', 'entropic'),
+             'random-transject': ('random', 'plain'), 'random-entropic-transject': ('random', 'entropic')}
+    for v, (sg, res) in fixed.items():
+        spec = variant_spec(v)
+        assert spec.config_cls is TransJectConfig and spec.model_cls is TransJect and spec.doc
+        assert spec.fixed == dict(sigma=sg, residual=res)
+        cfg = build_config(v, 10, 2)
+        assert (cfg.sigma, cfg.residual, cfg.orth_map, cfg.n_experts, cfg.sigma_eps) == (sg, res, 'cayley', 4, 1e-6)
+    assert 'eps' not in config_fields(TransJectConfig)       # the presets' optimiser `eps` must not land in the model config
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match='d_model must be a multiple of 4'): TransJectConfig(10, 2, d_model=6)
+    with pytest.raises(ValueError, match='sigma must be one of'): TransJectConfig(10, 2, sigma='eigh')
+    with pytest.raises(ValueError, match='residual must be one of'): TransJectConfig(10, 2, residual='x')
+    with pytest.raises(ValueError, match='orth_map must be one of'): TransJectConfig(10, 2, orth_map='qr')
+    with pytest.raises(ValueError, match='n_experts must be a positive int'): TransJectConfig(10, 2, n_experts=True)
+    with pytest.raises(ValueError, match='sigma_eps must be a float'): TransJectConfig(10, 2, sigma_eps=0)
+    with pytest.raises(ValueError, match='fixes'): build_config('random-transject', 10, 2, sigma='approx')
+
+
+def test_bad_input_errors_come_from_check_tokens():
+    m = make('transject').eval()
+    with pytest.raises(TypeError, match='integer token ids'): m(torch.ones(1, 3))
+    with pytest.raises(ValueError, match='out of vocabulary'): m(torch.tensor([[1, 40]]))
+    with pytest.raises(ValueError, match='exceeds max_len=32'): m(torch.ones(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match='all padding'): m(torch.tensor([[1, 2], [0, 0]]))
+    with pytest.raises(ValueError, match='rank 2'): m.encode(torch.ones(3, dtype=torch.long))
+
+
+# --- the contract ----------------------------------------------------------------------------------------------
+@FAST
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, B=st.integers(1, 3), n=st.integers(1, 10), pad=st.integers(1, 8),
+       pooling=st.sampled_from(['mean', 'max']), E=st.integers(1, 3))
+def test_padding_does_not_change_logits(variant, seed, B, n, pad, pooling, E):
+    m = randomize_(make(variant, seed, pooling=pooling, n_experts=E), seed, scale=0.5).eval()
+    x = tokens(seed, B, n)
+    with torch.no_grad():
+        y, y_pad = m(x), m(torch.cat([x, x.new_zeros(B, pad)], 1))
+        hs, hs_pad = m.encode(x), m.encode(torch.cat([x, x.new_zeros(B, pad)], 1))
+    assert torch.allclose(y, y_pad, atol=1e-5, rtol=1e-5)
+    for h, hp in zip(hs, hs_pad): assert torch.allclose(h, hp[:, :n], atol=1e-5, rtol=1e-5)
+
+
+@FAST
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds)
+def test_eval_is_deterministic_and_entropic_eval_is_plain(variant, seed):
+    m = randomize_(make(variant, seed), seed).eval()
+    x = tokens(seed, 3, 9)
+    with torch.no_grad(): assert torch.equal(m(x), m(x))
+    plain = make(variant.replace('entropic-', ''), seed)
+    plain.load_state_dict(m.state_dict()); plain.eval()
+    with torch.no_grad(): assert torch.equal(plain(x), m(x))
+
+
+def test_entropic_training_draws_cases():
+    m = randomize_(make('entropic-transject', 0, n_experts=3), 0).train()
+    x = tokens(0, 2, 8)
+    hs, mask, ctx = m._run(x)
+    assert [c.shape for c in ctx['entropic_cases']] == [(3, 8)] * 2
+    assert all(int(c.min()) >= 0 and int(c.max()) <= 3 for c in ctx['entropic_cases'])
+    torch.manual_seed(1); y1 = m(x)
+    torch.manual_seed(2); y2 = m(x)
+    assert not torch.equal(y1, y2)
+    torch.manual_seed(1); assert torch.equal(m(x), y1)       # the draws follow torch's RNG
+    # the four cases average to the plain residual
+    h, A, lam = torch.randn(1, 4, 8, dtype=torch.float64), torch.randn(1, 4, 3, 8, dtype=torch.float64), torch.softmax(torch.randn(3, dtype=torch.float64), 0)
+    avg = sum(mix_experts(h, A, lam, 0.3, torch.full((3, 8), c)) for c in range(4)) / 4
+    assert torch.allclose(avg, mix_experts(h, A, lam, 0.3), atol=1e-12)
+    assert len(ENTROPIC_CASES) == 4
+
+
+def test_ctx_and_shapes():
+    m = make('transject', n_layers=3, n_experts=2).eval()
+    x = tokens(0, 2, 6)
+    hs, mask, ctx = m._run(x)
+    assert len(hs) == 4 and all(h.shape == (2, 6, 8) for h in hs)
+    assert ctx['sigma'].shape == (2, 8) and torch.allclose(ctx['sigma'].amax(-1), torch.ones(2))
+    assert [w.shape for w in ctx['expert_weights']] == [(2,)] * 3
+    assert all(torch.allclose(w.sum(), torch.tensor(1.)) for w in ctx['expert_weights'])
+    assert ctx['entropic_cases'] == [None] * 3
+    assert m.aux_loss.shape == () and 0 <= m.aux_loss.item() <= 1
+    assert m.alphas().shape == (3,)
+    r = make('random-transject').eval(); r(x)
+    assert r.aux_loss.item() == 0
+
+
+def test_rezero_identity_at_init_and_gradients_flow():
+    for v in VARIANTS4:
+        m = make(v).eval()
+        x, y = tokens(1, 3, 8), torch.tensor([0, 1, 2])
+        hs = m.encode(x)
+        assert all(torch.equal(h, hs[0]) for h in hs)                 # alpha = 0: every layer is the identity (in eval)
+        m.train()
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        for step in range(2):
+            opt.zero_grad()
+            (F.cross_entropy(m(x), y) + m.aux_loss).backward()
+            if step == 0: opt.step()
+        dead = [k for k, p in m.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+        assert not dead, f"{v}: no gradient reaches {dead}"
+
+
+@pytest.mark.parametrize('orth_map,d', [(om, 8) for om in ORTH_MAPS] + [('cayley', 64)])
+def test_orthogonal_after_many_large_adam_steps(orth_map, d):
+    m = make('entropic-transject', 0, d_model=d, orth_map=orth_map).train()
+    assert orthogonality_error(m) < 1e-5
+    x, y = tokens(2, 4, 8), torch.tensor([0, 1, 2, 0])
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    for _ in range(200):
+        opt.zero_grad(); (F.cross_entropy(m(x), y) + m.aux_loss).backward(); opt.step()
+    assert orthogonality_error(m) < 1e-5
+    assert m.alphas().abs().max() < 1
+
+
+def test_cayley_cpu_large_batched_does_not_hang():
+    "oneMKL's batched LU fails or hangs for >= 2 matrices of size >= 256 with 2 threads; CayleyOrthogonal solves them one by one."
+    prev = torch.get_num_threads(); torch.set_num_threads(2)
+    try:
+        b = OrthogonalBank(2, 256)
+        with torch.no_grad(): b.parametrizations.weight.original.normal_()
+        Q = b(); Q.sum().backward()
+        assert orthogonality_error(b) < 1e-5
+        assert b.parametrizations.weight.original.grad.abs().sum() > 0
+    finally: torch.set_num_threads(prev)
+
+
+def test_orthogonal_bank_assignment_and_autocast():
+    Q = torch.linalg.qr(torch.randn(3, 6, 6))[0]
+    for om in ORTH_MAPS:
+        b = OrthogonalBank(3, 6, om); b.weight = Q
+        assert torch.allclose(b(), Q, atol=1e-5)
+        with torch.autocast('cpu', dtype=torch.bfloat16): assert b().dtype == torch.float32
+    with pytest.raises(ValueError, match='orth_map must be one of'): OrthogonalBank(1, 4, 'svd')
+    b = OrthogonalBank(2, 6).double()
+    assert orthogonality_error(b) > 1e-12 and orthogonality_error(reorthogonalize_(b)) < 1e-13
+
+
+@pytest.mark.parametrize('variant', VARIANTS4)
+def test_autocast_bf16_cpu(variant):
+    m = randomize_(make(variant, 3, d_model=16), 3, scale=0.5).train()
+    x, y = tokens(3, 3, 10), torch.tensor([0, 1, 2])
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = m(x); loss = F.cross_entropy(out, y) + m.aux_loss
+    loss.backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+    m.eval()
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=torch.bfloat16): o16 = m(x)
+        o32 = m(x)
+    assert torch.allclose(o16.float(), o32, atol=0.1, rtol=0.05)
+
+
+# --- Theorem 2 -------------------------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, d=st.sampled_from([4, 8, 12]), L=st.integers(1, 4),
+       E=st.integers(1, 3), data=st.data(), scale=st.sampled_from([0.1, 1., 10.]), B=st.integers(1, 3), n=st.integers(2, 12))
+def test_eval_distance_ratios_within_theorem2_bounds(variant, seed, d, L, E, data, scale, B, n):
+    alphas = data.draw(st.lists(st.floats(-50, 50), min_size=L, max_size=L), label='w')
+    m = randomize_(make(variant, seed, double=True, d_model=d, n_layers=L, n_experts=E), seed, scale=scale, alphas=alphas).eval()
+    x = tokens(seed, B, n)
+    x[0, :2] = torch.tensor([1, 1])                                      # at least one pair of real tokens (same id, two positions)
+    with torch.no_grad(): lo, hi = token_distance_ratios(m.encode(x), x != 0)
+    blo, bhi = layer_bounds(m.alphas(), L)
+    tlo, thi = transject_bounds(L)
+    assert (m.alphas().abs() <= 1).all()
+    assert (lo >= blo * (1 - 1e-9)).all(), (lo, blo)
+    assert (hi <= bhi * (1 + 1e-9)).all(), (hi, bhi)
+    assert blo[-1] >= tlo * (1 - 1e-12) and bhi[-1] <= thi * (1 + 1e-12)
+
+
+def test_entropic_training_can_leave_the_bounds():
+    m = randomize_(make('entropic-transject', 0, double=True, d_model=16, n_layers=4, n_experts=1), 0, alphas=[0.3] * 4).train()
+    x = tokens(0, 4, 20); x[:, :12] = torch.randint(1, 40, (4, 12))
+    torch.manual_seed(0)
+    with torch.no_grad(): worst = max(token_distance_ratios(m.encode(x), x != 0)[1][-1].item() for _ in range(20))
+    assert worst > layer_bounds(m.alphas(), 4)[1][-1].item()
+
+
+def test_token_distance_ratios_and_plot():
+    hs = [torch.tensor([[[0., 0.], [1., 0.], [0., 0.]]]), torch.tensor([[[0., 0.], [2., 0.], [5., 5.]]])]
+    lo, hi = token_distance_ratios(hs, torch.tensor([[True, True, False]]))
+    assert lo.tolist() == [1., 2.] and hi.tolist() == [1., 2.] and lo.dtype == torch.float64
+    with pytest.raises(ValueError, match='no pair of real tokens'): token_distance_ratios(hs, torch.tensor([[True, False, False]]))
+    import matplotlib; matplotlib.use('Agg')
+    ax = plot_distance_ratios(make('transject').eval(), tokens(0, 2, 6))
+    assert ax.get_yscale() == 'log'
+
+
+# --- the pieces ------------------------------------------------------------------------------------------------
+@FAST
+@given(seed=seeds, B=st.integers(1, 3), n=st.integers(1, 9), d=st.integers(1, 9))
+def test_approx_sigma_matches_brute_force(seed, B, n, d):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, n, generator=g) < 0.7; mask[:, 0] = True
+    U = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    sigma, s, recon = approx_sigma(x, mask, U)
+    for b in range(B):
+        X = x[b][mask[b]]; M = X.T @ X
+        sb = torch.diagonal(U.T @ M @ U)
+        assert torch.allclose(s[b], sb, atol=1e-10)
+        assert torch.allclose(recon[b], (M - U @ torch.diag(sb) @ U.T).pow(2).sum() / M.pow(2).sum(), atol=1e-10)
+    assert torch.allclose(sigma.amax(-1), torch.ones(B, dtype=torch.float64)) and (sigma >= 0).all()
+    x2 = x.clone(); x2[~mask] = 1e3                                       # padding rows are ignored
+    assert torch.allclose(approx_sigma(3 * x2, mask, U)[0], sigma, atol=1e-10)   # and the result is scale-free
+    assert torch.allclose(approx_sigma(3 * x2, mask, U)[2], recon, atol=1e-10)
+
+
+@FAST
+@given(seed=seeds, d=st.sampled_from([2, 4, 8]), E=st.integers(1, 3))
+def test_pieces_are_one_lipschitz(seed, d, E):
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(2 * E + 2, d, d, generator=g, dtype=torch.float64))[0]
+    sigma = random_sigma(3 * torch.randn(d, generator=g, dtype=torch.float64))[None]
+    lam = torch.softmax(torch.randn(E, generator=g, dtype=torch.float64), 0)
+    b1, b2 = 3 * torch.randn(2, d, generator=g, dtype=torch.float64)
+    x, y = 3 * torch.randn(2, 1, 16, d, generator=g, dtype=torch.float64)
+    dist = lambda f: (f(x) - f(y)).norm(dim=-1) / (x - y).norm(dim=-1)
+    attn = lambda t: mix_experts(torch.zeros_like(t), orthogonal_attention(t, sigma, Q[:E], Q[E:2 * E]), lam, 1.)
+    assert (dist(attn) <= 1 + 1e-12).all()
+    assert (dist(lambda t: orthogonal_ffn(t, Q[-2], b1, Q[-1], b2)) <= 1 + 1e-12).all()
+    a = 0.7
+    r = dist(lambda t: mix_experts(t, orthogonal_attention(t, sigma, Q[:E], Q[E:2 * E]), lam, a))
+    assert (r >= 1 - a - 1e-12).all() and (r <= 1 + a + 1e-12).all()
+
+
+def test_random_variant_has_no_token_mixing():
+    m = randomize_(make('random-transject', 0), 0).eval()
+    x = tokens(0, 1, 8); x[0] = torch.randint(1, 40, (8,))
+    x2 = x.clone(); x2[0, 3] = (x[0, 3] % 39) + 1
+    with torch.no_grad(): h, h2 = m.encode(x)[-1], m.encode(x2)[-1]
+    keep = torch.arange(8) != 3
+    assert torch.equal(h[0, keep], h2[0, keep]) and not torch.equal(h[0, 3], h2[0, 3])
+    a = randomize_(make('transject', 0), 0).eval()                       # approx: the context enters through Sigma
+    with torch.no_grad(): assert not torch.equal(a.encode(x)[-1][0, keep], a.encode(x2)[-1][0, keep])
