@@ -1,0 +1,49 @@
+"""The contract every registered variant keeps, through the public door `create_model`."""
+import pytest, torch
+from hypothesis import given, settings, strategies as st
+from transject_nb.models import VARIANTS, create_model, check_contract, preset_config, variants_table
+from transject_nb.core import TASKS
+
+
+def test_variants_are_the_eight():
+    assert VARIANTS == ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject',
+                        'transformer', 'transformer-rezero', 'neutreno', 'similarity-removal')
+    assert list(variants_table().index[:len(VARIANTS)]) == list(VARIANTS)
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_contract(variant):
+    r = check_contract(variant)
+    assert r['padding_dev'] < 1e-5 and r['eval_dev'] == 0
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000), pad=st.integers(1, 6), pooling=st.sampled_from(['mean', 'max']))
+def test_padding_never_changes_logits(variant, seed, pad, pooling):
+    torch.manual_seed(seed)
+    m = create_model(variant, 30, 2, d_model=16, n_layers=2, max_len=20, pooling=pooling).eval()
+    x = torch.randint(1, 30, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), m(torch.cat([x, x.new_zeros(2, pad)], 1)), atol=1e-5, rtol=1e-5)
+
+
+def test_errors_name_the_valid_choices():
+    with pytest.raises(ValueError, match='valid variants are: .*transject'): create_model('bert', 10, 2)
+    with pytest.raises(TypeError, match='valid fields are: .*d_model'): create_model('transformer', 10, 2, dmodel=8)
+    with pytest.raises(ValueError, match='fixes'): create_model('neutreno', 10, 2, norm='pre')
+
+
+@pytest.mark.parametrize('task', TASKS)
+def test_presets_build_every_variant_config(task):
+    for v in VARIANTS:
+        cfg = preset_config(v, task)
+        assert cfg['d_model'] == 512 and cfg['n_layers'] == 6
+        small = preset_config(v, task, cpu=True)
+        create_model(v, 100, 4, **small)   # the CPU presets build quickly
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_contract_cuda(variant):
+    check_contract(variant, device='cuda')
