@@ -30,14 +30,15 @@ def _front(nb):
 
 
 def _exports(src_nb):
-    "Module and the names it exports, from the source notebook."
+    "Module and the functions and classes it exports (constants have no `show_doc` entry), from the source notebook."
     mod = next((re.search(r'#\|\s*default_exp\s+(\S+)', c.source)[1] for c in src_nb.cells
                 if c.cell_type == 'code' and re.search(r'#\|\s*default_exp', c.source)), None)
     if mod is None: return None, []
     tree = ast.parse((ROOT/'transject_nb'/f'{mod.replace(".", "/")}.py').read_text())
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, 'id', '') == '__all__' for t in node.targets):
-            return mod, [ast.literal_eval(e) for e in node.value.elts]
+            return mod, [n for n in map(ast.literal_eval, node.value.elts) if n in defs]
     return mod, []
 
 
@@ -64,6 +65,9 @@ def test_page(proc, name):
         for o in c.get('outputs', []):
             assert o.output_type != 'error', f"{name}: a committed output is an error: {o.get('ename')}: {o.get('evalue')}"
             assert not (o.output_type == 'stream' and 'Traceback' in o.get('text', '')), f"{name}: a traceback in a cell output"
+    for c in nb.cells:                      # nbdev's processing keys that nbformat's schema does not know
+        c.pop('has_sd', None); c.metadata.pop('execution', None)
+    nb.metadata.pop('execution', None)
     html, _ = HTMLExporter(template_name='classic').from_notebook_node(nb, resources={'metadata': {'name': front['title']}})
     assert f"<title>{front['title']}</title>" in html
     # every exported name has its show_doc entry, rendered as a heading
