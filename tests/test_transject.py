@@ -10,7 +10,9 @@ from transject_nb.bounds import layer_bounds, transject_bounds
 from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
                                     CayleyOrthogonal, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
                                     orthogonal_ffn, orthogonality_error, reorthogonalize_, token_distance_ratios,
-                                    plot_distance_ratios)
+                                    plot_distance_ratios, block_inverse, cayley_map, one_thread, mix_weights, fold_experts,
+                                    layer_path, transject_layer)
+from transject_nb import transject as T
 
 torch.set_num_threads(1)
 VARIANTS4 = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
@@ -88,6 +90,11 @@ def test_matches_reference(variant, seed, training, pooling, d, L, E, B, n):
     assert torch.allclose(logits, ref, atol=1e-9, rtol=1e-9)
     assert torch.allclose(m.aux_loss, recon.to(m.aux_loss), atol=1e-9)
     assert all((c is not None) == (training and 'entropic' in variant) for c in ctx['entropic_cases'])
+    # ... and the gradients of every parameter
+    ps, cot = list(m.parameters()), torch.randn(logits.shape, dtype=logits.dtype, generator=torch.Generator().manual_seed(seed))
+    grad = lambda loss: [torch.zeros_like(p) if g is None else g for p, g in zip(ps, torch.autograd.grad(loss, ps, allow_unused=True))]
+    for a, b in zip(grad((logits * cot).sum() + m.aux_loss), grad((ref * cot).sum() + recon)):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-9)
 
 
 # --- registry and config -------------------------------------------------------------------------------------
@@ -329,3 +336,158 @@ def test_random_variant_has_no_token_mixing():
     assert torch.equal(h[0, keep], h2[0, keep]) and not torch.equal(h[0, 3], h2[0, 3])
     a = randomize_(make('transject', 0), 0).eval()                       # approx: the context enters through Sigma
     with torch.no_grad(): assert not torch.equal(a.encode(x)[-1][0, keep], a.encode(x2)[-1][0, keep])
+
+
+# --- the fast paths: block inverse, Cayley map, fused layer, worker threads, caches --------------------------------
+@FAST
+@given(seed=seeds, d=st.integers(1, 150), scale=st.sampled_from([0.01, 1., 30.]))
+def test_block_inverse_matches_lapack(seed, d, scale):
+    g = torch.Generator().manual_seed(seed)
+    A = scale * torch.randn(2, d, d, generator=g, dtype=torch.float64); A = A - A.mT
+    K = torch.eye(d, dtype=torch.float64) - A / 2
+    with one_thread(): Kinv = torch.linalg.inv(K)
+    assert torch.allclose(block_inverse(K, leaf=8), Kinv, atol=1e-9 * (1 + scale ** 2))
+    C = cayley_map(A)
+    assert (C.mT @ C - torch.eye(d, dtype=torch.float64)).abs().max() < 1e-9
+
+
+def test_cayley_map_gradcheck_and_base():
+    torch.manual_seed(0)
+    W = torch.randn(3, 5, 5, dtype=torch.float64, requires_grad=True)
+    base = torch.linalg.qr(torch.randn(3, 5, 5, dtype=torch.float64))[0]
+    assert torch.autograd.gradcheck(lambda w: cayley_map(w.tril() - w.tril().mT, base), (W,))
+    A = (W.tril() - W.tril().mT).detach()
+    I = torch.eye(5, dtype=torch.float64)
+    assert torch.allclose(cayley_map(A, base), base @ torch.linalg.solve(I - A / 2, I + A / 2), atol=1e-12)
+
+
+def test_block_inverse_needs_a_positive_definite_symmetric_part():
+    with pytest.raises(RuntimeError, match='singular'): block_inverse(torch.tensor([[0., 1.], [1., 0.]]), leaf=1)
+
+
+def _layer_inputs(seed, B, n, d, E, shared, entropic):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    Q = torch.linalg.qr(r(2 * E + 2, d, d))[0]
+    ins = [r(B, n, d), Q, r(E), r(()), r(d), r(d), r(d) if shared else r(B, d)]
+    return [t.requires_grad_() for t in ins], (torch.randint(0, 4, (E, d), generator=g) if entropic else None)
+
+
+@FAST
+@given(seed=seeds, B=st.integers(1, 3), n=st.integers(1, 9), d=st.sampled_from([2, 4, 8]), E=st.integers(1, 3),
+       shared=st.booleans(), entropic=st.booleans(), path=st.sampled_from(['auto', 'fold', 'direct']),
+       chunk_rows=st.sampled_from([None, 1, 2, 5]))
+def test_fused_layer_matches_pieces(seed, B, n, d, E, shared, entropic, path, chunk_rows):
+    (h, Q, logits, w_raw, b1, b2, p), cases = _layer_inputs(seed, B, n, d, E, shared, entropic)
+    def layer(fused):
+        sigma = random_sigma(p).expand(B, d) if shared else torch.sigmoid(p)
+        lam, a = torch.softmax(logits, 0), torch.tanh(w_raw)
+        U, V, W1, W2 = Q[:E], Q[E:2 * E], Q[2 * E], Q[2 * E + 1]
+        if fused: return transject_layer(h, sigma, U, V, *mix_weights(lam, a, d, cases), W1, b1, W2, b2, a, path=path, chunk_rows=chunk_rows)
+        h1 = mix_experts(h, orthogonal_attention(h, sigma, U, V), lam, a, cases)
+        return h1 + a * orthogonal_ffn(h1, W1, b1, W2, b2)
+    y, y_ref = layer(True), layer(False)
+    assert torch.allclose(y, y_ref, atol=1e-12)
+    gy = torch.randn(B, n, d, dtype=torch.float64)
+    ins = [h, Q, logits, w_raw, b1, b2, p]
+    for a, b in zip(torch.autograd.grad(y, ins, gy), torch.autograd.grad(y_ref, ins, gy)): assert torch.allclose(a, b, atol=1e-11)
+    with torch.no_grad(): assert torch.allclose(layer(True), y_ref, atol=1e-12)
+    with torch.inference_mode(): assert torch.allclose(layer(True), y_ref.detach(), atol=1e-12)
+
+
+def test_fused_layer_gradcheck():
+    torch.manual_seed(0)
+    B, n, d, E = 2, 5, 3, 2
+    ins = [torch.randn(B, n, d), torch.rand(B, d), torch.randn(E, d, d), torch.randn(E, d, d), torch.randn(E, d), torch.randn(d),
+           torch.randn(d, d), torch.randn(d), torch.randn(d, d), torch.randn(d), torch.tensor(0.4)]
+    ins = [t.double().requires_grad_() for t in ins]
+    for path in ('fold', 'direct'):
+        assert torch.autograd.gradcheck(lambda *t: transject_layer(*t, path=path, chunk_rows=2), ins)
+        assert torch.autograd.gradcheck(lambda *t: transject_layer(*t[:5], None, *t[6:], path=path, chunk_rows=3),
+                                        ins)   # plain residual: cx = None
+
+
+@pytest.mark.parametrize('threads', [2, 3])
+@pytest.mark.parametrize('B', [1, 4])
+def test_worker_threads_give_the_same_results(threads, B):
+    torch.manual_seed(0)
+    ins = [torch.randn(B, 30, 8), torch.rand(B, 8), torch.randn(2, 8, 8), torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(8),
+           torch.randn(8, 8), torch.randn(8), torch.randn(8, 8), torch.randn(8), torch.tensor(0.3)]
+    ins = [t.double().requires_grad_() for t in ins]
+    out = {}
+    prev = torch.get_num_threads()
+    try:
+        for th in (1, threads):
+            torch.set_num_threads(th)
+            for path in ('fold', 'direct'):
+                y = transject_layer(*ins, path=path, chunk_rows=4)
+                with torch.inference_mode(): yi = transject_layer(*ins, path=path, chunk_rows=4)
+                out[th, path] = (y, torch.autograd.grad(y, ins, torch.ones_like(y)), yi)
+    finally: torch.set_num_threads(prev)
+    for path in ('fold', 'direct'):
+        (y1, g1, i1), (y2, g2, i2) = out[1, path], out[threads, path]
+        assert torch.equal(y1, y2) and torch.equal(i1, i2)
+        for a, b in zip(g1, g2): assert torch.allclose(a, b, atol=1e-12)
+    with T.one_thread(): pass
+    assert torch.get_num_threads() == prev
+
+
+def test_whole_model_with_worker_threads_matches_one_thread():
+    m = randomize_(make('entropic-transject', 0, double=True, d_model=8, n_layers=2, n_experts=2), 0, scale=0.5).eval()
+    x = tokens(0, 3, 20)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad(): y2 = m(x)
+        m.train(); torch.manual_seed(3); (m(x).sum() + m.aux_loss).backward()
+        g2 = [p.grad.clone() for p in m.parameters()]
+        torch.set_num_threads(1); m.zero_grad()
+        m.eval()
+        with torch.no_grad(): y1 = m(x)
+        m.train(); torch.manual_seed(3); (m(x).sum() + m.aux_loss).backward()
+    finally: torch.set_num_threads(prev)
+    assert torch.equal(y1, y2)
+    for p, g in zip(m.parameters(), g2): assert torch.allclose(p.grad, g, atol=1e-12)
+
+
+def test_layer_path_and_fold():
+    assert layer_path(1024, 256) == 'fold' and layer_path(256, 256) == 'direct'
+    torch.manual_seed(0)
+    U, V, s = torch.randn(3, 4, 4), torch.randn(3, 4, 4), torch.rand(2, 4)
+    M = fold_experts(U, V, s)
+    assert M.shape == (2, 4, 12)
+    assert torch.allclose(M[1, :, 4:8], U[1] @ torch.diag(s[1]) @ V[1], atol=1e-6)
+    with pytest.raises(ValueError, match='sigma must have shape'): transject_layer(torch.zeros(2, 3, 4), torch.zeros(3, 4), U[:1], V[:1], torch.zeros(1, 4), None, *torch.zeros(4, 4, 4)[:1], torch.zeros(4), torch.eye(4), torch.zeros(4), 0.)
+    with pytest.raises(ValueError, match="path must be"): transject_layer(torch.zeros(1, 3, 4), torch.zeros(1, 4), U[:1], V[:1], torch.zeros(1, 4), None, torch.eye(4), torch.zeros(4), torch.eye(4), torch.zeros(4), 0., path='x')
+
+
+def test_bank_caches_without_gradients_and_recomputes_after_a_change():
+    b = OrthogonalBank(2, 6)
+    with torch.no_grad():
+        q1 = b(); q2 = b()
+        assert q1 is q2                                                      # cached
+        b.parametrizations.weight.original.add_(0.1)                         # a parameter changes: recomputed
+        q3 = b()
+    assert q3 is not q1 and not torch.equal(q3, q1)
+    assert b().requires_grad and b() is not q3                               # with gradients: always computed
+    b.weight = torch.linalg.qr(torch.randn(2, 6, 6))[0]                      # a new base
+    with torch.no_grad(): assert orthogonality_error(b) < 1e-5 and not torch.equal(b(), q3)
+    m = make('transject', 0).eval()
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    x = tokens(0, 2, 6)
+    with torch.no_grad(): y0 = m(x)
+    m.train(); (m(x).sum() + m.aux_loss).backward(); opt.step(); m.eval()
+    with torch.no_grad(): y1 = m(x)
+    assert not torch.equal(y0, y1)                                           # the optimiser's step invalidates the cache
+
+
+def test_paper_size_model_builds_fast():
+    import time
+    prev = torch.get_num_threads(); torch.set_num_threads(2)
+    try:
+        t0 = time.perf_counter()
+        m = TransJect(TransJectConfig(100, 2, d_model=512, n_layers=6, n_experts=4))
+        dt = time.perf_counter() - t0
+    finally: torch.set_num_threads(prev)
+    assert orthogonality_error(m) < 1e-5
+    assert dt < 5, dt                                                        # was 6-24 s with the 2-thread batched QR

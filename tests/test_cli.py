@@ -1,0 +1,74 @@
+"""The `transject-nb` command line: parsing, errors, train and compare end to end on a tiny generated ListOps."""
+import json, subprocess, sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from transject_nb.cli import DEMO, convert_value, main, parse_overrides, run_command
+from transject_nb.models import VARIANTS
+
+TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
+        '--max_depth', '3', '--max_args', '4', '--d_model', '16', '--n_layers', '1', '--epochs', '1', '--cache-dir', 'none', '--quiet', '--preset', 'cpu']
+
+
+def _err(argv, capsys):
+    with pytest.raises(SystemExit) as e: main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_convert_value():
+    assert convert_value('a', '3', 'int') == 3 and convert_value('a', '1e-3', 'float') == 1e-3
+    assert convert_value('a', 'None', 'int|None') is None and convert_value('a', 'yes', 'bool') is True
+    with pytest.raises(ValueError, match='expected int'): convert_value('a', '2.5', 'int')
+
+
+def test_parse_overrides():
+    assert parse_overrides(['--d-model', '32', '--lr=1e-3', '--pooling', 'mean'], ['transject']) == dict(d_model=32, lr=1e-3, pooling='mean')
+    assert parse_overrides(['--n_heads', '2'], ['transject', 'transformer']) == dict(n_heads=2)
+    with pytest.raises(ValueError, match='missing value'): parse_overrides(['--lr'], ['transject'])
+    with pytest.raises(ValueError, match='expected --field value'): parse_overrides(['lr'], ['transject'])
+
+
+def test_errors_list_the_valid_choices(capsys):
+    assert "invalid choice: 'sst2'" in _err(['train', '--task', 'sst2', '--variant', 'transject'], capsys)
+    assert 'transject' in _err(['train', '--task', 'listops', '--variant', 'nope'], capsys)
+    e = _err(['train', '--task', 'listops', '--variant', 'transject', '--d_modle', '3'], capsys)
+    assert 'valid fields are: model: d_model' in e and 'training: lr' in e and 'data: n_train' in e
+    assert 'valid variants are: all, ' + ', '.join(VARIANTS) in _err(['compare', '--variants', 'transject,bert'], capsys)
+    assert 'unknown field --n_heads' in _err(['compare', '--task', 'listops', '--variants', 'transject', '--n_heads', '2'], capsys)
+    assert '--seeds: expected comma-separated integers' in _err(['compare', '--seeds', 'a,b'], capsys)
+
+
+def test_train_writes_model_and_results(tmp_path, capsys):
+    out = tmp_path/'one'
+    res = run_command(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(out), *TINY])
+    files = {str(p.relative_to(out)) for p in out.rglob('*') if p.is_file()}
+    assert {'export.pkl', 'history.csv', 'results.json', 'models/best.pth', 'models/checkpoint.pth'} <= files
+    js = json.loads((out/'results.json').read_text())
+    assert js['results']['test_acc'] == res['test_acc'] and js['config']['model']['d_model'] == 16
+    assert 'test_acc' in capsys.readouterr().out
+    assert 'pass --resume to continue it' in _err(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(out), *TINY], capsys)
+
+
+def test_compare_table_files_and_resume(tmp_path, capsys):
+    out = tmp_path/'cmp'
+    argv = ['compare', '--task', 'listops', '--variants', 'random-transject,transformer', '--seeds', '1,2', '--out', str(out), *TINY]
+    table = run_command(argv)
+    assert list(table.index) == ['random-transject', 'transformer'] and table['seeds'].tolist() == [2, 2]
+    assert all('±' in s for s in table['test acc %'])
+    printed = capsys.readouterr().out
+    assert '| variant' in printed and 'majority class scores' in printed
+    for f in ('results.csv', 'summary.csv', 'summary.md', 'curves.png', 'results.json'): assert (out/f).is_file(), f
+    assert len(pd.read_csv(out/'results.csv')) == 4
+    pd.testing.assert_frame_equal(run_command(argv + ['--resume']), table)      # every run finished: nothing is retrained
+
+
+def test_module_entry_point():
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'compare', '--help'], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and '--variants' in r.stdout and '--seeds' in r.stdout
+
+
+def test_demo_is_visible_and_sane():
+    assert DEMO['task'] == 'listops' and DEMO['overrides']['max_len'] <= 128
