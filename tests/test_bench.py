@@ -1,0 +1,178 @@
+"Tests of `transject_nb.bench` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
+import argparse, math
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from transject_nb import transject as tj
+from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, bench_command, bench_table, crossover, flop_count, inverse_flops,
+                                interleaved_times, layer_threads, machine_info, main, make_step, matmul_peak, measured_flops,
+                                peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder, register_cli,
+                                train_briefly, unfused_transject_)
+from transject_nb.models import VARIANTS, create_model
+
+torch.set_num_threads(1)
+
+
+def model(name, d=16, **kw):
+    torch.manual_seed(0)
+    if name == REFERENCE: return reference_encoder(50, 3, d_model=d, n_layers=2, max_len=64, **kw)
+    return create_model(name, 50, 3, d_model=d, n_layers=2, max_len=64, **kw)
+
+
+@pytest.mark.parametrize('name', VARIANTS + (REFERENCE,))
+@pytest.mark.parametrize('n', [5, 24])
+def test_flop_count_matches_flop_counter(name, n):
+    m = model(name)
+    x = torch.randint(1, 50, (2, n))
+    for train in (True, False):
+        f = flop_count(m, 2, n, train)
+        assert f['total'] == sum(v for k, v in f.items() if k != 'total')
+        assert f['total'] - f.get('lapack', 0) == measured_flops(m, x, train)
+
+
+@settings(max_examples=15, deadline=None)
+@given(d=st.sampled_from([8, 12, 32]), E=st.integers(1, 3), B=st.integers(1, 3), n=st.integers(1, 40),
+       variant=st.sampled_from(['transject', 'random-entropic-transject']))
+def test_transject_flops_random_sizes(d, E, B, n, variant):
+    torch.manual_seed(0)
+    m = create_model(variant, 30, 2, d_model=d, n_layers=2, n_experts=E, max_len=64)
+    x = torch.randint(1, 30, (B, n))
+    f = flop_count(m, B, n, True)
+    assert f['total'] - f['lapack'] == measured_flops(m, x, True)
+
+
+def test_inverse_flops():
+    assert inverse_flops(64) == (0, 2 * 64 ** 3)
+    g, lap = inverse_flops(256)
+    assert lap == 4 * 2 * 64 ** 3 and g > 0
+    assert 1.5 * 256 ** 3 < g + lap < 2.5 * 256 ** 3               # about 2 d^3 in all
+
+
+def test_flop_count_rejects_other_models():
+    with pytest.raises(TypeError, match='flop_count knows'): flop_count(torch.nn.Linear(2, 2), 1, 1)
+
+
+def test_reference_encoder_contract():
+    m = model(REFERENCE).eval()
+    x = torch.tensor([[5, 3, 9, 0, 0], [7, 1, 4, 4, 8]])
+    with torch.no_grad():
+        assert m(x).shape == (2, 3)
+        assert torch.allclose(m(x)[:1], m(x[:1, :3]), atol=1e-5)        # padding is masked
+    assert isinstance(m, TorchEncoder) and m.blocks[0].enc.layers[0].linear1.out_features == 64
+
+
+def test_make_step_train_and_eval():
+    m = model('transject')
+    x = torch.randint(1, 50, (2, 8))
+    s = make_step(m, x)
+    s()
+    assert m.training and all(p.grad is not None for p in m.parameters())
+    e = make_step(m, x, train=False)
+    e()
+    assert not m.training and e.model is m
+    with torch.autocast('cpu', dtype=torch.bfloat16): pass
+    make_step(m, x, dtype=torch.bfloat16)()                              # bf16 autocast step runs
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_interleaved_times_and_peak():
+    calls = []
+    ts = interleaved_times({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}, reps=3, warmup=1)
+    assert calls == ['a', 'b'] * 4 and all(len(v) == 3 and min(v) >= 0 for v in ts.values())
+    p = matmul_peak(shapes=((32, 32, 32), (16, 16, 16)), reps=2)
+    assert set(p) == {'32x32x32', '16x16x16', 'peak'} and p['peak'] == max(p['32x32x32'], p['16x16x16']) > 0
+    assert {'cpu', 'threads', 'load_1min'} <= set(machine_info())
+
+
+def test_peak_memory_counts_the_step():
+    def step():
+        a = torch.randn(1000, 1000); b = torch.randn(1000, 1000)       # 4 MB each, both live
+        return (a @ b).sum()
+    mib = peak_memory(step)
+    assert 11 < mib < 13                                                 # a, b and a @ b: 12 MB
+    assert peak_memory(step) == mib                                      # no drift between profiled steps
+    m = model('transject')
+    small, big = (peak_memory(make_step(m, torch.randint(1, 50, (2, n)))) for n in (8, 32))
+    assert 0 < small < big
+    assert tj.LAYER_THREADS is None                                      # restored
+
+
+def test_bench_table_tiny_all_variants():
+    ms = {v: model(v) for v in VARIANTS} | {REFERENCE: model(REFERENCE)}
+    df = bench_table(ms, ns=(4, 12), B=2, reps=2)
+    assert len(df) == 2 * len(ms) and set(df.model) == set(ms)
+    for c in ('tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio', 'gflop', 'gflops_per_s', 'peak_gflops_per_s', 'frac_peak', 'peak_mib', 'load', 'threads'):
+        assert c in df and df[c].notna().all(), c
+    assert (df.tok_s_min <= df.tokens_per_s).all() and (df.tokens_per_s <= df.tok_s_max).all()
+    assert (df[df.model == REFERENCE].ratio == 1).all() and (df.gflop > 0).all() and (df.frac_peak > 0).all()
+    ev = bench_table({'transject': ms['transject'], REFERENCE: ms[REFERENCE]}, ns=(6,), B=1, reps=1, train=False, memory=False)
+    assert ev.peak_mib.isna().all() and (ev.tokens_per_s > 0).all()
+
+
+def test_bench_table_with_worker_threads():
+    prev = torch.get_num_threads(); torch.set_num_threads(2)
+    try:
+        df = bench_table({'transject': model('transject', d=8), REFERENCE: model(REFERENCE, d=8)}, ns=(40,), B=3, reps=1, memory=True)
+    finally: torch.set_num_threads(prev)
+    assert (df.threads == 2).all() and df.peak_mib.notna().all()
+
+
+def test_crossover_and_plots():
+    import matplotlib; matplotlib.use('Agg')
+    df = pd.DataFrame(dict(n=[100, 1000, 10000] * 2, model=['a'] * 3 + [REFERENCE] * 3, tokens_per_s=[1., 10., 100., 10., 10., 10.],
+                           tok_s_min=[1.] * 6, tok_s_max=[100.] * 6, peak_mib=[1., 10., 100., 1., 100., 10000.]))
+    assert math.isclose(crossover(df, 'a'), 1000.)
+    assert math.isnan(crossover(df.assign(tokens_per_s=1.), 'a'))
+    ax = plot_throughput(df); assert (ax.get_xscale(), ax.get_yscale()) == ('log', 'log')
+    ax = plot_memory(df); assert ax.get_ylabel().startswith('peak memory')
+
+
+def test_unfused_matches_fused_and_profile():
+    torch.manual_seed(0)
+    a = tj.reorthogonalize_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2).double())
+    with torch.no_grad():
+        for p in a.parameters(): p.add_(0.2 * torch.randn_like(p))
+    b = unfused_transject_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2).double())
+    b.load_state_dict(a.state_dict())
+    x = torch.randint(1, 40, (2, 12))
+    la, lb = (m(x).sum() + m.aux_loss for m in (a, b))
+    assert torch.allclose(la, lb, atol=1e-10)
+    for ga, gb in zip(torch.autograd.grad(la, list(a.parameters())), torch.autograd.grad(lb, list(b.parameters()))):
+        assert torch.allclose(ga, gb, atol=1e-10)
+    ops, kinds = profile_step(make_step(a.float(), x))
+    assert len(ops) > 0 and kinds.sum() > 0 and 'matrix products' in kinds.index
+
+
+def test_train_briefly_moves_the_weights():
+    m = model('transject')
+    losses = train_briefly(m, steps=5, B=2, n=6)
+    assert len(losses) == 5 and all(math.isfinite(l) for l in losses)
+    assert m.alphas().abs().min() > 0
+
+
+def test_cli(capsys):
+    df = main(['--variants', 'transject', '--n', '6,12', '--batch', '1', '--reps', '1', '--d_model', '8', '--d_ff', '16', '--no-memory'])
+    out = capsys.readouterr().out
+    assert 'transject-nb bench: train, float32, batch 1' in out and REFERENCE in out and ('overtakes' in out or 'does not overtake' in out)
+    assert set(df.model) == {'transject', REFERENCE} and list(df.n.unique()) == [6, 12]
+    with pytest.raises(SystemExit): main(['--variants', 'nope', '--n', '4'])
+    with pytest.raises(SystemExit): main(['--n', 'a,b'])
+    with pytest.raises(SystemExit): main(['--n', '4', '--lr', '0.1'])
+    got = {}
+    def command(name, help):
+        def deco(run): got[name] = (help, run); return run
+        return deco
+    register_cli(command)
+    assert got['bench'][0] == BENCH_HELP
+    p = argparse.ArgumentParser(); got['bench'][1].add_args(p)
+    a = p.parse_args(['--n', '5', '--batch', '1', '--reps', '1', '--no-memory'])
+    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject', REFERENCE}
+
+
+def test_console_script_registers_bench():
+    from transject_nb.cli import make_parser, COMMANDS
+    help = make_parser().format_help()
+    assert 'bench' in COMMANDS and 'bench' in help
