@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 from transject_nb.core import PAD_ID
 from transject_nb.data import TokenSplit, load_task
-from transject_nb.learner import (BucketDL, TaskLearner, TrainCheckpoint, atomic_save, evaluate, get_dls, get_learner, history,
+from transject_nb.core import atomic_save
+from transject_nb.learner import (BucketDL, TaskLearner, TrainCheckpoint, evaluate, get_dls, get_learner, history,
                                   load_checkpoint, load_trained, load_weights, resolve_config, results_table, train_learner)
 
 

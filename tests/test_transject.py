@@ -491,3 +491,14 @@ def test_paper_size_model_builds_fast():
     finally: torch.set_num_threads(prev)
     assert orthogonality_error(m) < 1e-5
     assert dt < 5, dt                                                        # was 6-24 s with the 2-thread batched QR
+
+
+def test_token_distance_ratios_skips_pairs_equal_at_layer_0():
+    from transject_nb.transject import token_distance_ratios
+    h0 = torch.tensor([[[0., 0.], [0., 0.], [3., 4.]]])                  # tokens 0 and 1 coincide
+    h1 = 2 * h0
+    lo, hi = token_distance_ratios([h0, h1], torch.ones(1, 3, dtype=torch.bool))
+    assert torch.isfinite(lo).all() and torch.isfinite(hi).all()
+    assert torch.allclose(lo, torch.tensor([1., 2.], dtype=torch.float64)) and torch.allclose(hi, lo)
+    with pytest.raises(ValueError, match='equal at layer 0'):
+        token_distance_ratios([torch.zeros(1, 3, 2)] * 2, torch.ones(1, 3, dtype=torch.bool))

@@ -6,15 +6,15 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, dataclasses, math, os
+import configparser, dataclasses, math, os, tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'EncoderClassifier',
-           'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config', 'settings_path',
-           'load_preset']
+           'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config', 'atomic_save',
+           'settings_path', 'load_preset']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -188,6 +188,21 @@ def build_config(
     if clash := {k: v for k, v in config.items() if k in spec.fixed and v != spec.fixed[k]}:
         raise ValueError(f"variant {name!r} fixes {spec.fixed}; got contradicting {clash}")
     return spec.config_cls(vocab_sz=vocab_sz, n_classes=n_classes, **{**config, **spec.fixed})
+
+# %% ../nbs/00_core.ipynb #69da7eaf
+def atomic_save(
+    obj,            # anything `torch.save` takes
+    path,           # destination; its folder is created
+)->Path:            # the path written
+    "`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: readers see the old file or the new one, never a partial one."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f: torch.save(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 from fastprogress.fastprogress import progress_bar
-from .core import PAD_ID, TASKS
+from .core import PAD_ID, TASKS, atomic_save
 
 # %% ../nbs/06_data.ipynb #f3652bce
 logger = logging.getLogger('transject_nb')
@@ -684,15 +684,6 @@ def cache_key(**parts)->str:
     "A short hash of everything a cached result depends on."
     return hashlib.sha256(json.dumps({**parts, 'version': DATA_VERSION}, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
-def _save_atomic(obj, path:Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-
 # %% ../nbs/06_data.ipynb #db45c9e1
 @dataclass(eq=False)
 class TaskData:
@@ -885,6 +876,6 @@ def load_task(
         if len(s) and int(s.labels.max()) >= td.n_classes: raise ValueError(f"{task} {k}: label {int(s.labels.max())} out of range for {td.n_classes} classes")
     logger.info(f"{task}: built {td} in {time.perf_counter() - t0:.1f} s")
     if cfile:
-        _save_atomic(td.state(), cfile)
+        atomic_save(td.state(), cfile)
         logger.info(f"{task}: cached in {cfile}")
     return td

@@ -15,9 +15,9 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'BucketDL', 'TokenDataLoaders',
            'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'resolve_config', 'AuxLoss',
-           'ReconLoss', 'has_aux_loss', 'atomic_save', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV',
-           'load_checkpoint', 'ModelRecipe', 'TaskLearner', 'get_learner', 'train_learner', 'load_weights', 'history',
-           'evaluate', 'plot_curves', 'load_trained', 'results_table']
+           'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV', 'load_checkpoint',
+           'ModelRecipe', 'TaskLearner', 'get_learner', 'train_learner', 'load_weights', 'history', 'evaluate',
+           'plot_curves', 'load_trained', 'results_table']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -41,7 +41,7 @@ from fastai.optimizer import Adam
 from fastai.torch_core import default_device, get_model, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import PAD_ID, TASKS, EncoderClassifier, config_fields, load_preset, variant_spec
+from .core import PAD_ID, TASKS, EncoderClassifier, atomic_save, config_fields, load_preset, variant_spec
 from .data import TaskData, TokenSplit, load_task, pad_batch
 from .models import VARIANTS, create_model, n_params
 
@@ -272,20 +272,6 @@ def has_aux_loss(model:nn.Module)->bool:
     return bool(model.aux_loss.requires_grad)
 
 # %% ../nbs/07_learner.ipynb #8d465a8c
-def atomic_save(
-    obj,            # anything `torch.save` takes
-    path,           # destination; its folder is created
-):                  # the path written
-    "`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: readers see the old file or the new one, never a partial one."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-    return path
-
 class SaveBestCallback(SaveModelCallback):
     "fastai's `SaveModelCallback` (best validation loss), saved atomically, never during a resumed run's replay, and loaded back `weights_only`."
     def __init__(self, monitor='valid_loss', fname='best'):

@@ -591,11 +591,13 @@ def token_distance_ratios(
     hs:list,            # hidden states of every layer, `n_layers+1` tensors `(B, n, d)` (from `model.encode`)
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
 )->tuple:               # `(lo, hi)`: float64 `(n_layers+1,)`, min and max over pairs of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
-    "Smallest and largest distance ratio, layer $l$ against layer 0, over every pair of distinct real tokens of each sequence."
+    "Smallest and largest distance ratio, layer $l$ against layer 0, over every pair of real tokens of each sequence that differ at layer 0."
     pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
     pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
     if not bool(pair.any()): raise ValueError("no pair of real tokens: every sequence has a single real token")
     dist = lambda t: torch.cdist(t.double(), t.double(), compute_mode='donot_use_mm_for_euclid_dist')   # (B, n, n)
+    pair &= dist(hs[0]) > 0                                              # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
+    if not bool(pair.any()): raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is defined")
     d0 = dist(hs[0])[pair]                                               # (P,)
     r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
     return r.min(1).values, r.max(1).values
