@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
+from fastprogress.fastprogress import progress_bar
 from . import transject as _tj
 from .core import PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe
 from .models import VARIANTS, create_model
@@ -324,8 +325,16 @@ def bench_table(
     sdpa=None,               # SDPA backend(s) for the softmax models
     device='cpu',            # where to run
     seed:int=0,              # token seed
+    progress:bool=True,      # show a progress bar over the lengths
 )->pd.DataFrame:             # one row per (n, model)
     "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
+    if not models: raise ValueError("bench_table needs at least one model")
+    ns = list(ns)
+    if not ns or any(not isinstance(n, int) or n < 1 for n in ns): raise ValueError(f"ns must be positive integer lengths, got {ns}")
+    if B < 1 or reps < 1 or warmup < 0: raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
+    if torch.device(device).type == 'cuda' and not torch.cuda.is_available(): raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
+        raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} (build them with max_len >= {max(ns)})")
     rows, slow = [], set()
     vocab = min(m.cfg.vocab_sz for m in models.values())
     pdt = dtype or torch.float32
@@ -334,7 +343,7 @@ def bench_table(
     def blocks():                                                        # the same product as 16 in-cache row blocks
         for i in range(0, 8192, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
     compiled = {k: torch.compile(m) for k, m in models.items()} if compile else {}
-    for n in ns:
+    for n in progress_bar(ns, leave=False) if progress and len(ns) > 1 else ns:
         g = torch.Generator().manual_seed(seed)
         x = torch.randint(1, vocab, (B, n), generator=g).to(device)
         y = torch.randint(0, 2, (B,), generator=g).to(device)
@@ -534,6 +543,10 @@ def bench_command(
     try: ns = [int(n) for n in str(a.n).split(',') if n.strip()]
     except ValueError: raise ValueError(f"--n: expected comma-separated integers, got {a.n!r}") from None
     if not ns or min(ns) < 1: raise ValueError(f"--n: expected positive lengths, got {a.n!r}")
+    for k in ('batch', 'reps'):
+        if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
+    if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
     cfg = BENCH_DEFAULTS | dict(overrides or {}) | dict(max_len=max(ns))
     if 'd_ff' not in (overrides or {}): cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
     known = set().union(*({f.name for f in dc_fields(variant_spec(v).config_cls)} for v in vs), {f.name for f in dc_fields(TorchEncoderConfig)})
