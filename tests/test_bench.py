@@ -112,6 +112,17 @@ def test_bench_table_tiny_all_variants():
     assert ev.peak_mib.isna().all() and (ev.tokens_per_s > 0).all()
 
 
+def test_bench_table_refuses_bad_arguments():
+    ms = {'transject': model('transject'), REFERENCE: model(REFERENCE)}
+    with pytest.raises(ValueError, match='max_len >= 100'): bench_table(ms, ns=(8, 100))       # the models were built for 64
+    with pytest.raises(ValueError, match='B >= 1'): bench_table(ms, ns=(8,), B=0)
+    with pytest.raises(ValueError, match='reps >= 1'): bench_table(ms, ns=(8,), reps=0)
+    with pytest.raises(ValueError, match='positive integer lengths'): bench_table(ms, ns=(0,))
+    with pytest.raises(ValueError, match='at least one model'): bench_table({}, ns=(8,))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match='CUDA is not available'): bench_table(ms, ns=(8,), device='cuda')
+
+
 def test_bench_table_with_worker_threads():
     prev = torch.get_num_threads(); torch.set_num_threads(2)
     try:
@@ -127,6 +138,8 @@ def test_crossover_and_plots():
     assert math.isclose(crossover(df, 'a'), 1000.)
     assert math.isnan(crossover(df.assign(tokens_per_s=1.), 'a'))
     ax = plot_throughput(df); assert (ax.get_xscale(), ax.get_yscale()) == ('log', 'log')
+    assert 'a overtakes at n ≈ 1000' in [l.get_label() for l in ax.get_lines()]
+    assert not any('overtakes' in l.get_label() for l in plot_throughput(df.assign(tokens_per_s=1.)).get_lines())   # never: no mark
     ax = plot_memory(df); assert ax.get_ylabel().startswith('peak memory')
 
 
@@ -161,6 +174,8 @@ def test_cli(capsys):
     with pytest.raises(SystemExit): main(['--variants', 'nope', '--n', '4'])
     with pytest.raises(SystemExit): main(['--n', 'a,b'])
     with pytest.raises(SystemExit): main(['--n', '4', '--lr', '0.1'])
+    with pytest.raises(SystemExit): main(['--n', '4', '--batch', '0'])
+    assert '--batch: expected a positive integer' in capsys.readouterr().err
     got = {}
     def command(name, help):
         def deco(run): got[name] = (help, run); return run

@@ -409,14 +409,20 @@ def plot_throughput(
     ax=None,                # matplotlib Axes; a new (6, 3.5) figure if None
     col:str='tokens_per_s', # the column drawn
     title:str='',           # the title
+    mark_crossover:bool=True, # for tokens/s: a vertical line where each model overtakes `REFERENCE`
 ):                          # the Axes
-    "Tokens/s against n on log-log axes, one line per model, the min..max over rounds shaded."
+    "Tokens/s against n on log-log axes, one line per model, the min..max over rounds shaded, and the crossover lengths marked."
     import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
+    models = list(dict.fromkeys(df.dropna(subset=[col]).model))
     for i, (k, g) in enumerate(df.dropna(subset=[col]).groupby('model', sort=False)):
         ref = k == REFERENCE
         ax.plot(g.n, g[col], marker='o', ms=3, lw=2 if ref else 1.3, color='k' if ref else f'C{i}', ls='--' if ref else '-', label=k)
         if col == 'tokens_per_s': ax.fill_between(g.n, g.tok_s_min, g.tok_s_max, color='k' if ref else f'C{i}', alpha=0.15)
+        if col == 'tokens_per_s' and mark_crossover and not ref and REFERENCE in models:
+            x = crossover(df, k)
+            if x == x and x > df.n.min():                                # nan: never; the smallest length: faster everywhere
+                ax.axvline(x, color=f'C{i}', ls=':', lw=1, label=f'{k} overtakes at n ≈ {x:.0f}')
     ax.set_xscale('log', base=2); ax.set_yscale('log')
     ax.set_xlabel('sequence length n'); ax.set_ylabel(col.replace('_', ' '))
     ax.set_title(title, fontsize=10); ax.legend(fontsize=7); ax.grid(alpha=0.3, which='both')
