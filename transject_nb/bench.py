@@ -325,7 +325,7 @@ def bench_table(
     sdpa=None,               # SDPA backend(s) for the softmax models
     device='cpu',            # where to run
     seed:int=0,              # token seed
-    progress:bool=True,      # show a progress bar over the lengths
+    progress:bool|None=None, # a progress bar over the lengths; None: unless run as a test by `nbdev-test` (`IN_TEST` set)
 )->pd.DataFrame:             # one row per (n, model)
     "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
     if not models: raise ValueError("bench_table needs at least one model")
@@ -343,6 +343,7 @@ def bench_table(
     def blocks():                                                        # the same product as 16 in-cache row blocks
         for i in range(0, 8192, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
     compiled = {k: torch.compile(m) for k, m in models.items()} if compile else {}
+    if progress is None: progress = not os.environ.get('IN_TEST')
     for n in progress_bar(ns, leave=False) if progress and len(ns) > 1 else ns:
         g = torch.Generator().manual_seed(seed)
         x = torch.randint(1, vocab, (B, n), generator=g).to(device)
@@ -572,8 +573,10 @@ def bench_command(
     print(df[cols].round(2).to_string(index=False), flush=True)
     for v in vs:
         if 'tokens_per_s' not in df: continue
-        x = crossover(df, v)
-        print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}" if x == x else f"{v} does not overtake {REFERENCE} at the measured lengths", flush=True)
+        x, faster = crossover(df, v), df[(df.model == v) & (df.ratio > 1)].n.tolist()
+        if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
+        elif faster: print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}", flush=True)
+        else: print(f"{v} is slower than {REFERENCE} at every measured length", flush=True)
     if a.csv: df.to_csv(a.csv, index=False)
     return df
 
