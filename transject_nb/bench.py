@@ -29,6 +29,7 @@ from .models import VARIANTS, create_model
 from .transject import (TransJect, TransJectConfig, INV_LEAF, layer_path, orthogonal_attention, mix_experts,
                                     orthogonal_ffn)
 from .baselines import SoftmaxEncoder
+from .cli import split_fields
 
 # %% ../nbs/10_bench.ipynb #70ecc6dc
 def machine_info(
@@ -524,18 +525,7 @@ def _field_value(v:str):
         except ValueError: pass
     return {'true': True, 'false': False}.get(v.lower(), v)
 
-def _parse_fields(words:list)->dict:
-    out, i = {}, 0
-    while i < len(words):
-        w = words[i]
-        if not w.startswith('--') or len(w) < 3: raise ValueError(f"expected --field value, got {w!r}")
-        k, eq, v = w[2:].partition('=')
-        if not eq:
-            if i + 1 >= len(words): raise ValueError(f"--{k}: missing value")
-            v, i = words[i + 1], i + 1
-        out[k.replace('-', '_')] = _field_value(v) if isinstance(v, str) else v
-        i += 1
-    return out
+def _parse_fields(words:list)->dict: return {k: _field_value(v) for k, v in split_fields(words)}
 
 def bench_command(
     a:argparse.Namespace,  # parsed `add_bench_args` options

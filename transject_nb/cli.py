@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'COMMANDS', 'PLUGINS', 'field_types', 'convert_value', 'parse_overrides', 'run_one', 'to_markdown', 'compare',
-           'command', 'make_parser', 'run_command', 'main']
+__all__ = ['DEMO', 'COMMANDS', 'PLUGINS', 'field_types', 'convert_value', 'split_fields', 'parse_overrides', 'run_one',
+           'to_markdown', 'compare', 'command', 'make_parser', 'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
 import numpy as np
@@ -68,12 +68,11 @@ def convert_value(
         elif o == 'str': return s
     raise ValueError(f"--{name}: expected {typ}, got {s!r}")
 
-def parse_overrides(
-    args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
-    variants,        # the variants that will be run
-)->dict:             # field -> converted value
-    "Parse `--field value` pairs against the fields a run of `variants` accepts."
-    types, out, i = field_types(variants), {}, 0
+def split_fields(
+    args:list,       # command-line words, e.g. ['--d-model', '32', '--lr=1e-3']
+)->list:             # `(field, value as typed)` pairs, dashes in names turned into underscores
+    "Split `--field value` and `--field=value` words into pairs, or raise a ValueError naming the word that is neither."
+    out, i = [], 0
     while i < len(args):
         a = args[i]
         if not a.startswith('--') or len(a) < 3: raise ValueError(f"expected --field value, got {a!r}")
@@ -81,12 +80,21 @@ def parse_overrides(
         if not eq:
             if i + 1 >= len(args): raise ValueError(f"--{k}: missing value")
             v, i = args[i + 1], i + 1
-        k = k.replace('-', '_')
+        out.append((k.replace('-', '_'), v))
+        i += 1
+    return out
+
+def parse_overrides(
+    args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
+    variants,        # the variants that will be run
+)->dict:             # field -> converted value
+    "Parse `--field value` pairs against the fields a run of `variants` accepts."
+    types, out = field_types(variants), {}
+    for k, v in split_fields(args):
         if k not in types:
             model = sorted({f for var in variants for f in valid_fields(var)['model']})
             raise ValueError(f"unknown field --{k}; valid fields are: model: {', '.join(model)}; training: {', '.join(TRAIN_FIELDS)}; data: {', '.join(DATA_FIELDS)}")
         out[k] = convert_value(k, v, types[k])
-        i += 1
     return out
 
 # %% ../nbs/08_cli.ipynb #c9bb48b5
