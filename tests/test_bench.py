@@ -78,6 +78,16 @@ def test_make_step_train_and_eval():
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
+def test_make_step_with_a_compiled_model():
+    "A compiled module raises on `bool()`; the step must call it, and the gradients must reach the original's parameters."
+    m = model('transject')
+    x = torch.randint(1, 50, (2, 8))
+    compiled = torch.compile(m, backend='eager')                         # dynamo without inductor: no C++ build in the test
+    with pytest.raises(TypeError): bool(compiled)
+    step = make_step(m, x, compiled=compiled); step()
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+
+
 def test_interleaved_times_and_peak():
     calls = []
     ts = interleaved_times({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}, reps=3, warmup=1)

@@ -200,7 +200,7 @@ def make_step(
 ):                            # a function of no arguments; `.model` is the model
     "One step of `model` on `x` as a function of no arguments."
     dev = x.device.type
-    fwd = compiled or model
+    fwd = model if compiled is None else compiled                       # not `compiled or model`: a compiled module has no truth value
     if y is None: y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     def ctxs():
         stack = contextlib.ExitStack()
