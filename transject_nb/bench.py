@@ -499,7 +499,7 @@ def profile_step(
 
 # %% ../nbs/10_bench.ipynb #8e7192d1
 BENCH_HELP = "time training or inference of variants against nn.TransformerEncoder: tokens/s, ratio, FLOP rate, fraction of the matmul peak, peak memory"
-BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the setting; d_ff is 4 d_model unless given
+BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the headline setting; d_ff is 4 d_model unless given
 
 def add_bench_args(
     p:argparse.ArgumentParser,  # the parser (or subparser) to extend
