@@ -21,7 +21,7 @@ import argparse, functools, http.server, os, re, shutil, socket, subprocess, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PAGES = ('index.html', '02_transject.html', '09_analysis.html', '09a_explorers.html')
+DEFAULT_PAGES = ('index.html', '02_transject.html', '09_analysis.html', '09a_explorers.html', '10_bench.html')
 FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
          '--disable-component-update', '--disable-sync', '--disable-extensions', '--disable-default-apps', '--mute-audio',
          '--hide-scrollbars', '--enable-logging=stderr', '--v=0']
