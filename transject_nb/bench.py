@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/bench.html.md"""
 
 # %% ../nbs/10_bench.ipynb #56d56db7
 from __future__ import annotations
-import argparse, contextlib, json, math, os, platform, statistics, sys, tempfile, time, types
+import argparse, contextlib, json, math, operator, os, platform, statistics, sys, tempfile, time, types
 from dataclasses import dataclass
 
 # %% auto #0
@@ -330,8 +330,9 @@ def bench_table(
 )->pd.DataFrame:             # one row per (n, model)
     "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
     if not models: raise ValueError("bench_table needs at least one model")
-    ns = list(ns)
-    if not ns or any(not isinstance(n, int) or n < 1 for n in ns): raise ValueError(f"ns must be positive integer lengths, got {ns}")
+    try: ns = [operator.index(n) for n in ns]                            # ints, numpy ints; not floats or strings
+    except TypeError: raise ValueError(f"ns must be positive integer lengths, got {ns}") from None
+    if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
     if B < 1 or reps < 1 or warmup < 0: raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
     if torch.device(device).type == 'cuda' and not torch.cuda.is_available(): raise ValueError(f"device {device!r} asked for, but CUDA is not available")
     if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
