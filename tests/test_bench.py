@@ -186,6 +186,8 @@ def test_cli(capsys):
     with pytest.raises(SystemExit): main(['--n', '4', '--lr', '0.1'])
     with pytest.raises(SystemExit): main(['--n', '4', '--batch', '0'])
     assert '--batch: expected a positive integer' in capsys.readouterr().err
+    with pytest.raises(SystemExit): main(['--n', '4', '--d_model', '3.5'])     # typed as the config field is: an int
+    assert "--d_model: expected int, got '3.5'" in capsys.readouterr().err
     got = {}
     def command(name, help):
         def deco(run): got[name] = (help, run); return run

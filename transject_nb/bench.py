@@ -29,7 +29,7 @@ from .models import VARIANTS, create_model
 from .transject import (TransJect, TransJectConfig, INV_LEAF, layer_path, orthogonal_attention, mix_experts,
                                     orthogonal_ffn)
 from .baselines import SoftmaxEncoder
-from .cli import split_fields
+from .cli import split_fields, convert_value, _type_name
 
 # %% ../nbs/10_bench.ipynb #70ecc6dc
 def machine_info(
@@ -520,13 +520,7 @@ def add_bench_args(
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
 
-def _field_value(v:str):
-    for f in (int, float):
-        try: return f(v)
-        except ValueError: pass
-    return {'true': True, 'false': False}.get(v.lower(), v)
-
-def _parse_fields(words:list)->dict: return {k: _field_value(v) for k, v in split_fields(words)}
+def _parse_fields(words:list)->dict: return dict(split_fields(words))   # values stay strings until the models' fields are known
 
 def bench_command(
     a:argparse.Namespace,  # parsed `add_bench_args` options
@@ -545,10 +539,11 @@ def bench_command(
         if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
     if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
-    cfg = BENCH_DEFAULTS | dict(overrides or {}) | dict(max_len=max(ns))
-    if 'd_ff' not in (overrides or {}): cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
-    known = set().union(*({f.name for f in dc_fields(variant_spec(v).config_cls)} for v in vs), {f.name for f in dc_fields(TorchEncoderConfig)})
-    if bad := sorted(set(overrides or {}) - known): raise ValueError(f"bench takes model config fields only; unknown: {bad}")
+    types = {f.name: _type_name(f.type) for cls in [variant_spec(v).config_cls for v in vs] + [TorchEncoderConfig] for f in dc_fields(cls)}
+    if bad := sorted(set(overrides or {}) - set(types)): raise ValueError(f"bench takes model config fields only; unknown: {bad}")
+    overrides = {k: convert_value(k, v, types[k]) if isinstance(v, str) else v for k, v in (overrides or {}).items()}   # typed on the command line
+    cfg = BENCH_DEFAULTS | overrides | dict(max_len=max(ns))
+    if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
     pick = lambda cls: {k: v for k, v in cfg.items() if k in {f.name for f in dc_fields(cls)} and k not in ('vocab_sz', 'n_classes')}
     torch.manual_seed(0)
     models = {v: create_model(v, 30522, 2, **{k: x for k, x in pick(variant_spec(v).config_cls).items() if k not in variant_spec(v).fixed}).to(a.device) for v in vs}

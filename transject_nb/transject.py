@@ -596,9 +596,10 @@ def token_distance_ratios(
     pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
     if not bool(pair.any()): raise ValueError("no pair of real tokens: every sequence has a single real token")
     dist = lambda t: torch.cdist(t.double(), t.double(), compute_mode='donot_use_mm_for_euclid_dist')   # (B, n, n)
-    pair &= dist(hs[0]) > 0                                              # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
+    D0 = dist(hs[0])                                                     # (B, n, n)
+    pair &= D0 > 0                                                       # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
     if not bool(pair.any()): raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is defined")
-    d0 = dist(hs[0])[pair]                                               # (P,)
+    d0 = D0[pair]                                                        # (P,)
     r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
     return r.min(1).values, r.max(1).values
 
