@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 # %% auto #0
 __all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'CHUNK_BYTES', 'LAYER_THREADS', 'RESIDUALS',
-           'orthogonal_attention', 'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'OrthogonalBank',
-           'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'orthogonal_ffn',
-           'mix_weights', 'fold_experts', 'layer_path', 'transject_layer', 'TransJectConfig', 'TransJectLayer',
-           'TransJect', 'token_distance_ratios', 'plot_distance_ratios']
+           'orthogonal_attention', 'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values',
+           'OrthogonalBank', 'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts',
+           'orthogonal_ffn', 'mix_weights', 'fold_experts', 'layer_path', 'transject_layer', 'TransJectConfig',
+           'TransJectLayer', 'TransJect', 'token_distance_ratios', 'plot_distance_ratios']
 
 # %% ../nbs/02_transject.ipynb #c149aaec
 import torch
@@ -118,8 +118,15 @@ class CayleyOrthogonal(nn.Module):
         return torch.zeros_like(Q)
 
 # %% ../nbs/02_transject.ipynb #81db701a
+def same_values(
+    a:list,   # tensors
+    b:list,   # tensors
+)->bool:      # True if both lists hold tensors of the same shapes, dtypes, devices and values
+    "Whether two lists of tensors are equal value by value: the only test of 'unchanged' that sees every in-place write, `.data` ones included."
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y) for x, y in zip(a, b))
+
 class OrthogonalBank(nn.Module):
-    "`n` learnable orthogonal `d`×`d` matrices in one batched parameter; calling the bank computes all of them once (and, without gradients, reuses them until a parameter changes)."
+    "`n` learnable orthogonal `d`×`d` matrices in one batched parameter; calling the bank computes all of them once (and, without gradients, reuses them until a parameter's value changes)."
     def __init__(self,
         n:int,                 # number of matrices
         d:int,                 # size of each matrix
@@ -132,17 +139,16 @@ class OrthogonalBank(nn.Module):
         with one_thread():                                               # the initial QR (and torch's maps' checks) on one thread
             if orth_map == 'cayley': parametrize.register_parametrization(self, 'weight', CayleyOrthogonal(), unsafe=True)
             else: orthogonal(self, 'weight', orthogonal_map=orth_map)
-        self._cache = None
+        self._cache = None                                               # (copies of the inputs, the matrices made from them)
 
     def forward(self)->torch.Tensor: # `(n, d, d)` orthogonal matrices, float32 or wider
         p = self.parametrizations.weight
-        dev = p.original.device
-        if torch.is_grad_enabled() and p.original.requires_grad:
-            with torch.autocast(dev.type, enabled=False): return self.weight
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (*p.parameters(), *p.buffers()))
-        if self._cache is None or self._cache[0] != key:                 # without gradients: recompute only after a parameter changed
-            with torch.autocast(dev.type, enabled=False): self._cache = (key, self.weight.detach())
-        return self._cache[1]
+        with torch.autocast(p.original.device.type, enabled=False):
+            if torch.is_grad_enabled() and p.original.requires_grad: return self.weight
+            inputs = [t.detach() for t in (*p.parameters(), *p.buffers())]   # the free weight and the base
+            if self._cache is None or not same_values(self._cache[0], inputs):  # recompute only when a value changed
+                self._cache = ([t.clone() for t in inputs], self.weight.detach())
+            return self._cache[1]
 
     def extra_repr(self): return f"n={self.n}, d={self.d}, orth_map={self.orth_map!r}"
 
