@@ -25,14 +25,10 @@ def data():
 
 
 def fresh_copy(model):
-    "A newly built model of the same class and config holding a deep copy of `model`'s weights (no state but the weights)."
-    m = create_model_like(model)
+    "A newly built model of the same class and config, on the same device, holding a deep copy of `model`'s weights (no state but the weights)."
+    m = type(model)(copy.deepcopy(model.cfg)).to(next(model.parameters()).device)
     m.load_state_dict(copy.deepcopy(model.state_dict()))
     return m.eval()
-
-
-def create_model_like(model):
-    return type(model)(copy.deepcopy(model.cfg))
 
 
 @torch.no_grad()
@@ -56,10 +52,13 @@ class CheckEachEpoch(Callback):
         self.rows.append((logged['valid_loss'], logged['accuracy'], *fresh_eval(self.learn.model, self.dls.valid)))
 
 
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA'))]
+
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('variant', VARIANTS)
-def test_recorded_validation_equals_fresh_evaluation(data, tmp_path, variant):
+def test_recorded_validation_equals_fresh_evaluation(data, tmp_path, variant, device):
     torch.manual_seed(0)
-    learn = get_learner('listops', variant, preset='cpu', data=data, path=tmp_path, device='cpu',
+    learn = get_learner('listops', variant, preset='cpu', data=data, path=tmp_path, device=device, amp='off',
                         d_model=16, n_layers=2, max_len=32, epochs=3, bs=32, lr=3e-2, patience=10)
     cb = CheckEachEpoch()
     with learn.no_bar(), learn.no_logging(): learn.fit(3, 3e-2, cbs=cb)
@@ -74,8 +73,8 @@ def test_recorded_validation_equals_fresh_evaluation(data, tmp_path, variant):
     with learn.no_bar(): v_loss, v_acc = learn.validate()[:2]            # [loss, accuracy, (recon_loss)]
     assert v_loss == pytest.approx(f_loss, rel=1e-4, abs=1e-5) and v_acc == pytest.approx(f_acc, abs=1e-6)
     text = '[MAX 4 3 [MIN 2 3 ] 1 0 ]'
-    x = learn.encode(text)
-    with torch.no_grad(): p_fresh = fresh_copy(learn.model)(x).float().softmax(-1)[0]
+    x = learn.encode(text).to(device)
+    with torch.no_grad(): p_fresh = fresh_copy(learn.model)(x).float().softmax(-1)[0].cpu()
     torch.testing.assert_close(learn.predict(text)[2], p_fresh, rtol=1e-4, atol=1e-5)
 
 
