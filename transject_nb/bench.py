@@ -22,9 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
-from fastprogress.fastprogress import progress_bar
 from . import transject as _tj
-from .core import PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe
+from .core import PAD_ID, EncoderConfig, EncoderClassifier, progress_iter, sinusoidal_pe
 from .models import VARIANTS, create_model
 from .transject import (TransJect, TransJectConfig, INV_LEAF, layer_path, orthogonal_attention, mix_experts,
                                     orthogonal_ffn)
@@ -309,8 +308,6 @@ def train_briefly(
     return losses
 
 # %% ../nbs/10_bench.ipynb #775c6c6e
-from .core import progress_iter   # (for the imports cell above)
-
 def _oom(e): return any(s in str(e).lower() for s in ('out of memory', "can't allocate", 'not enough memory'))
 
 def bench_table(

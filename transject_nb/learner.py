@@ -525,7 +525,7 @@ def get_learner(
     return learn
 
 # %% ../nbs/07_learner.ipynb #dad9e2bc
-from .core import interactive_output   # (for the imports cell above)
+from .core import interactive_output
 
 class EpochLines(Callback):
     "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for logs that are not a terminal."
