@@ -1,5 +1,5 @@
-"""The `transject-nb` command line: parsing, errors, train and compare end to end on a tiny generated ListOps."""
-import json, subprocess, sys
+"""The `transject-nb` command line: parsing, errors, train and compare end to end on a tiny generated ListOps, and its logs when stdout is a file."""
+import json, re, subprocess, sys
 from pathlib import Path
 
 import pandas as pd
@@ -60,6 +60,7 @@ def test_compare_table_files_and_resume(tmp_path, capsys):
     assert all('±' in s for s in table['test acc %'])
     printed = capsys.readouterr().out
     assert '| variant' in printed and 'majority class scores' in printed
+    assert 'presets [' not in printed and not re.search(r'^epoch \d', printed, re.M) and '\n--- ' not in printed   # --quiet
     for f in ('results.csv', 'summary.csv', 'summary.md', 'curves.png', 'results.json'): assert (out/f).is_file(), f
     assert len(pd.read_csv(out/'results.csv')) == 4
     pd.testing.assert_frame_equal(run_command(argv + ['--resume']), table)      # every run finished: nothing is retrained
@@ -72,3 +73,29 @@ def test_module_entry_point():
 
 def test_demo_is_visible_and_sane():
     assert DEMO['task'] == 'listops' and DEMO['overrides']['max_len'] <= 128
+
+
+def _log_to_file(argv, tmp_path)->str:
+    "Run `python -m transject_nb.cli argv` in `tmp_path` with stdout to a file, as `transject-nb ... > log.txt` does; the log as written."
+    log = tmp_path/'log.txt'
+    with open(log, 'wb') as f: r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=tmp_path, stdout=f, stderr=subprocess.PIPE, timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors='replace')[-4000:]
+    text = log.read_bytes().decode()          # bytes: reading in text mode would turn carriage returns into newlines
+    assert '\r' not in text and max(map(len, text.split('\n'))) <= 300, text[:3000]
+    return text
+
+
+def test_compare_log_is_plain_lines(tmp_path):
+    loud = [w for w in TINY if w != '--quiet'] + ['--epochs', '2']      # the later --epochs wins
+    text = _log_to_file(['compare', '--task', 'listops', '--variants', 'transject,transformer', '--seeds', '1', '--out', 'cmp', *loud], tmp_path)
+    lines = text.split('\n')
+    epochs = [l for l in lines if re.match(r'epoch \d+ \(\d+ of 2\): train_loss [\d.]+, valid_loss [\d.]+, accuracy [\d.]+, .*time \d\d:\d\d$', l)]
+    assert len(epochs) == 2 * 2                                          # one line per epoch of each run
+    assert sum(l.startswith('--- ') and l.endswith(' done') for l in lines) == 2     # one line per finished run
+    assert sum(l.startswith('presets [listops-cpu] from ') for l in lines) == 1
+
+
+def test_bench_log_is_plain_lines(tmp_path):
+    text = _log_to_file(['bench', '--n', '8,16', '--reps', '1', '--warmup', '0', '--batch', '2', '--no-memory', '--d_model', '16', '--n_layers', '1'], tmp_path)
+    assert [l.split(' (')[0] for l in text.split('\n') if l.startswith('length ')] == ['length 8 done', 'length 16 done']
+    assert 'tokens_per_s' in text

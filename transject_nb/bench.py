@@ -22,9 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
-from fastprogress.fastprogress import progress_bar
 from . import transject as _tj
-from .core import PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe
+from .core import PAD_ID, EncoderConfig, EncoderClassifier, progress_iter, sinusoidal_pe
 from .models import VARIANTS, create_model
 from .transject import (TransJect, TransJectConfig, INV_LEAF, layer_path, orthogonal_attention, mix_experts,
                                     orthogonal_ffn)
@@ -326,7 +325,7 @@ def bench_table(
     sdpa=None,               # SDPA backend(s) for the softmax models
     device='cpu',            # where to run
     seed:int=0,              # token seed
-    progress:bool|None=None, # a progress bar over the lengths; None: unless run as a test by `nbdev-test` (`IN_TEST` set)
+    progress:bool|None=None, # progress over the lengths (a bar in a notebook or terminal, a line per length in a log); None: unless run as a test by `nbdev-test` (`IN_TEST` set)
 )->pd.DataFrame:             # one row per (n, model)
     "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
     if not models: raise ValueError("bench_table needs at least one model")
@@ -346,7 +345,7 @@ def bench_table(
         for i in range(0, 8192, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
     compiled = {k: torch.compile(m) for k, m in models.items()} if compile else {}
     if progress is None: progress = not os.environ.get('IN_TEST')
-    for n in progress_bar(ns, leave=False) if progress and len(ns) > 1 else ns:
+    for n in progress_iter(ns, 'length', show=progress and len(ns) > 1):
         g = torch.Generator().manual_seed(seed)
         x = torch.randint(1, vocab, (B, n), generator=g).to(device)
         y = torch.randint(0, 2, (B,), generator=g).to(device)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import TASKS, variant_spec
+from .core import TASKS, settings_files, variant_spec
 from .data import load_task
 from .learner import (DataConfig, TrainConfig, DATA_FIELDS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
@@ -117,6 +117,9 @@ def _jsonable(o):
     if isinstance(o, Path): return str(o)
     return o
 
+def _say_presets(section:str):
+    print(f"presets [{section}] from {' + '.join(map(str, settings_files()))}", flush=True)
+
 def run_one(
     task:str,               # one of `TASKS`
     variant:str,            # one of `VARIANTS`
@@ -126,7 +129,7 @@ def run_one(
     resume:bool=False,      # continue the run in `path` if there is one
     export:bool=True,       # also write `export.pkl`
     cache_dir=None,         # `load_task`'s cache folder
-    progress:bool=True,     # progress bars and the per-epoch table while training
+    progress:bool|str=True, # while training: bars in a notebook or terminal, else one line per epoch (see `train_learner`); False: nothing
     **overrides,            # any model, training or data field
 )->tuple:                   # `(learner, results dict)`
     "Train one variant, evaluate it on the test set, and save the model, its history and a JSON of the results."
@@ -138,7 +141,7 @@ def run_one(
     if _rank0():
         if export: learn.export('export.pkl')
         h = history(learn)
-        json.dump(_jsonable(dict(results=res, config=learn.config, history=h.reset_index().to_dict('list'))), open(path/'results.json', 'w'), indent=1)
+        json.dump(_jsonable(dict(results=res, config=learn.config, presets=settings_files(), history=h.reset_index().to_dict('list'))), open(path/'results.json', 'w'), indent=1)
     return learn, res
 
 # %% ../nbs/08_cli.ipynb #80d5f8b7
@@ -174,7 +177,7 @@ def compare(
     resume:bool=False,      # continue the runs found in `out`
     cache_dir=None,         # `load_task`'s cache folder
     export:bool=False,      # also export every learner
-    quiet:bool=False,       # no progress bars
+    quiet:bool=False,       # no progress reports: no presets line, bars, epoch lines or run lines
     **overrides,            # any model, training or data field; a model field goes to the variants that have it
 )->pd.DataFrame:            # the formatted summary: one row per variant, mean ± std over seeds
     "Train each variant for each seed on the same data, print and save a results table and the learning curves."
@@ -186,6 +189,7 @@ def compare(
         raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
     out = _out_dir(out, task)
     rc = resolve_config(task, vs[0], preset, **per[vs[0]])
+    if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(vs[0]).config_cls.max_len)
     data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
     results, hists, t0 = [], {}, time.perf_counter()
@@ -195,6 +199,9 @@ def compare(
             learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data, resume=resume, export=export,
                                  cache_dir=cache_dir, progress=not quiet, **(per[v] | dict(seed=s)))
             results.append(res); hists.setdefault(v, []).append(history(learn))
+            if _rank0() and not quiet:
+                print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, {res['epochs']} epochs "
+                      f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; run {len(results)} of {len(vs) * len(seeds)} done", flush=True)
     summary = results_table(results, fmt=True)
     if _rank0():
         wall = time.perf_counter() - t0
@@ -207,7 +214,7 @@ def compare(
         ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
         ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
         import matplotlib.pyplot as plt; plt.close(ax.figure)
-        json.dump(_jsonable(dict(task=task, variants=vs, seeds=seeds, preset=preset, overrides=overrides, wall_secs=round(wall, 1),
+        json.dump(_jsonable(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1),
                                  data=data.summary().reset_index().to_dict('list'), results=results)), open(out/'results.json', 'w'), indent=1)
         print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; the majority class scores {100 * results[0]['majority']:.1f}%", flush=True)
         print(md, flush=True)
@@ -233,7 +240,7 @@ def _common(p):
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
     p.add_argument('--resume', action='store_true', help='continue the run(s) in --out')
     p.add_argument('--cache-dir', default=None, help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
-    p.add_argument('--quiet', action='store_true', help='no progress bars')
+    p.add_argument('--quiet', action='store_true', help='no progress reports (bars in a terminal, plain lines in a log)')
 
 def _cache(a): return False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
 
@@ -246,6 +253,7 @@ def _train_args(p):
 @command('train', 'train one variant, evaluate it on the test set, save the model and a JSON of the results')
 def _train(a, overrides):
     out = _out_dir(a.out, a.task)
+    if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **overrides)['preset'])
     learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export, cache_dir=_cache(a),
                          progress=not a.quiet, **overrides)
     if _rank0():
@@ -290,7 +298,7 @@ def run_command(
             variants = [a.variant] if getattr(a, 'variant', None) else (_variants(a.variants) if getattr(a, 'variants', None) else list(VARIANTS))
             overrides = parse_overrides(rest, variants)
         return run(a, overrides)
-    except (ValueError, TypeError, FileExistsError) as e:
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as e:
         p.error(str(e))
 
 def main(
@@ -300,4 +308,5 @@ def main(
     run_command(argv)
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
-if __name__ == '__main__' and '__file__' in globals(): main()
+if __name__ == '__main__' and '__file__' in globals():   # run the module proper, `transject_nb.cli`, where the plugins register their subcommands
+    import importlib; importlib.import_module('transject_nb.cli').main()

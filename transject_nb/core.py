@@ -6,20 +6,23 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, dataclasses, math, os, tempfile
+import configparser, dataclasses, importlib.resources, math, os, re, sys, tempfile, time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'EncoderClassifier',
-           'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config', 'atomic_save',
-           'settings_path', 'load_preset']
+__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig',
+           'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config',
+           'atomic_save', 'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'interactive_output',
+           'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastprogress.core import IN_NOTEBOOK, format_time
+from fastprogress.fastprogress import progress_bar
 
 # %% ../nbs/00_core.ipynb #5d8f88be
 PAD_ID = 0  # token id reserved for padding in every model and loader
@@ -206,23 +209,31 @@ def atomic_save(
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
+PRESET_SECTIONS = tuple(s for t in TASKS for s in (t, f'{t}-cpu'))   # the sections a presets file may have
+_TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header that starts with a task's name
 
-def _is_presets(p:Path)->bool:
-    if not p.is_file(): return False
-    cp = configparser.ConfigParser()
-    try: cp.read(p)
-    except configparser.Error: return True  # ours but malformed: `load_preset` reports it
-    return all(cp.has_section(t) for t in TASKS)
+def packaged_settings()->Path:
+    "The presets shipped with the package, `transject_nb/settings.ini` (in the repository, a link to the top-level `settings.ini`)."
+    return Path(importlib.resources.files('transject_nb'))/'settings.ini'
 
-def settings_path()->Path:
-    "Where `settings.ini` is: `$TRANSJECT_SETTINGS`, else the repository root beside the package, else the nearest one above the working directory."
-    if p := os.environ.get('TRANSJECT_SETTINGS'): return Path(p)
-    try: dirs = [Path(__file__).resolve().parent.parent]
-    except NameError: dirs = []  # running inside a notebook
-    cwd = Path.cwd().resolve()
-    for d in dirs + [cwd, *cwd.parents]:
-        if _is_presets(d/'settings.ini'): return d/'settings.ini'
-    raise FileNotFoundError("no transject_nb settings.ini found beside the package or above the working directory; set $TRANSJECT_SETTINGS to its path")
+def is_presets_file(
+    p,       # a path
+)->bool:     # whether `p` is a transject_nb presets file
+    "Whether `p` is a file with a section named after a task (`[listops]`, `[listops-cpu]`, ...); another tool's `settings.ini` has none."
+    p = Path(p)
+    return p.is_file() and bool(_TASK_SECTION.search(p.read_text(encoding='utf-8', errors='replace')))
+
+def settings_files()->list:
+    "The presets files read, in order: the shipped ones, then the user's override if any (`$TRANSJECT_SETTINGS`, else the nearest `settings.ini` with a task section in or above the working directory)."
+    base = packaged_settings()
+    if not base.is_file(): raise FileNotFoundError(f"the presets shipped with transject_nb are missing ({base}): reinstall the package")
+    if env := os.environ.get('TRANSJECT_SETTINGS'):
+        user = Path(env).expanduser()
+        if not user.is_file(): raise FileNotFoundError(f"$TRANSJECT_SETTINGS is {env!r}, which is not a file; point it at a presets file (the shipped one is {base}) or unset it")
+    else:
+        cwd = Path.cwd().resolve()
+        user = next((d/'settings.ini' for d in [cwd, *cwd.parents] if is_presets_file(d/'settings.ini')), None)
+    return [base] if user is None or user.resolve() == base.resolve() else [base, user]
 
 def _convert(v:str):
     for f in (int, float):
@@ -231,18 +242,49 @@ def _convert(v:str):
     if v.lower() in ('true', 'false'): return v.lower() == 'true'
     return v
 
+def _read_presets(p:Path)->configparser.ConfigParser:
+    cp = configparser.ConfigParser()
+    try: cp.read_string(p.read_text(encoding='utf-8'), source=str(p))
+    except configparser.Error as e: raise ValueError(f"malformed presets file {p}: {e}") from None
+    if bad := [s for s in cp.sections() if s not in PRESET_SECTIONS]:
+        raise ValueError(f"presets file {p} has unknown section(s) {bad}; valid sections are [DEFAULT] and: {', '.join(PRESET_SECTIONS)}")
+    return cp
+
 def load_preset(
     task:str,         # one of `TASKS`
     cpu:bool=False,   # the small CPU preset (`<task>-cpu`) instead of the paper's
-    path=None,        # settings file; defaults to `settings_path()`
+    path=None,        # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
 )->dict:              # field -> typed value, `[DEFAULT]` included
-    "Read the preset of `task` from `settings.ini`."
-    path = Path(path) if path else settings_path()
-    if not path.is_file(): raise FileNotFoundError(f"presets file not found: {path} (set $TRANSJECT_SETTINGS to its location)")
-    cp = configparser.ConfigParser()
-    try: cp.read(path)
-    except configparser.Error as e: raise ValueError(f"malformed presets file {path}: {e}") from None
-    sec = f"{task}-cpu" if cpu else task
-    if task not in TASKS or not cp.has_section(sec):
-        raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
-    return {k: _convert(v) for k, v in cp[sec].items()}
+    "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file."
+    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
+    files = settings_files() if path is None else [packaged_settings(), Path(path)]
+    if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
+    sec, vals = f"{task}-cpu" if cpu else task, {}
+    shipped, *user = [_read_presets(p) for p in files]
+    if not shipped.has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
+    for cp in [shipped, *user]: vals |= dict(cp[sec]) if cp.has_section(sec) else dict(cp.defaults())   # a file's section includes its [DEFAULT]
+    return {k: _convert(v) for k, v in vals.items()}
+
+# %% ../nbs/00_core.ipynb #3b47be8c
+def interactive_output()->bool:
+    "Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal (not a file, a pipe or a CI log)."
+    if IN_NOTEBOOK: return True
+    try: return bool(sys.stdout.isatty())
+    except (AttributeError, ValueError): return False   # no stdout, or a closed one
+
+def progress_iter(
+    items,                 # the items (a finite iterable)
+    what:str='item',       # what one item is, for the plain lines: 'length', 'run', ...
+    show:bool=True,        # report progress at all
+    bars:bool|None=None,   # a fastprogress bar (True) or plain lines (False); None: `interactive_output()`
+):                         # yields the items
+    "Iterate `items` with a fastprogress bar in a notebook or terminal, else with one plain line per finished item and no carriage return."
+    items = list(items)
+    use_bars = interactive_output() if bars is None else bars
+    if not show: yield from items
+    elif use_bars: yield from progress_bar(items, leave=False)
+    else:
+        t0 = time.perf_counter()
+        for i, x in enumerate(items):
+            yield x
+            print(f"{what} {x} done ({i + 1}/{len(items)}, {format_time(time.perf_counter() - t0)})", flush=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'BucketDL', 'TokenDataLoaders',
            'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'resolve_config', 'AuxLoss',
            'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV', 'load_checkpoint',
-           'ModelRecipe', 'TaskLearner', 'get_learner', 'train_learner', 'load_weights', 'history', 'evaluate',
-           'plot_curves', 'load_trained', 'results_table']
+           'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner', 'load_weights', 'history',
+           'evaluate', 'plot_curves', 'load_trained', 'results_table']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -525,6 +525,18 @@ def get_learner(
     return learn
 
 # %% ../nbs/07_learner.ipynb #dad9e2bc
+from .core import interactive_output
+
+class EpochLines(Callback):
+    "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for logs that are not a terminal."
+    order = 60   # fastai's ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63) may end the fit
+    def after_epoch(self):
+        row = dict(zip(self.recorder.metric_names, self.recorder.log))
+        ep = row.pop('epoch', self.epoch)
+        vals = ', '.join(f"{k} {v:.4f}" if isinstance(v, (float, np.floating)) else f"{k} {v}" for k, v in row.items())
+        note = ' (replayed from the checkpoint)' if getattr(self.learn, 'replaying', False) else ''
+        print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)   # numbered from 0, as in `history` and history.csv
+
 def _restore_history(learn:Learner, st:dict):
     rec = learn.recorder
     rec.values, rec.iters = [list(v) for v in st['values']], list(st['iters'])
@@ -542,9 +554,11 @@ def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
     epochs:int|None=None,  # most epochs (default: the config's)
-    progress:bool=True,    # fastprogress bars and the per-epoch table
+    progress:bool|str=True, # True: fastprogress bars and table in a notebook or terminal, else one line per epoch; 'bars', 'lines', or False
 )->TaskLearner:            # the same learner, holding the best weights
     "Train with the configured schedule, early stopping and checkpoints; resume an interrupted run."
+    mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
+    if mode not in (False, 'bars', 'lines'): raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
     tcfg, tcb = learn.train_cfg, learn.train_checkpoint
     epochs = epochs or tcfg.epochs
     st = None
@@ -560,7 +574,10 @@ def train_learner(
     start = st['epoch'] + 1 if st else 0
     on_cpu = next(_unwrap(learn.model).parameters()).device.type == 'cpu'
     ctx = learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # accelerate needs cpu=True for gloo
-    with ctx, (nullcontext() if progress else learn.no_bar()), (nullcontext() if progress else learn.no_logging()):
+    bars = nullcontext() if mode == 'bars' else learn.no_bar()
+    table = nullcontext() if mode == 'bars' else learn.no_logging()
+    lines = learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib() else nullcontext()
+    with ctx, bars, table, lines:
         if tcfg.sched == '1cycle': learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay, start_epoch=start)
         else: learn.fit(epochs, tcfg.lr, wd=tcfg.weight_decay, start_epoch=start)
     return learn
