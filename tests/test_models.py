@@ -47,3 +47,12 @@ def test_presets_build_every_variant_config(task):
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_contract_cuda(variant):
     check_contract(variant, device='cuda')
+
+
+def test_building_a_model_imports_nothing_heavy():
+    "`import transject_nb.models` and `create_model` load neither matplotlib, pandas, fastai nor fastprogress."
+    import subprocess, sys
+    probe = ("import sys, transject_nb.models as m; [m.create_model(v, 10, 2) for v in m.VARIANTS]; "
+             "print(sorted({k.split('.')[0] for k in sys.modules} & {'matplotlib', 'pandas', 'fastai', 'fastprogress', 'sklearn'}))")
+    out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == '[]', f"building models imported {out}"

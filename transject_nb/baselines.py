@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from .core import (PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe, register_variant)
-from .gradflow import mean_pairwise_cosine, stationary_distribution, plot_cosine_curves
+from .gradflow import mean_pairwise_cosine
 from .similarity import remove_similarity, token_similarity
 
 # %% ../nbs/04_baselines.ipynb #53616a14

@@ -21,8 +21,7 @@ __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_SECTIONS', 'check_tokens', 'si
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fastprogress.core import IN_NOTEBOOK, format_time
-from fastprogress.fastprogress import progress_bar
+from fastcore.imports import in_notebook
 
 # %% ../nbs/00_core.ipynb #5d8f88be
 PAD_ID = 0  # token id reserved for padding in every model and loader
@@ -268,7 +267,7 @@ def load_preset(
 # %% ../nbs/00_core.ipynb #3b47be8c
 def interactive_output()->bool:
     "Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal (not a file, a pipe or a CI log)."
-    if IN_NOTEBOOK: return True
+    if in_notebook(): return True
     try: return bool(sys.stdout.isatty())
     except (AttributeError, ValueError): return False   # no stdout, or a closed one
 
@@ -282,9 +281,11 @@ def progress_iter(
     items = list(items)
     use_bars = interactive_output() if bars is None else bars
     if not show: yield from items
-    elif use_bars: yield from progress_bar(items, leave=False)
+    elif use_bars:
+        from fastprogress.fastprogress import progress_bar               # only when bars are drawn: importing core stays light
+        yield from progress_bar(items, leave=False)
     else:
         t0 = time.perf_counter()
         for i, x in enumerate(items):
             yield x
-            print(f"{what} {x} done ({i + 1}/{len(items)}, {format_time(time.perf_counter() - t0)})", flush=True)
+            print(f"{what} {x} done ({i + 1}/{len(items)}, {time.perf_counter() - t0:.0f} s)", flush=True)

@@ -17,7 +17,6 @@ __all__ = ['attention_kernel', 'nonlocal_energy', 'energy_grad', 'euler_step', '
 import torch
 import torch.nn.functional as F
 from torch.func import grad
-import matplotlib.pyplot as plt
 
 # %% ../nbs/03_gradflow.ipynb #fd819100
 def attention_kernel(
@@ -149,6 +148,7 @@ def plot_cosine_curves(
     title:str='',   # axes title
 ):                  # the Axes
     "Plot mean pairwise cosine against depth for several flows."
+    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items():
         ax.plot(torch.as_tensor(c).tolist(), label=label)

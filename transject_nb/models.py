@@ -6,7 +6,6 @@ Docs: https://transject-nb.github.io/transject_nb/models.html.md"""
 
 # %% ../nbs/05_models.ipynb #60e5e5ec
 from __future__ import annotations
-import pandas as pd
 import torch
 import torch.nn as nn
 
@@ -35,6 +34,7 @@ def create_model(
 # %% ../nbs/05_models.ipynb #27eaecb2
 def variants_table()->pd.DataFrame:
     "One row per variant: its family (config class), the fields its name fixes, and what it is."
+    import pandas as pd
     return pd.DataFrame([dict(variant=s.name, family=s.config_cls.__name__.removesuffix('Config'),
                               fixes=', '.join(f"{k}={v!r}" for k, v in s.fixed.items()), description=s.doc)
                          for s in map(variant_spec, VARIANTS + tuple(v for v in _REGISTRY if v not in VARIANTS))]).set_index('variant')

@@ -15,7 +15,6 @@ __all__ = ['PLACEMENTS', 'ones_projector', 'token_similarity', 'token_diversity'
 # %% ../nbs/03a_similarity.ipynb #63e8ef3b
 import torch
 import torch.nn.functional as F
-import matplotlib.pyplot as plt
 
 # %% ../nbs/03a_similarity.ipynb #a101b321
 def ones_projector(
@@ -109,6 +108,7 @@ def plot_escalation(
     logy:bool=False,                 # log-scale y axis
 ):                                   # the Axes
     "Plot similarity (or diversity) curves against depth."
+    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items(): ax.plot(torch.as_tensor(c).tolist(), label=label)
     ax.set(xlabel='step / layer', ylabel=ylabel, title=title)
@@ -122,6 +122,7 @@ def plot_spectral_rate(
     ax=None,          # matplotlib Axes; a new figure if None
 ):                    # the Axes
     "Measured against predicted escalation rate, with the identity line."
+    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([0, 1], [0, 1], 'k:', lw=1, label='measured = predicted')
     ax.scatter(predicted, measured, zorder=3)
