@@ -69,7 +69,8 @@ class BucketDL(SortedDL):
     def __init__(self,
         dataset:Datasets,       # a split of `task_datasets(data)`, or a test set from `dls.test_dl`
         bs:int=32,              # batch size
-        shuffle:bool=False,     # random bucketed order (training) or sorted by length, longest first (evaluation)
+        shuffle:bool=False,     # random bucketed order (training), else the order below
+        sort:bool=True,         # without shuffle: sorted by length, longest first (less padding); False keeps the data set's order
         seed:int=42,            # the order of epoch e depends on (seed, e) only
         bucket:int=50,          # batches per chunk that is sorted by length before batching
         max_len:int|None=None,  # cut longer sequences (the data are normally cut already)
@@ -82,7 +83,7 @@ class BucketDL(SortedDL):
             raise TypeError(f"BucketDL needs a fastai Datasets (a split of data.task_datasets(...), or dls.test_dl's test set), got {type(dataset).__name__}")
         for k, v in dict(bs=bs, bucket=bucket, pad_multiple=pad_multiple).items():
             if not isinstance(v, int) or v < 1: raise ValueError(f"BucketDL: {k} must be a positive int, got {v!r}")
-        self.seed, self.bucket, self.max_len, self.pad_multiple, self.epoch = seed, bucket, max_len, pad_multiple, 0
+        self.seed, self.bucket, self.max_len, self.pad_multiple, self.sort, self.epoch = seed, bucket, max_len, pad_multiple, sort, 0
         view = _task_view(dataset)
         self.tfm, self.gidx = view if view else (None, None)   # the fast path: `TokenIds` of the task, and the global index of every item
         if res is None and view: res = self.tfm.items.lengths[self.gidx]
@@ -95,7 +96,7 @@ class BucketDL(SortedDL):
     def get_idxs(self):
         lens, bs = np.asarray(self.res), self.bs
         n = len(lens)
-        if not self.shuffle: return np.argsort(-lens, kind='stable').tolist()
+        if not self.shuffle: return np.argsort(-lens, kind='stable').tolist() if self.sort else list(range(n))
         rng = np.random.default_rng([self.seed, self.epoch])
         self.epoch += 1
         perm, chunk = rng.permutation(n), bs * self.bucket
@@ -137,8 +138,9 @@ class BucketDL(SortedDL):
     def retain(self, res, b): return res   # `create_batch` gives the fastai types already
 
     def new(self, dataset=None, cls=None, **kwargs):
-        "A copy with another dataset or settings, keeping the bucketing parameters."
-        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple) | kwargs
+        "A copy with other settings, keeping the bucketing parameters; with another data set (as `test_dl` makes), in that data set's order unless `sort=True`."
+        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple,
+                  sort=self.sort if dataset is None else False) | kwargs   # fastai's Interpretation reads a test set's predictions in its order
         res = super().new(dataset=dataset, cls=cls, **kw)
         res.epoch = self.epoch
         return res
