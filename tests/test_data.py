@@ -1,5 +1,5 @@
 """Tests of transject_nb.data. They use only generated data and tiny files written here: no shared data, no network."""
-import gzip, logging, random, warnings
+import gzip, logging, pickle, random, warnings
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +9,10 @@ from hypothesis import given, settings, strategies as st
 
 import transject_nb.data as D
 from transject_nb.core import PAD_ID, check_tokens
-from transject_nb.data import (LISTOPS_VOCAB, ListOpsConfig, ListOpsTokenizer, ByteTokenizer, TokenSplit, WordPieceTokenizer,
-                               carve, eval_listops, generate_listops, listops_tokens, listops_tree, listops_value, load_task,
-                               lra_source, pad_batch, read_agnews, read_imdb, read_listops_tsv, stratified_take)
+from fastai.data.core import test_set as fastai_test_set
+from transject_nb.data import (LISTOPS_VOCAB, ListOpsConfig, ListOpsTokenizer, ByteTokenizer, TaskItems, TokenIds, TokenSplit, WordPieceTokenizer,
+                               carve, encode_text, eval_listops, generate_listops, listops_tokens, listops_tree, listops_value, load_task,
+                               lra_source, pad_batch, read_agnews, read_imdb, read_listops_tsv, stratified_take, task_datasets)
 
 SMALL = dict(min_length=5, max_length=40, max_depth=4, max_args=5)
 
@@ -111,6 +112,11 @@ def test_token_split_roundtrip_and_truncate(seqs, max_len):
     x, y = s.batch(range(len(seqs)))
     assert x.shape == (len(seqs), max(map(len, seqs))) and (x != PAD_ID).sum(1).tolist() == [len(q) for q in seqs]
     check_tokens(x, 30001, 64)
+    assert torch.equal(x, pad_batch(seqs)) and y.tolist() == [i % 3 for i in range(len(seqs))]
+    idx = list(reversed(range(len(seqs)))) + [0, -1]                         # any order, repeats, negative indices
+    xm, ym = s.batch(idx, pad_to=20, max_len=max_len)
+    assert torch.equal(xm, pad_batch([seqs[i][:max_len] for i in idx], pad_to=20)) and ym.tolist() == [y[i].item() for i in idx]
+    with pytest.raises(IndexError, match='out of range'): s.batch([len(seqs)])
 
 
 def test_token_split_validation_and_pad_batch():
@@ -394,3 +400,81 @@ def test_load_task_argument_errors(tmp_path):
 def test_wordpiece_requires_pad_zero(tmp_path):
     p = tmp_path / 'v.txt'; p.write_text('[UNK]\n[PAD]\nthe\n')
     with pytest.raises(ValueError, match=r"'\[PAD\]' must be token 0"): WordPieceTokenizer.from_vocab(p)
+
+
+# ---------------------------------------------------------------- IMDB_SAMPLE layout
+def write_imdb_sample(d: Path, n=50):
+    d.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(3)
+    rows = ['label,text,is_valid'] + [f'{"positive" if i % 2 else "negative"},"{review(rng, i % 2)}",{i % 5 == 0}' for i in range(n)]
+    (d / 'texts.csv.gz').write_bytes(gzip.compress(('\n'.join(rows) + '\n').encode()))
+    return d
+
+
+def test_imdb_sample_layout(tmp_path):
+    d = write_imdb_sample(tmp_path / 'imdb_sample')
+    raw = read_imdb(d)
+    assert (len(raw['train'].texts), len(raw['test'].texts)) == (40, 10)        # the is_valid rows are the test split
+    assert raw['test'].labels == [i % 2 for i in range(0, 50, 5)]
+    td = load_task('imdb', d, vocab=tiny_vocab(tmp_path / 'v.txt'), max_len=16, cache_dir=False)
+    assert (len(td.train), len(td.valid), len(td.test)) == (36, 4, 10)
+    (d / 'texts.csv.gz').write_bytes(gzip.compress(b'label,text,is_valid\npositive,"fine",maybe\n'))
+    with pytest.raises(ValueError, match="line 2: is_valid is 'maybe'; expected True/False"): read_imdb(d)
+    (d / 'texts.csv.gz').write_bytes(gzip.compress(b'label,text\npositive,"fine"\n'))
+    with pytest.raises(ValueError, match="lacks the column 'is_valid'"): read_imdb(d)
+
+
+# ---------------------------------------------------------------- fastai Datasets
+def _tiny(task, tmp_path):
+    if task == 'listops': return load_task('listops', max_len=30, n_train=40, n_valid=8, n_test=8, cache_dir=False, **SMALL)
+    if task == 'imdb': return load_task('imdb', write_imdb_csv(tmp_path / 'imdb'), vocab=tiny_vocab(tmp_path / 'v.txt'), max_len=8, cache_dir=False)
+    if task == 'agnews': return load_task('agnews', write_agnews(tmp_path / 'ag'), vocab=tiny_vocab(tmp_path / 'v.txt'), max_len=8, cache_dir=False)
+    return load_task('charimdb', write_aclimdb(tmp_path / 'aclImdb'), max_len=20, cache_dir=False)
+
+
+@pytest.mark.parametrize('task', ['listops', 'imdb', 'agnews', 'charimdb'])
+def test_task_datasets_encode_and_decode(task, tmp_path):
+    td = _tiny(task, tmp_path)
+    ds = task_datasets(td)
+    parts = [ds.train, ds.valid, ds.subset(2)]
+    assert [len(p) for p in parts] == [len(td.train), len(td.valid), len(td.test)]
+    assert list(ds.tls[1].vocab) == list(td.classes)                          # Categorize carries the class names
+    for part, split in zip(parts, td.splits.values()):
+        for i in (0, len(split) - 1):
+            x, y = part[i]
+            ids, label = split[i]
+            assert type(x).__name__ == 'TensorText' and torch.equal(x, ids) and int(y) == label
+            text, cat = part.decode((x, y))
+            assert text == td.tokenizer.decode(ids) and cat == td.classes[label]
+    # raw texts (fastai's test_set, as dls.test_dl makes): tokenised as the data were, cut to max_len; empty is refused
+    raw = [td.tokenizer.decode(td.test[0][0]), ' '.join([td.tokenizer.decode(td.test[1][0])] * 20)]
+    ts = fastai_test_set(ds.valid, raw)
+    assert ts[0][0].tolist() == td.tokenizer.encode(raw[0])[:td.max_len]
+    assert len(ts[1][0]) == td.max_len and ts[1][0].tolist() == td.tokenizer.encode(raw[1])[:td.max_len]
+    with pytest.raises(ValueError, match='empty text'): fastai_test_set(ds.valid, [' \t'])[0]
+    with pytest.raises(ValueError, match='empty text'): encode_text(td.tokenizer, '')
+    with pytest.raises(TypeError, match='expected a text'): encode_text(td.tokenizer, 5)
+
+
+def test_task_items_batches_and_pickling(tmp_path):
+    td = _tiny('listops', tmp_path)
+    items = TaskItems([td.train, td.valid, td.test])
+    assert len(items) == 56 and [len(r) for r in items.ranges] == [40, 8, 8]
+    gidx = [55, 3, 41, 40, 0, 47]                                             # test, train, valid, valid, train, valid
+    want = [td.test[7], td.train[3], td.valid[1], td.valid[0], td.train[0], td.valid[7]]
+    for g, (ids, y) in zip(gidx, want): assert torch.equal(items[g][0], ids) and items.label(g) == y
+    x, y = items.batch(gidx, max_len=12)                                      # across splits, one padded batch
+    assert torch.equal(x, pad_batch([ids[:12] for ids, _ in want])) and y.tolist() == [lab for _, lab in want]
+    assert torch.equal(items.batch([4, 9])[0], td.train.batch([4, 9])[0])    # one split
+    assert items.lengths.tolist() == torch.cat([td.train.lengths, td.valid.lengths, td.test.lengths]).tolist()
+    with pytest.raises(IndexError, match='example 56 is out of range: the task has 56 examples'): items.batch([1, 56])
+    with pytest.raises(TypeError, match='needs a non-empty sequence of TokenSplit'): TaskItems([[1, 2]])
+    # pickled (as learn.export does), the transforms keep the tokenizer and drop the data
+    ds = task_datasets(td)
+    tfm = pickle.loads(pickle.dumps(ds.tls[0].tfms.fs[0]))
+    assert isinstance(tfm, TokenIds) and tfm.items is None and tfm.max_len == 30
+    assert tfm('[MAX 1 2 ]').tolist() == td.tokenizer.encode('[MAX 1 2 ]')
+    with pytest.raises(ValueError, match='carries no examples'): tfm(3)
+    blob = pickle.dumps(ds.new_empty())                                       # what learn.export pickles of the data
+    assert b'TaskItems' not in blob and b'TokenSplit' not in blob
+    with pytest.raises(TypeError, match='needs a TaskData'): task_datasets(td.train)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv, dataclasses, gzip, hashlib, io, json, logging, math, os, random, socket, statistics, tempfile, time, warnings
 from array import array
 from dataclasses import dataclass, field, fields
+from numbers import Integral
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -18,12 +19,16 @@ __all__ = ['logger', 'DEFAULT_MAX_LEN', 'CLASSES', 'DATA_VERSION', 'LISTOPS_OPS'
            'listops_value', 'listops_tokens', 'lra_source', 'eval_listops', 'generate_listops', 'plot_lengths',
            'plot_labels', 'RawSplit', 'read_imdb', 'read_agnews', 'listops_normalise', 'read_listops_tsv',
            'WordPieceTokenizer', 'ByteTokenizer', 'ListOpsTokenizer', 'tokenizer_from_state', 'find_vocab',
-           'stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task']
+           'stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task', 'encode_text',
+           'TaskItems', 'TokenIds', 'ItemLabel', 'task_datasets']
 
 # %% ../nbs/06_data.ipynb #41748fbe
 import numpy as np
 import pandas as pd
 import torch
+from fastai.data.core import Datasets, TitledStr, Transform
+from fastai.data.transforms import Categorize
+from fastai.text.data import TensorText
 from fastprogress.fastprogress import progress_bar
 from .core import PAD_ID, TASKS, atomic_save
 
@@ -104,10 +109,22 @@ class TokenSplit:
         "`(N,)` number of tokens of each example, for length bucketing."
         return self.offsets[1:] - self.offsets[:-1]
 
-    def batch(self, idxs, pad_to:int|None=None):
-        "Examples `idxs` as a padded batch: `(LongTensor (B, n), LongTensor (B,))`."
-        idxs = [int(i) for i in idxs]
-        return pad_batch([self[i][0] for i in idxs], pad_to), self.labels[idxs]
+    def batch(self,
+        idxs,                   # examples to take (negative indices count from the end)
+        pad_to:int|None=None,   # pad to at least this length (default: the longest example taken)
+        max_len:int|None=None,  # keep the first `max_len` tokens of each
+    ):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
+        "Examples `idxs` as one padded batch, gathered in one vectorised step (no loop over examples)."
+        idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
+        if not len(idxs): raise ValueError("a batch needs at least one example")
+        if int(idxs.min()) < -len(self) or int(idxs.max()) >= len(self):
+            raise IndexError(f"index out of range for a split of {len(self)} examples: {idxs[(idxs < -len(self)) | (idxs >= len(self))][0].item()}")
+        idxs = idxs % len(self)
+        lens = self.lengths[idxs] if not max_len else self.lengths[idxs].clamp(max=max_len)    # (B,)
+        n = max(int(lens.max()), pad_to or 0)
+        x = torch.full((len(idxs), n), PAD_ID, dtype=torch.long)                                # (B, n)
+        x[torch.arange(n) < lens[:, None]] = self.flat[_gather_idx(self.offsets[idxs], lens)].long()  # row by row, as gathered
+        return x, self.labels[idxs]
 
     def subset(self, idxs)->'TokenSplit':
         "A new split with examples `idxs`, in that order (`n_truncated` is kept for a reordering, else unknown: None)."
@@ -352,7 +369,9 @@ def _empty(p, what): raise ValueError(f"{p}: empty split: no {what} found (an em
 
 # %% ../nbs/06_data.ipynb #91abc08e
 IMDB_LAYOUT = ("an aclImdb folder (train/neg/*.txt, train/pos/*.txt, test/neg/*.txt, test/pos/*.txt), "
-               "or a folder with train.csv[.gz] and test.csv[.gz] having a header with columns label,text (label 0/1 or negative/positive)")
+               "or a folder with train.csv[.gz] and test.csv[.gz] having a header with columns label,text (label 0/1 or negative/positive), "
+               "or fastai's IMDB_SAMPLE folder with texts.csv[.gz] having columns label,text,is_valid (the is_valid rows are the test split)")
+_BOOLS = {'true': True, 'false': False, '1': True, '0': False}
 _IMDB_LABELS = {'0': 0, '1': 1, 'neg': 0, 'negative': 0, 'pos': 1, 'positive': 1}
 
 def _imdb_files(root:Path)->dict:
@@ -367,22 +386,29 @@ def _imdb_files(root:Path)->dict:
                 if not (d/lab).is_dir(): raise FileNotFoundError(f"IMDb folder {root}: missing {d/lab}; expected {IMDB_LAYOUT}")
         return out
     out = {s: _find(root, f'{s}.csv') for s in ('train', 'test')}
+    if None in out.values() and (sample := _find(root, 'texts.csv')): return dict(train=sample, test=sample)   # IMDB_SAMPLE
     if None in out.values():
         miss = [f'{s}.csv[.gz]' for s, p in out.items() if p is None]
-        raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)} and no train/pos folder; expected {IMDB_LAYOUT}")
+        raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)}, no texts.csv[.gz] and no train/pos folder; expected {IMDB_LAYOUT}")
     return out
 
-def _read_imdb_csv(p:Path)->RawSplit:
+def _read_imdb_csv(p:Path, is_valid:bool|None=None)->RawSplit:
+    "The rows of a CSV; with `is_valid` given (IMDB_SAMPLE's texts.csv), only the rows whose `is_valid` column says so."
     rows = _csv_rows(p)
     try: _, head = next(rows)
     except StopIteration: _empty(p, 'header or rows')
     cols = [h.strip().lower() for h in head]
     if 'label' not in cols or 'text' not in cols:
         raise ValueError(f"{p}, line 1: header {head} lacks the columns 'label' and 'text'")
-    il, it = cols.index('label'), cols.index('text')
+    if is_valid is not None and 'is_valid' not in cols: raise ValueError(f"{p}, line 1: header {head} lacks the column 'is_valid' of fastai's IMDB_SAMPLE texts.csv")
+    il, it, iv = cols.index('label'), cols.index('text'), cols.index('is_valid') if is_valid is not None else None
     texts, labels = [], []
     for line, row in rows:
         if len(row) != len(head): raise ValueError(f"{p}, line {line}: expected {len(head)} columns ({','.join(head)}), got {len(row)}")
+        if iv is not None:
+            v = _BOOLS.get(row[iv].strip().lower())
+            if v is None: raise ValueError(f"{p}, line {line}: is_valid is {row[iv]!r}; expected True/False")
+            if v != is_valid: continue
         lab = _IMDB_LABELS.get(row[il].strip().lower())
         if lab is None: raise ValueError(f"{p}, line {line}: unknown label {row[il]!r}; expected 0/1 or negative/positive")
         if not row[it].strip(): raise ValueError(f"{p}, line {line}: empty text")
@@ -401,10 +427,12 @@ def _read_imdb_dir(d:Path)->RawSplit:
     return RawSplit(texts, labels, str(d))
 
 def read_imdb(
-    path,  # an aclImdb folder or a folder of train/test CSVs (see `IMDB_LAYOUT`)
+    path,  # an aclImdb folder, a folder of train/test CSVs, or an IMDB_SAMPLE folder (see `IMDB_LAYOUT`)
 )->dict:   # {'train', 'test'} -> `RawSplit`
     "Read the IMDb train and test splits from a local folder."
-    return {s: (_read_imdb_dir if p.is_dir() else _read_imdb_csv)(p) for s, p in _imdb_files(path).items()}
+    files = _imdb_files(path)
+    sample = files['train'] == files['test']          # IMDB_SAMPLE: one file, split by its is_valid column
+    return {s: _read_imdb_dir(p) if p.is_dir() else _read_imdb_csv(p, (s == 'test') if sample else None) for s, p in files.items()}
 
 # %% ../nbs/06_data.ipynb #461ef4fa
 AGNEWS_LAYOUT = "a folder with the original AG News train.csv[.gz] and test.csv[.gz] (no header; columns class 1-4, title, description)"
@@ -879,3 +907,128 @@ def load_task(
         atomic_save(td.state(), cfile)
         logger.info(f"{task}: cached in {cfile}")
     return td
+
+# %% ../nbs/06_data.ipynb #b7d1a0e2
+def encode_text(
+    tokenizer,              # a task's tokenizer (`encode`)
+    text:str,               # one raw text (for ListOps an expression, compact or LRA form)
+    max_len:int|None=None,  # keep the first `max_len` tokens
+)->list:                    # token ids, at least one
+    "Token ids of one raw text, tokenised as the data were and cut to `max_len`; an empty text is an error, not a row of padding."
+    if not isinstance(text, str): raise TypeError(f"expected a text (str), got {type(text).__name__}")
+    if not text.strip(): raise ValueError("cannot classify an empty text: it has no tokens (give at least one non-blank character)")
+    ids = list(tokenizer.encode(text))
+    if not ids: raise ValueError(f"text {text!r} has no tokens")
+    return ids[:max_len] if max_len else ids
+
+class TaskItems:
+    "A task's splits seen as one collection of examples, without copying: global index `i` runs through train, then valid, then test."
+    def __init__(self,
+        splits:Sequence,  # `TokenSplit`s, numbered one after the other
+    ):
+        self.splits = list(splits)
+        if not self.splits or not all(isinstance(s, TokenSplit) for s in self.splits):
+            raise TypeError(f"TaskItems needs a non-empty sequence of TokenSplit, got {[type(s).__name__ for s in self.splits]}")
+        self.starts = np.cumsum([0] + [len(s) for s in self.splits])   # (K+1,) global index of each split's first example
+
+    def __len__(self)->int: return int(self.starts[-1])
+    def __repr__(self): return f"TaskItems({' + '.join(str(len(s)) for s in self.splits)} examples)"
+
+    @property
+    def ranges(self)->list:
+        "The global indices of each split."
+        return [range(int(a), int(b)) for a, b in zip(self.starts[:-1], self.starts[1:])]
+
+    @property
+    def lengths(self)->np.ndarray:
+        "`(N,)` number of tokens of every example."
+        return np.concatenate([s.lengths.numpy() for s in self.splits])
+
+    @property
+    def labels(self)->torch.Tensor:
+        "`(N,)` class id of every example."
+        return torch.cat([s.labels for s in self.splits])
+
+    def locate(self, idxs)->tuple:
+        "`(split, index in that split)` of global indices, as two int64 arrays."
+        idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
+        if len(idxs) and (idxs.min() < 0 or idxs.max() >= len(self)):
+            bad = idxs[(idxs < 0) | (idxs >= len(self))][0]
+            raise IndexError(f"example {bad} is out of range: the task has {len(self)} examples (global indices 0 to {len(self) - 1})")
+        k = np.searchsorted(self.starts, idxs, side='right') - 1
+        return k, idxs - self.starts[k]
+
+    def __getitem__(self, i)->tuple:
+        "Example `i` as `(LongTensor ids (n,), int label)`."
+        (k,), (j,) = self.locate([i])
+        return self.splits[k][int(j)]
+
+    def label(self, i)->int:
+        "The class id of example `i`."
+        (k,), (j,) = self.locate([i])
+        return int(self.splits[k].labels[j])
+
+    def batch(self,
+        idxs,                   # global indices of the examples
+        max_len:int|None=None,  # keep the first `max_len` tokens of each
+    ):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
+        "Examples `idxs` as one padded batch, gathered split by split in vectorised steps."
+        k, j = self.locate(idxs)
+        if not len(k): raise ValueError("a batch needs at least one example")
+        if (k == k[0]).all(): return self.splits[k[0]].batch(j, max_len=max_len)
+        groups = [(s, np.flatnonzero(k == s)) for s in np.unique(k)]
+        n = max(int(self.splits[s].lengths[torch.as_tensor(j[r])].max()) for s, r in groups)
+        n = min(n, max_len) if max_len else n
+        x, y = torch.full((len(k), n), PAD_ID, dtype=torch.long), torch.empty(len(k), dtype=torch.long)   # (B, n), (B,)
+        for s, r in groups: x[torch.as_tensor(r)], y[torch.as_tensor(r)] = self.splits[s].batch(j[r], pad_to=n, max_len=max_len)
+        return x, y
+
+_NO_DATA = "carries no examples (it was pickled, e.g. by learn.export, which keeps the tokenizer and class names only): give raw texts"
+
+class TokenIds(Transform):
+    "fastai transform to token ids (`TensorText`): an example of the task by its global index, or a raw text tokenised as the data were; decodes ids to text."
+    input_types = (Integral, str)   # what it encodes; fastai's `test_dl` reads it to accept raw texts
+    def __init__(self,
+        tokenizer,                  # the task's tokenizer (`encode`, `decode`)
+        max_len:int,                # keep the first `max_len` tokens
+        items:TaskItems|None=None,  # the task's examples (None: raw texts only)
+    ):
+        super().__init__()
+        if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"TokenIds: max_len must be a positive int, got {max_len!r}")
+        self.tokenizer, self.max_len, self.items = tokenizer, max_len, items
+
+    def encodes(self, i:Integral)->TensorText:
+        if self.items is None: raise ValueError(f"TokenIds {_NO_DATA}")
+        return TensorText(self.items[int(i)][0][:self.max_len])
+    def encodes(self, text:str)->TensorText: return TensorText(torch.tensor(encode_text(self.tokenizer, text, self.max_len), dtype=torch.long))
+    def decodes(self, x:TensorText)->TitledStr: return TitledStr(self.tokenizer.decode(x))
+
+    def __getstate__(self):
+        "Pickled (as by `learn.export`) with the tokenizer and `max_len`, without the data."
+        return {**self.__dict__, 'items': None}
+
+class ItemLabel(Transform):
+    "fastai transform from an example's global index to its class name; fastai's `Categorize` then gives the `TensorCategory`."
+    input_types = Integral
+    def __init__(self,
+        items:TaskItems|None,  # the task's examples
+        classes:Sequence,      # class names, by id
+    ):
+        super().__init__()
+        self.items, self.classes = items, tuple(classes)
+    def encodes(self, i:Integral)->str:
+        if self.items is None: raise ValueError(f"ItemLabel {_NO_DATA}")
+        return self.classes[self.items.label(i)]
+    def __getstate__(self):
+        "Pickled without the data, as `TokenIds`."
+        return {**self.__dict__, 'items': None}
+
+def task_datasets(
+    data:TaskData,          # the task's numericalised splits (from `load_task`)
+    max_len:int|None=None,  # keep the first `max_len` tokens of every example (default `data.max_len`)
+)->Datasets:                # items: global example indices; splits 0, 1, 2: train, valid, test
+    "The task as one fastai `Datasets`: x through `TokenIds` (decodes to text), y through `Categorize` with the class names as `vocab`."
+    if not isinstance(data, TaskData): raise TypeError(f"task_datasets needs a TaskData from load_task, got {type(data).__name__}")
+    items = TaskItems([data.train, data.valid, data.test])
+    tfms = [[TokenIds(data.tokenizer, max_len or data.max_len, items)], [ItemLabel(items, data.classes), Categorize(vocab=list(data.classes), sort=False)]]
+    return Datasets(range(len(items)), tfms=tfms, splits=items.ranges)

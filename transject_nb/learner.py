@@ -24,6 +24,9 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
+import fastai.callback.hook      # adds `Learner.summary`
+import fastai.callback.schedule  # adds `fit_one_cycle` (the '1cycle' schedule), `lr_find`, `fine_tune`
+import fastai.text.learner   # registers fastai's `show_results` and `plot_top_losses` for `TensorText` inputs
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.callback.core import Callback, CancelFitException
@@ -31,82 +34,126 @@ from fastai.callback.fp16 import MixedPrecision
 from fastai.callback.progress import CSVLogger
 from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback, TrackerCallback
 from fastai.callback.training import GradientClip
-from fastai.data.core import DataLoaders
+from fastai.data.core import DataLoaders, Datasets, show_results
 from fastai.data.load import DataLoader
+from fastai.data.transforms import Categorize, TensorCategory
 from fastai.distributed import DistributedDL
 from fastai.learner import Learner, Metric, load_learner
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import accuracy
 from fastai.optimizer import Adam
-from fastai.torch_core import default_device, get_model, num_distrib, rank_distrib, set_seed
+from fastai.text.data import SortedDL, TensorText
+from fastai.torch_core import default_device, display_df, get_empty_df, get_model, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
 from .core import PAD_ID, TASKS, EncoderClassifier, atomic_save, config_fields, load_preset, variant_spec
-from .data import TaskData, TokenSplit, load_task, pad_batch
+from .data import ItemLabel, TaskData, TokenIds, encode_text, load_task, pad_batch, task_datasets
 from .models import VARIANTS, create_model, n_params
 
 # %% ../nbs/07_learner.ipynb #755b9cc3
-class BucketDL(DataLoader):
-    "A fastai `DataLoader` over a `TokenSplit` that batches examples of similar length and right-pads them with `PAD_ID`."
-    n_inp = 1
+def _task_view(dsets):
+    "`(TokenIds, global indices)` when the batches of `dsets` can be gathered in one step: a `Datasets` of task examples with `task_datasets`' transforms."
+    if not isinstance(dsets, Datasets) or not len(dsets) or len(dsets.tls) > 2: return None
+    x = list(dsets.tls[0].tfms.fs)
+    if len(x) != 1 or not isinstance(x[0], TokenIds) or x[0].items is None: return None
+    if len(dsets.tls) == 2:
+        y = list(dsets.tls[1].tfms.fs)
+        if ([type(f) for f in y] != [ItemLabel, Categorize] or y[0].items is not x[0].items
+            or list(y[1].vocab) != list(y[0].classes)): return None       # the label ids must be the category ids
+    items = list(dsets.items)
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items): return None
+    return x[0], np.asarray(items, dtype=np.int64)
+
+class BucketDL(SortedDL):
+    "fastai's `SortedDL` over a task's `Datasets`, with a seeded, resumable bucketed order; batches right-padded with `PAD_ID`."
     def __init__(self,
-        dataset:TokenSplit,     # the numericalised split
+        dataset:Datasets,       # a split of `task_datasets(data)`, or a test set from `dls.test_dl`
         bs:int=32,              # batch size
-        shuffle:bool=False,     # random bucketed order (training) or sorted by length, longest first (evaluation)
+        shuffle:bool=False,     # random bucketed order (training), else the order below
+        sort:bool=True,         # without shuffle: sorted by length, longest first (less padding); False keeps the data set's order
         seed:int=42,            # the order of epoch e depends on (seed, e) only
         bucket:int=50,          # batches per chunk that is sorted by length before batching
         max_len:int|None=None,  # cut longer sequences (the data are normally cut already)
         pad_multiple:int=1,     # pad each batch to a multiple of this (capped at max_len)
-        **kwargs,               # passed to fastai's `DataLoader` (device, num_workers, ...)
+        res=None,               # length of every item, for sorting (default: from the data, or by loading every item)
+        num_workers:int=0,      # worker processes (batches are cheap: none by default)
+        **kwargs,               # passed to fastai's `TfmdDL` (device, after_batch, ...)
     ):
-        if not isinstance(dataset, TokenSplit): raise TypeError(f"BucketDL needs a TokenSplit, got {type(dataset).__name__}")
+        if not isinstance(dataset, Datasets):
+            raise TypeError(f"BucketDL needs a fastai Datasets (a split of data.task_datasets(...), or dls.test_dl's test set), got {type(dataset).__name__}")
         for k, v in dict(bs=bs, bucket=bucket, pad_multiple=pad_multiple).items():
             if not isinstance(v, int) or v < 1: raise ValueError(f"BucketDL: {k} must be a positive int, got {v!r}")
-        super().__init__(dataset, bs=bs, shuffle=shuffle, **kwargs)
-        self.seed, self.bucket, self.max_len, self.pad_multiple, self.epoch = seed, bucket, max_len, pad_multiple, 0
-        self.lens = dataset.lengths.numpy()
+        self.seed, self.bucket, self.max_len, self.pad_multiple, self.sort, self.epoch = seed, bucket, max_len, pad_multiple, sort, 0
+        view = _task_view(dataset)
+        self.tfm, self.gidx = view if view else (None, None)   # the fast path: `TokenIds` of the task, and the global index of every item
+        if res is None and view: res = self.tfm.items.lengths[self.gidx]
+        super().__init__(dataset, res=res, bs=bs, shuffle=shuffle, num_workers=num_workers, **kwargs)
 
     def set_epoch(self, epoch:int):
         "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
         self.epoch = int(epoch)
 
     def get_idxs(self):
-        n, bs = len(self.lens), self.bs
-        if not self.shuffle: return np.argsort(-self.lens, kind='stable').tolist()
+        lens, bs = np.asarray(self.res), self.bs
+        n = len(lens)
+        if not self.shuffle: return np.argsort(-lens, kind='stable').tolist() if self.sort else list(range(n))
         rng = np.random.default_rng([self.seed, self.epoch])
         self.epoch += 1
         perm, chunk = rng.permutation(n), bs * self.bucket
         batches = []
         for s in range(0, n, chunk):
             c = perm[s:s + chunk]
-            c = c[np.argsort(-self.lens[c], kind='stable')]
+            c = c[np.argsort(-lens[c], kind='stable')]
             batches += [c[i:i + bs] for i in range(0, len(c), bs)]
         full, part = [b for b in batches if len(b) == bs], [b for b in batches if len(b) < bs]  # at most one partial: it goes last
         order = rng.permutation(len(full))
         return np.concatenate([full[i] for i in order] + part).tolist() if n else []
 
+    @property
+    def cut(self)->int|None:
+        "The longest sequence a batch holds: the smaller of `max_len` and `TokenIds.max_len`."
+        cuts = [c for c in (self.max_len, getattr(self.tfm, 'max_len', None)) if c]
+        return min(cuts) if cuts else None
+
+    def create_item(self, s):
+        "A task example's global index (its batch is gathered in one step), else fastai's item through the `Datasets`' transforms."
+        if self.tfm is not None: return int(self.gidx[s or 0])
+        try: return super().create_item(s)
+        except ValueError as e: raise ValueError(f"item {s or 0} of the data set ({self.dataset.items[s or 0]!r:.80}): {e}") from None
+
     def create_batch(self, b):
-        xs, ys = zip(*b)
-        if self.max_len: xs = [x[:self.max_len] for x in xs]
-        n = max(len(x) for x in xs)
-        if self.pad_multiple > 1: n = min(-(-n // self.pad_multiple) * self.pad_multiple, self.max_len or math.inf)
-        return pad_batch(xs, int(n)), torch.tensor(ys, dtype=torch.long)       # (B, n), (B,)
+        "`(TensorText (B, n), TensorCategory (B,))`, or `(TensorText,)` for a test set without labels."
+        cut = self.cut
+        if self.tfm is not None:
+            x, y = self.tfm.items.batch(b, max_len=cut)                              # (B, n), (B,)
+            rest = [y] if len(self.dataset.tls) == 2 else []
+        else:
+            x = pad_batch([s[0][:cut] if cut else s[0] for s in b])                  # (B, n)
+            rest = [torch.stack([torch.as_tensor(s[i]) for s in b]) for i in range(1, len(b[0]))]
+        if self.pad_multiple > 1:
+            n = min(-(-x.shape[1] // self.pad_multiple) * self.pad_multiple, cut or math.inf)
+            x = nn.functional.pad(x, (0, int(n) - x.shape[1]), value=PAD_ID)
+        return (TensorText(x), *[TensorCategory(r) for r in rest])
+
+    def retain(self, res, b): return res   # `create_batch` gives the fastai types already
 
     def new(self, dataset=None, cls=None, **kwargs):
-        "A copy with another dataset or settings, keeping the bucketing parameters."
-        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple) | kwargs
+        "A copy with other settings, keeping the bucketing parameters; with another data set (as `test_dl` makes), in that data set's order unless `sort=True`."
+        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple,
+                  sort=self.sort if dataset is None else False) | kwargs   # fastai's Interpretation reads a test set's predictions in its order
         res = super().new(dataset=dataset, cls=cls, **kw)
         res.epoch = self.epoch
         return res
 
+    @property
+    def targets(self)->torch.Tensor:
+        "`(N,)` class ids of the loader's examples, in dataset order."
+        if self.tfm is None: raise TypeError("targets are known for a loader of task examples only (a split of task_datasets)")
+        return self.tfm.items.labels[torch.as_tensor(self.gidx)]
+
 # %% ../nbs/07_learner.ipynb #176dd2ad
 class TokenDataLoaders(DataLoaders):
     "fastai `DataLoaders` of `BucketDL`s: train, valid and test (index 2)."
-    def new_empty(self):
-        "The same loaders without data, for `Learner.export`."
-        empty = TokenSplit.from_lists([], [])
-        return type(self)(*[dl.new(empty) for dl in self.loaders], path=self.path, device=self.device)
-
     @property
     def test(self):
         "The test loader (index 2), for the final evaluation only."
@@ -120,12 +167,13 @@ def get_dls(
     bucket:int=50,           # batches per length-sorted chunk
     device=None,             # where batches go (default: fastai's `default_device()`)
 )->TokenDataLoaders:         # train (shuffled, bucketed), valid and test (sorted by length)
-    "Length-bucketed, padded DataLoaders for the train, valid and test splits of a task."
+    "Length-bucketed, padded DataLoaders over the task's fastai `Datasets`, for the train, valid and test splits."
     device = default_device() if device is None else torch.device(device)
     max_len = max_len or data.max_len
+    dsets = task_datasets(data, max_len)
     pm = 8 if device.type == 'cuda' else 1
-    mk = lambda split, shuffle, b: BucketDL(split, bs=b, shuffle=shuffle, seed=seed, bucket=bucket, max_len=max_len, pad_multiple=pm, device=device)
-    return TokenDataLoaders(mk(data.train, True, bs), mk(data.valid, False, 2 * bs), mk(data.test, False, 2 * bs), device=device)
+    mk = lambda i, shuffle, b: BucketDL(dsets.subset(i), bs=b, shuffle=shuffle, seed=seed, bucket=bucket, max_len=max_len, pad_multiple=pm, device=device)
+    return TokenDataLoaders(mk(0, True, bs), mk(1, False, 2 * bs), mk(2, False, 2 * bs), device=device)
 
 # %% ../nbs/07_learner.ipynb #72b9b133
 SCHEDS = ('constant', '1cycle')
@@ -295,6 +343,7 @@ def _floats(xs)->list: return [float(x) for x in xs]
 class TrainCheckpoint(Callback):
     "Atomically save weights, optimiser, epoch, history and RNG state after every epoch; on resume, restore them and replay the finished epochs."
     order = 65   # after Recorder (50), progress/CSV (60), SaveBest (61), EarlyStopping (63); before fastai's SkipToEpoch (70)
+    _only_train_loop = True   # fastai's mark for callbacks that belong to `fit` alone: `learn.summary()` leaves them out
     def __init__(self, fname:str='checkpoint', config:dict|None=None):
         self.fname, self.config, self.state, self.times = fname, config or {}, None, []
     @property
@@ -327,7 +376,7 @@ class TrainCheckpoint(Callback):
         torch.set_rng_state(st['torch_rng'])
 
     def before_epoch(self):
-        self.learn.replaying, self.t0 = self.epoch < self.start, time.time()
+        self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
         dl = self.dls.train
         dl = getattr(dl, 'dl', dl)                     # inside `DistributedDL` when distributed
         if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch)
@@ -337,6 +386,8 @@ class TrainCheckpoint(Callback):
         if not self.learn.replaying: return
         self.recorder.log = L(self.epoch) + self.state['values'][self.epoch]
         self.recorder.start_epoch = time.time() - self.state['times'][self.epoch]
+
+    def after_train(self): self.trained = True
 
     def after_validate(self):
         "An epoch's time, taken here because early stopping may end the fit before `after_epoch` reaches this callback."
@@ -349,7 +400,7 @@ class TrainCheckpoint(Callback):
             self.recorder.iters[-1] = self.state['iters'][self.epoch]
             self.times.append(self.state['times'][self.epoch])
             return
-        if not rank_distrib(): atomic_save(self._record(False, self.epoch), self.file)
+        if getattr(self, 'trained', False) and not rank_distrib(): atomic_save(self._record(False, self.epoch), self.file)   # not for an epoch without training
 
     def after_fit(self):
         self.learn.replaying = False
@@ -360,13 +411,22 @@ class TrainCheckpoint(Callback):
         self.state, self.active = None, False
 
 class HistoryCSV(CSVLogger):
-    "fastai's `CSVLogger` (every epoch's row to `history.csv`), creating the run folder first."
+    "fastai's `CSVLogger` (every epoch's row to `history.csv`) that opens the file only to write a row, so that no open file lives in the Learner."
+    _only_train_loop = True   # `learn.summary()` must not rewrite the history
     def before_fit(self):
+        if hasattr(self, 'gather_preds') or hasattr(self.learn, 'lr_finder'): return   # `lr_find` does not replace the run's history
         self.path.mkdir(parents=True, exist_ok=True)
-        super().before_fit()
+        with (self.path/self.fname).open('a' if self.append else 'w') as f: f.write(','.join(self.recorder.metric_names) + '\n')
+        self.old_logger, self.learn.logger = self.logger, self._write_line
+
+    def _write_line(self, log):
+        with (self.path/self.fname).open('a') as f:
+            f.write(','.join([str(t) for t in log]) + '\n')
+            f.flush(); os.fsync(f.fileno())
+        self.old_logger(log)
+
     def after_fit(self):
-        super().after_fit()
-        for k in ('file', 'old_logger'): self.__dict__.pop(k, None)   # a closed file cannot be pickled by `learn.export`
+        if 'old_logger' in self.__dict__: self.learn.logger = self.__dict__.pop('old_logger')
 
 def load_checkpoint(
     file,          # a checkpoint written by `TrainCheckpoint`
@@ -380,8 +440,6 @@ def load_checkpoint(
     return st
 
 # %% ../nbs/07_learner.ipynb #ed1e19c4
-_TRAIN_ONLY = (SaveBestCallback, EarlyStoppingCallback, TrainCheckpoint, HistoryCSV)
-
 @dataclass
 class ModelRecipe:
     "What rebuilds an encoder: its class, its config and its weights (picklable even when the model is not)."
@@ -406,7 +464,7 @@ class TaskLearner(Learner):
         rec = self.recorder
         keep = {k: getattr(rec, k, None) for k in ('lrs', 'iters', 'losses', 'values', 'metric_names')}
         try:
-            with self.removed_cbs([c for c in self.cbs if isinstance(c, _TRAIN_ONLY)]): yield self
+            with self.removed_cbs([c for c in self.cbs if getattr(c, '_only_train_loop', False)]): yield self
         finally:
             for k, v in keep.items():
                 if v is not None: setattr(rec, k, v)
@@ -435,6 +493,10 @@ class TaskLearner(Learner):
         "fastai's `get_preds`, leaving the training history, checkpoint and `history.csv` alone."
         with self.evaluation_only(): return super().get_preds(*args, **kwargs)
 
+    def summary(self):
+        "fastai's `summary` (layers, output shapes, parameters, callbacks), leaving the training history alone."
+        with self.evaluation_only(): return super().summary()
+
     def encode(self,
         texts,          # a raw text (for ListOps an expression, compact or LRA form), a list of them, or token ids
     )->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
@@ -443,12 +505,9 @@ class TaskLearner(Learner):
         if not len(texts): raise ValueError("predict needs at least one text")
         seqs = []
         for t in texts:
-            if isinstance(t, str):
-                if not t.strip(): raise ValueError("cannot predict the class of an empty text")
-                ids = self.tokenizer.encode(t)
-            else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()
-            if not ids: raise ValueError(f"text {t!r} has no tokens")
-            seqs.append(ids[:self.max_len])
+            ids = encode_text(self.tokenizer, t, self.max_len) if isinstance(t, str) else torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:self.max_len]
+            if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
+            seqs.append(ids)
         return pad_batch(seqs)
 
     def predict_proba(self,
@@ -609,10 +668,10 @@ def evaluate(
     "Validation and test loss and accuracy of the learner's current (best) weights; the only use of the test set."
     with learn.no_bar(): va, te = learn.validate(ds_idx=1), learn.validate(ds_idx=2)
     h = history(learn) if learn.recorder.values else None
-    test_split = learn.dls.test.dataset
+    test_counts = learn.dls.test.targets.bincount()
     return dict(task=learn.task, variant=learn.variant, seed=learn.train_cfg.seed,
                 test_acc=float(te[1]), test_loss=float(te[0]), valid_acc=float(va[1]), valid_loss=float(va[0]),
-                majority=float(test_split.majority_share()), params=n_params(_unwrap(learn.model)),
+                majority=float(test_counts.max() / test_counts.sum()), params=n_params(_unwrap(learn.model)),
                 epochs=0 if h is None else len(h), best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
                 train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
 
@@ -660,6 +719,17 @@ def load_trained(
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='load_learner` uses Python')
         return load_learner(fname, cpu=cpu)
+
+# %% ../nbs/07_learner.ipynb #c3e5a002
+def _show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc_at=150, **kwargs):
+    "fastai's `show_results` for text inputs (a table of texts, targets and predictions), calling the generic version through plum."
+    if ctxs is None: ctxs = get_empty_df(min(len(samples), max_n))
+    samples = L((s[0].truncate(trunc_at), *s[1:]) for s in samples)
+    ctxs = show_results.invoke(object, object, object, object)(x, y, samples, outs, ctxs=ctxs, max_n=max_n, **kwargs)
+    display_df(pd.DataFrame(ctxs))
+    return ctxs
+
+show_results.register(_show_text_results)
 
 # %% ../nbs/07_learner.ipynb #d417d3f9
 @patch
