@@ -46,7 +46,7 @@ from fastai.text.data import SortedDL, TensorText
 from fastai.torch_core import default_device, display_df, get_empty_df, get_model, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import PAD_ID, TASKS, EncoderClassifier, atomic_save, config_fields, load_preset, variant_spec
+from .core import PAD_ID, TASKS, EncoderClassifier, atomic_save, config_fields, interactive_output, load_preset, variant_spec
 from .data import ItemLabel, TaskData, TokenIds, encode_text, load_task, pad_batch, task_datasets
 from .models import VARIANTS, create_model, n_params
 
@@ -584,8 +584,6 @@ def get_learner(
     return learn
 
 # %% ../nbs/07_learner.ipynb #dad9e2bc
-from .core import interactive_output
-
 class EpochLines(Callback):
     "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for logs that are not a terminal."
     order = 60   # fastai's ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63) may end the fit
