@@ -200,10 +200,11 @@ def build(out:Path, katex:Path=KATEX_DIST, force:bool=False, proc:Path|None=None
         from nbdev.serve import proc_nbs
         proc = Path(proc_nbs(str(nbs), force=force, n_workers=min(2, os.cpu_count() or 1)))
     t_proc = time.time() - t0
-    if out.exists():
-        if any(out.iterdir()) and not (out/'manifest.json').is_file():
-            raise SystemExit(f"{out} is not empty and holds no preview (manifest.json): not deleting it")
-        shutil.rmtree(out)
+    if out.exists():      # a previous preview goes, except the screenshots (shots/: the page check and the Lab test write them)
+        old = [p for p in out.iterdir() if p.name != 'shots']
+        if old and not (out/'manifest.json').is_file():
+            raise SystemExit(f"{out} holds files but no preview (manifest.json): not deleting them")
+        for p in old: shutil.rmtree(p) if p.is_dir() else p.unlink()
     (out/'_src').mkdir(parents=True)
     copy_katex(katex, out)
     shutil.copy2(HERE/'preview.css', out/'preview.css')
@@ -241,7 +242,7 @@ def build(out:Path, katex:Path=KATEX_DIST, force:bool=False, proc:Path|None=None
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--out', default=str(ROOT/'_docs_html'), help='output folder (default _docs_html/; emptied first)')
+    ap.add_argument('--out', default=str(ROOT/'_docs_html'), help='output folder (default _docs_html/; emptied first, but for shots/)')
     ap.add_argument('--katex', default=str(KATEX_DIST), help='KaTeX dist/ folder (default: the npm package in .cache/npm)')
     ap.add_argument('--force', action='store_true', help="reprocess every notebook, ignoring nbdev's _proc cache")
     a = ap.parse_args(argv)
