@@ -150,6 +150,7 @@ def _wait(driver, deadline, cond, what, cap=120, poll=0.5):
 PROBLEMS_JS = r"""
 const out = [];
 for (const o of document.querySelectorAll('.jp-OutputArea-output')) {
+  if (o.querySelector('.jp-OutputArea-output')) continue;        // the innermost output only (a widget holds its own)
   const mime = o.getAttribute('data-mime-type') || '';
   const text = o.innerText || '';
   if (mime.includes('stderr') || mime.includes('error') || /Traceback|Error displaying widget|Exception/.test(text))
@@ -224,8 +225,12 @@ def test_explorers_in_jupyterlab(lab):
         before_img = driver.execute_script(INTERACTS_JS)[i]['img']
         before, after = _drag_slider(driver, i, label, dx)
         assert after != before, f"explorer {i}: dragging the {label!r} slider did not move it ({before} -> {after})"
-        _wait(driver, deadline, lambda d: (img := d.execute_script(INTERACTS_JS)[i]['img']) and img != before_img,
-              f"explorer {i}'s figure to change after {label} {before} -> {after}", cap=90)
+        def redrawn_or_failed(d):       # the new figure, or an error shown instead of it
+            img = d.execute_script(INTERACTS_JS)[i]['img']
+            return (img and img != before_img) or d.execute_script(PROBLEMS_JS)
+        _wait(driver, deadline, redrawn_or_failed, f"explorer {i}'s figure to change after {label} {before} -> {after}", cap=90)
+        problems = driver.execute_script(PROBLEMS_JS)
+        assert not problems, f"explorer {i}, after {label} {before} -> {after}: errors in the notebook:\n" + '\n'.join(problems)
         _shot(driver, f'explorer-{i}-moved')
     assert not opened, "errors in the notebook as it opens, before running:\n" + '\n'.join(opened)
     problems = driver.execute_script(PROBLEMS_JS)
