@@ -4,8 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 export HYPOTHESIS_PROFILE ?= ci
+# KaTeX for the docs preview, from npm (Quarto loads KaTeX from a CDN; the preview serves it from local files)
+KATEX_VERSION ?= 0.19.1
+KATEX_STAMP := .cache/npm/katex-$(KATEX_VERSION).installed
 
-.PHONY: test check-clean check-export check-readme nbtest pytest readme docs-html
+.PHONY: test check-clean check-export check-readme nbtest pytest readme katex docs-preview docs-check docs-serve lab-test
 
 test: check-clean check-export check-readme nbtest pytest
 
@@ -29,3 +32,23 @@ nbtest:
 
 pytest:
 	$(BIN)/pytest tests/ -q -p no:cacheprovider
+
+# The docs as their readers see them: needs pandoc, chromium and chromium-driver (Debian packages) and npm.
+katex: $(KATEX_STAMP)
+
+$(KATEX_STAMP):
+	npm install --prefix .cache/npm --no-save --no-audit --no-fund --ignore-scripts --loglevel=error katex@$(KATEX_VERSION)
+	@touch $@
+
+docs-preview: katex
+	$(BIN)/python .ci/docs_preview.py
+
+docs-check:
+	$(BIN)/python .ci/check_pages.py
+
+docs-serve:
+	@echo "the preview at http://127.0.0.1:8000/ (Ctrl-C stops it)"
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory _docs_html 8000
+
+lab-test:
+	$(BIN)/pytest tests/test_lab_widgets.py -q -p no:cacheprovider

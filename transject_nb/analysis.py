@@ -1,4 +1,4 @@
-"""The papers' analyses on any encoder of the package, trained or not: token distances and similarities layer by layer, over-smoothing, attention spectra, the functional J, differential entropy, expert weights, empirical activation bounds and Isomap projections.
+"""The papers' analyses, layer by layer, on any encoder of the package, trained or not: token distances and similarities, over-smoothing, attention spectra, the functional J, differential entropy, expert weights, activation bounds and Isomap projections.
 
 Docs: https://transject-nb.github.io/transject_nb/analysis.html.md"""
 
