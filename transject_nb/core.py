@@ -14,14 +14,13 @@ from typing import Callable, NamedTuple
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig',
            'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_save', 'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'interactive_output',
-           'progress_iter']
+           'atomic_save', 'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook',
+           'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fastcore.imports import in_notebook
 
 # %% ../nbs/00_core.ipynb #5d8f88be
 PAD_ID = 0  # token id reserved for padding in every model and loader
@@ -265,6 +264,11 @@ def load_preset(
     return {k: _convert(v) for k, v in vals.items()}
 
 # %% ../nbs/00_core.ipynb #3b47be8c
+def in_notebook()->bool:
+    "Whether this runs in a Jupyter kernel or Colab, where bars redraw in place (not IPython's terminal, nor a test runner's capture shell)."
+    ip = sys.modules.get('IPython')
+    return 'google.colab' in sys.modules or (ip is not None and type(ip.get_ipython()).__name__ == 'ZMQInteractiveShell')
+
 def interactive_output()->bool:
     "Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal (not a file, a pipe or a CI log)."
     if in_notebook(): return True
