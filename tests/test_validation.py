@@ -36,6 +36,7 @@ def fresh_eval(model, dl):
     "Mean cross-entropy (weighted by batch size, as fastai's `AvgLoss`) and accuracy of a fresh copy of `model` on `dl`."
     m, tot, correct, n = fresh_copy(model), 0., 0, 0
     for x, y in dl:
+        x, y = x.as_subclass(torch.Tensor), y.as_subclass(torch.Tensor)     # plain tensors: fastai's typed ones dispatch differently
         out = m(x).float()
         tot += torch.nn.functional.cross_entropy(out, y, reduction='sum').item()
         correct += (out.argmax(-1) == y).sum().item(); n += len(y)
