@@ -163,6 +163,7 @@ def transject_flops(
     f['total'] = sum(f.values())
     return f
 
+# %% ../nbs/10_bench.ipynb #bcd1617b
 def softmax_flops(
     cfg,                  # a `SoftmaxConfig` or `TorchEncoderConfig`
     B:int,                # batch size
@@ -228,6 +229,7 @@ def make_step(
     step.model = model
     return step
 
+# %% ../nbs/10_bench.ipynb #4e0530bd
 def measured_flops(
     model:EncoderClassifier,  # the model
     x:torch.Tensor,           # token ids `(B, n)`
@@ -284,6 +286,7 @@ def peak_memory(
     base = mem[0][1] - mem[0][2]                                         # the profiler's running total before the step's first allocation
     return max(t for _, t, _ in mem) / 2**20 - base / 2**20
 
+# %% ../nbs/10_bench.ipynb #43086e05
 def train_briefly(
     model:EncoderClassifier,  # trained in place
     steps:int=300,            # Adam steps
@@ -505,6 +508,7 @@ def add_bench_args(
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
 
+# %% ../nbs/10_bench.ipynb #e0c85ae4
 def _parse_fields(words:list)->dict: return dict(split_fields(words))   # values stay strings until the models' fields are known
 
 def bench_command(
@@ -560,6 +564,7 @@ def bench_command(
     if a.csv: df.to_csv(a.csv, index=False)
     return df
 
+# %% ../nbs/10_bench.ipynb #8017250f
 def register_cli(
     command,   # `transject_nb.cli.command`, the CLI's decorator that registers a subcommand
 ):
