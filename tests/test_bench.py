@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from transject_nb import transject as tj
+from transject_nb import transject as tj, fused
 from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, bench_command, bench_table, crossover, flop_count, inverse_flops,
-                                interleaved_times, layer_threads, machine_info, main, make_step, matmul_peak, measured_flops,
+                                interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops,
                                 peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder, register_cli,
-                                train_briefly, unfused_transject_)
+                                train_briefly, transject_flops, unfused_transject_, uses_fused)
 from transject_nb.models import VARIANTS, create_model
 
 torch.set_num_threads(1)
@@ -22,10 +22,13 @@ def model(name, d=16, **kw):
     return create_model(name, 50, 3, d_model=d, n_layers=2, max_len=64, **kw)
 
 
-@pytest.mark.parametrize('name', VARIANTS + (REFERENCE,))
+NAMED = [(v, k) for v in VARIANTS for k in (('readable', 'fused') if 'transject' in v else (None,))] + [(REFERENCE, None)]
+
+@pytest.mark.parametrize('name,kernel', NAMED)
 @pytest.mark.parametrize('n', [5, 24])
-def test_flop_count_matches_flop_counter(name, n):
-    m = model(name)
+def test_flop_count_matches_flop_counter(name, kernel, n):
+    "One count of the math: the readable layer's products, or the fused kernel's (Σ folded in where it folds), both as torch runs them."
+    m = model(name) if kernel is None else model(name, kernel=kernel)
     x = torch.randint(1, 50, (2, n))
     for train in (True, False):
         f = flop_count(m, 2, n, train)
@@ -35,13 +38,23 @@ def test_flop_count_matches_flop_counter(name, n):
 
 @settings(max_examples=15, deadline=None)
 @given(d=st.sampled_from([8, 12, 32]), E=st.integers(1, 3), B=st.integers(1, 3), n=st.integers(1, 40),
-       variant=st.sampled_from(['transject', 'random-entropic-transject']))
-def test_transject_flops_random_sizes(d, E, B, n, variant):
+       variant=st.sampled_from(['transject', 'random-entropic-transject']), kernel=st.sampled_from(['readable', 'fused']))
+def test_transject_flops_random_sizes(d, E, B, n, variant, kernel):
     torch.manual_seed(0)
-    m = create_model(variant, 30, 2, d_model=d, n_layers=2, n_experts=E, max_len=64)
+    m = create_model(variant, 30, 2, d_model=d, n_layers=2, n_experts=E, max_len=64, kernel=kernel)
     x = torch.randint(1, 30, (B, n))
     f = flop_count(m, B, n, True)
     assert f['total'] - f['lapack'] == measured_flops(m, x, True)
+
+
+def test_transject_flops_one_count_for_both_kernels():
+    "The kernels differ only where the fused one folds Σ into the experts; everything else is the same count."
+    cfg = tj.TransJectConfig(100, 2, d_model=16, n_layers=2, n_experts=3)
+    for n in (8, 40):
+        r, f = transject_flops(cfg, 2, n), transject_flops(cfg, 2, n, fused=True)
+        assert {k: v for k, v in r.items() if k not in ('fold', 'experts', 'total')} == {k: v for k, v in f.items() if k not in ('fold', 'experts', 'total')}
+        assert (r == f) == (fused.layer_path(n, 16) == 'direct') and r['fold'] == 0
+    assert uses_fused(model('transject', kernel='auto')) and not uses_fused(model('transject', kernel='readable'))
 
 
 def test_inverse_flops():
@@ -107,7 +120,7 @@ def test_peak_memory_counts_the_step():
     m = model('transject')
     small, big = (peak_memory(make_step(m, torch.randint(1, 50, (2, n)))) for n in (8, 32))
     assert 0 < small < big
-    assert tj.LAYER_THREADS is None                                      # restored
+    assert fused.n_threads('cpu') == torch.get_num_threads()               # the kernel's worker count is restored
 
 
 def test_bench_table_tiny_all_variants():
@@ -155,11 +168,12 @@ def test_crossover_and_plots():
 
 def test_unfused_matches_fused_and_profile():
     torch.manual_seed(0)
-    a = tj.reorthogonalize_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2).double())
+    a = tj.reorthogonalize_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2, kernel='fused').double())
     with torch.no_grad():
         for p in a.parameters(): p.add_(0.2 * torch.randn_like(p))
     b = unfused_transject_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2).double())
     b.load_state_dict(a.state_dict())
+    assert uses_fused(a) and not uses_fused(b)                           # the readable layer, and the Cayley map by solves
     x = torch.randint(1, 40, (2, 12))
     la, lb = (m(x).sum() + m.aux_loss for m in (a, b))
     assert torch.allclose(la, lb, atol=1e-10)
@@ -180,7 +194,7 @@ def test_cli(capsys):
     df = main(['--variants', 'transject', '--n', '6,12', '--batch', '1', '--reps', '1', '--d_model', '8', '--d_ff', '16', '--no-memory'])
     out = capsys.readouterr().out
     assert 'transject-nb bench: train, float32, batch 1' in out and REFERENCE in out and any(s in out for s in ('overtakes', 'only at n =', 'slower than'))
-    assert set(df.model) == {'transject', REFERENCE} and list(df.n.unique()) == [6, 12]
+    assert set(df.model) == {'transject (readable)', 'transject (fused)', REFERENCE} and list(df.n.unique()) == [6, 12]
     with pytest.raises(SystemExit): main(['--variants', 'nope', '--n', '4'])
     with pytest.raises(SystemExit): main(['--n', 'a,b'])
     with pytest.raises(SystemExit): main(['--n', '4', '--lr', '0.1'])
@@ -196,7 +210,12 @@ def test_cli(capsys):
     assert got['bench'][0] == BENCH_HELP
     p = argparse.ArgumentParser(); got['bench'][1].add_args(p)
     a = p.parse_args(['--n', '5', '--batch', '1', '--reps', '1', '--no-memory'])
-    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject', REFERENCE}
+    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject (readable)', 'transject (fused)', REFERENCE}
+    a = p.parse_args(['--n', '5', '--batch', '1', '--reps', '1', '--no-memory', '--kernels', 'fused', '--variants', 'transject,transformer'])
+    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject (fused)', 'transformer', REFERENCE}
+    with pytest.raises(SystemExit): main(['--n', '4', '--kernels', 'fast'])
+    assert "--kernels: expected 'readable', 'fused' or both" in capsys.readouterr().err
+    with pytest.raises(ValueError, match='drop --kernel'): bench_command(argparse.Namespace(variants='transject', n='4', threads=None), {'kernel': 'fused'})
 
 
 def test_console_script_registers_bench():

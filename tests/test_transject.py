@@ -1,23 +1,23 @@
-"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, and a literal reference."
+"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_fused.py`'s)."
 import math
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from transject_nb.core import build_config, config_fields, variant_spec, sinusoidal_pe, masked_pool
-from transject_nb.bounds import layer_bounds, transject_bounds
-from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
-                                    CayleyOrthogonal, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
-                                    orthogonal_ffn, orthogonality_error, reorthogonalize_, token_distance_ratios,
-                                    plot_distance_ratios, block_inverse, cayley_map, one_thread, mix_weights, fold_experts,
-                                    layer_path, transject_layer)
+from transject_nb.core import build_config, config_fields, variant_spec
+from transject_nb.bounds import layer_bounds, transject_bounds, residual_bounds
+from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
+                                    CayleyOrthogonal, LayerWeights, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
+                                    orthogonal_ffn, transject_layer, orthogonality_error, reorthogonalize_, token_distance_ratios,
+                                    plot_distance_ratios, block_inverse, cayley_map, one_thread)
 from transject_nb import transject as T
 
 torch.set_num_threads(1)
 VARIANTS4 = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
 FAST = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**31 - 1)
+layer_kernels = st.sampled_from(['readable', 'fused'])
 
 
 def make(variant, seed=0, double=False, vocab_sz=40, n_classes=3, **kw):
@@ -45,58 +45,6 @@ def tokens(seed, B, n, vocab_sz=40, pad=0):
     return torch.cat([x, x.new_zeros(B, pad)], 1)
 
 
-# --- the reference: TransJect by the equations (the notebook's "Reference implementation", condensed) ---------
-def reference(m, x, cases=None):
-    cfg = m.cfg; L, E, d = cfg.n_layers, cfg.n_experts, cfg.d_model
-    out, recons = [], []
-    for b in range(x.shape[0]):
-        pos = (x[b] != 0).nonzero()[:, 0]
-        X = torch.cat([m.emb.weight[x[b, pos]], sinusoidal_pe(cfg.max_len, d // 2, dtype=X_dtype(m))[pos]], 1)
-        if cfg.sigma == 'approx':
-            U = m.eigenbasis.weight[0]; M = X.T @ X
-            s = torch.diagonal(U.T @ M @ U)
-            recons.append((M - U @ torch.diag(s) @ U.T).pow(2).sum() / M.pow(2).sum())
-            S = torch.diag(s / s.max())
-        else:
-            t = torch.tanh(m.sigma_param); S = torch.diag(t / t.abs().max())
-        for l, layer in enumerate(m.blocks):
-            Q = layer.bank.weight; a = torch.tanh(layer.alpha_raw) / L; lam = torch.softmax(layer.gate_logits, 0)
-            H = torch.zeros_like(X)
-            for e in range(E):
-                Fe = a * F.elu(X @ Q[e] @ S @ Q[E + e])
-                if cases is None or cases[l] is None: R = X + Fe
-                else:
-                    opts = [1.5 * X + Fe, 1.5 * X - Fe, 4 * Fe, X]
-                    R = torch.stack([opts[int(cases[l][e, j])][:, j] for j in range(d)], 1)
-                H = H + lam[e] * R
-            X = H + a * F.elu(F.elu(H @ Q[2 * E] + layer.b1) @ Q[2 * E + 1] + layer.b2)
-        out.append(m.head(X.mean(0) if cfg.pooling == 'mean' else X.max(0).values))
-    return torch.stack(out), (torch.stack(recons).mean() if recons else torch.zeros(()))
-
-
-def X_dtype(m): return m.emb.weight.dtype
-
-
-@FAST
-@given(variant=st.sampled_from(VARIANTS4), seed=seeds, training=st.booleans(), pooling=st.sampled_from(['mean', 'max']),
-       d=st.sampled_from([4, 8]), L=st.integers(1, 3), E=st.integers(1, 3), B=st.integers(1, 3), n=st.integers(1, 7))
-def test_matches_reference(variant, seed, training, pooling, d, L, E, B, n):
-    m = randomize_(make(variant, seed, double=True, d_model=d, n_layers=L, n_experts=E, pooling=pooling), seed)
-    m.train(training)
-    x = tokens(seed, B, n)
-    hs, mask, ctx = m._run(x)
-    logits = m.head(masked_pool(hs[-1], mask, pooling))
-    ref, recon = reference(m, x, ctx['entropic_cases'])
-    assert torch.allclose(logits, ref, atol=1e-9, rtol=1e-9)
-    assert torch.allclose(m.aux_loss, recon.to(m.aux_loss), atol=1e-9)
-    assert all((c is not None) == (training and 'entropic' in variant) for c in ctx['entropic_cases'])
-    # ... and the gradients of every parameter
-    ps, cot = list(m.parameters()), torch.randn(logits.shape, dtype=logits.dtype, generator=torch.Generator().manual_seed(seed))
-    grad = lambda loss: [torch.zeros_like(p) if g is None else g for p, g in zip(ps, torch.autograd.grad(loss, ps, allow_unused=True))]
-    for a, b in zip(grad((logits * cot).sum() + m.aux_loss), grad((ref * cot).sum() + recon)):
-        assert torch.allclose(a, b, atol=1e-9, rtol=1e-9)
-
-
 # --- registry and config -------------------------------------------------------------------------------------
 def test_variants_registered():
     fixed = {'transject': ('approx', 'plain'), 'entropic-transject': ('approx', 'entropic'),
@@ -106,7 +54,7 @@ def test_variants_registered():
         assert spec.config_cls is TransJectConfig and spec.model_cls is TransJect and spec.doc
         assert spec.fixed == dict(sigma=sg, residual=res)
         cfg = build_config(v, 10, 2)
-        assert (cfg.sigma, cfg.residual, cfg.orth_map, cfg.n_experts, cfg.sigma_eps) == (sg, res, 'cayley', 4, 1e-6)
+        assert (cfg.sigma, cfg.residual, cfg.orth_map, cfg.n_experts, cfg.sigma_eps, cfg.kernel) == (sg, res, 'cayley', 4, 1e-6, 'auto')
     assert 'eps' not in config_fields(TransJectConfig)       # the presets' optimiser `eps` must not land in the model config
 
 
@@ -117,6 +65,7 @@ def test_config_errors():
     with pytest.raises(ValueError, match='orth_map must be one of'): TransJectConfig(10, 2, orth_map='qr')
     with pytest.raises(ValueError, match='n_experts must be a positive int'): TransJectConfig(10, 2, n_experts=True)
     with pytest.raises(ValueError, match='sigma_eps must be a float'): TransJectConfig(10, 2, sigma_eps=0)
+    with pytest.raises(ValueError, match="kernel must be one of \\('auto', 'readable', 'fused'\\)"): TransJectConfig(10, 2, kernel='gpu')
     with pytest.raises(ValueError, match='fixes'): build_config('random-transject', 10, 2, sigma='approx')
 
 
@@ -132,9 +81,9 @@ def test_bad_input_errors_come_from_check_tokens():
 # --- the contract ----------------------------------------------------------------------------------------------
 @FAST
 @given(variant=st.sampled_from(VARIANTS4), seed=seeds, B=st.integers(1, 3), n=st.integers(1, 10), pad=st.integers(1, 8),
-       pooling=st.sampled_from(['mean', 'max']), E=st.integers(1, 3))
-def test_padding_does_not_change_logits(variant, seed, B, n, pad, pooling, E):
-    m = randomize_(make(variant, seed, pooling=pooling, n_experts=E), seed, scale=0.5).eval()
+       pooling=st.sampled_from(['mean', 'max']), E=st.integers(1, 3), kernel=layer_kernels)
+def test_padding_does_not_change_logits(variant, seed, B, n, pad, pooling, E, kernel):
+    m = randomize_(make(variant, seed, pooling=pooling, n_experts=E, kernel=kernel), seed, scale=0.5).eval()
     x = tokens(seed, B, n)
     with torch.no_grad():
         y, y_pad = m(x), m(torch.cat([x, x.new_zeros(B, pad)], 1))
@@ -144,12 +93,12 @@ def test_padding_does_not_change_logits(variant, seed, B, n, pad, pooling, E):
 
 
 @FAST
-@given(variant=st.sampled_from(VARIANTS4), seed=seeds)
-def test_eval_is_deterministic_and_entropic_eval_is_plain(variant, seed):
-    m = randomize_(make(variant, seed), seed).eval()
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, kernel=layer_kernels)
+def test_eval_is_deterministic_and_entropic_eval_is_plain(variant, seed, kernel):
+    m = randomize_(make(variant, seed, kernel=kernel), seed).eval()
     x = tokens(seed, 3, 9)
     with torch.no_grad(): assert torch.equal(m(x), m(x))
-    plain = make(variant.replace('entropic-', ''), seed)
+    plain = make(variant.replace('entropic-', ''), seed, kernel=kernel)
     plain.load_state_dict(m.state_dict()); plain.eval()
     with torch.no_grad(): assert torch.equal(plain(x), m(x))
 
@@ -186,9 +135,10 @@ def test_ctx_and_shapes():
     assert r.aux_loss.item() == 0
 
 
-def test_rezero_identity_at_init_and_gradients_flow():
+@pytest.mark.parametrize('kernel', ['readable', 'fused'])
+def test_rezero_identity_at_init_and_gradients_flow(kernel):
     for v in VARIANTS4:
-        m = make(v).eval()
+        m = make(v, kernel=kernel).eval()
         x, y = tokens(1, 3, 8), torch.tensor([0, 1, 2])
         hs = m.encode(x)
         assert all(torch.equal(h, hs[0]) for h in hs)                 # alpha = 0: every layer is the identity (in eval)
@@ -237,9 +187,10 @@ def test_orthogonal_bank_assignment_and_autocast():
     assert orthogonality_error(b) > 1e-12 and orthogonality_error(reorthogonalize_(b)) < 1e-13
 
 
+@pytest.mark.parametrize('kernel', ['readable', 'fused'])
 @pytest.mark.parametrize('variant', VARIANTS4)
-def test_autocast_bf16_cpu(variant):
-    m = randomize_(make(variant, 3, d_model=16), 3, scale=0.5).train()
+def test_autocast_bf16_cpu(variant, kernel):
+    m = randomize_(make(variant, 3, d_model=16, kernel=kernel), 3, scale=0.5).train()
     x, y = tokens(3, 3, 10), torch.tensor([0, 1, 2])
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = m(x); loss = F.cross_entropy(out, y) + m.aux_loss
@@ -256,10 +207,11 @@ def test_autocast_bf16_cpu(variant):
 # --- Theorem 2 -------------------------------------------------------------------------------------------------
 @settings(max_examples=100, deadline=None)
 @given(variant=st.sampled_from(VARIANTS4), seed=seeds, d=st.sampled_from([4, 8, 12]), L=st.integers(1, 4),
-       E=st.integers(1, 3), data=st.data(), scale=st.sampled_from([0.1, 1., 10.]), B=st.integers(1, 3), n=st.integers(2, 12))
-def test_eval_distance_ratios_within_theorem2_bounds(variant, seed, d, L, E, data, scale, B, n):
+       E=st.integers(1, 3), data=st.data(), scale=st.sampled_from([0.1, 1., 10.]), B=st.integers(1, 3), n=st.integers(2, 12),
+       kernel=layer_kernels)
+def test_eval_distance_ratios_within_theorem2_bounds(variant, seed, d, L, E, data, scale, B, n, kernel):
     alphas = data.draw(st.lists(st.floats(-50, 50), min_size=L, max_size=L), label='w')
-    m = randomize_(make(variant, seed, double=True, d_model=d, n_layers=L, n_experts=E), seed, scale=scale, alphas=alphas).eval()
+    m = randomize_(make(variant, seed, double=True, d_model=d, n_layers=L, n_experts=E, kernel=kernel), seed, scale=scale, alphas=alphas).eval()
     x = tokens(seed, B, n)
     x[0, :2] = torch.tensor([1, 1])                                      # at least one pair of real tokens (same id, two positions)
     with torch.no_grad(): lo, hi = token_distance_ratios(m.encode(x), x != 0)
@@ -327,6 +279,30 @@ def test_pieces_are_one_lipschitz(seed, d, E):
     assert (r >= 1 - a - 1e-12).all() and (r <= 1 + a + 1e-12).all()
 
 
+@FAST
+@given(seed=seeds, d=st.sampled_from([2, 4, 8]), E=st.integers(1, 3), a=st.floats(-0.99, 0.99), entropic_eval=st.booleans())
+def test_layer_is_bi_lipschitz_with_the_sublayers_constants(seed, d, E, a, entropic_eval):
+    "`transject_layer` on the token pairs of one sequence: ratios within (1 -+ |a|)^2, Theorem 2's factor per layer; a = 0 is the identity."
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    Q = torch.linalg.qr(r(2 * E + 2, d, d))[0]
+    p = LayerWeights(Q[:E], Q[E:2 * E], torch.softmax(r(E), 0), torch.tensor(a, dtype=torch.float64), Q[2 * E], 3 * r(d), Q[2 * E + 1], 3 * r(d))
+    sigma = random_sigma(3 * r(d))[None]                                   # (1, d) one sequence
+    x, y = 3 * r(2, 1, 16, d)
+    ratio = (transject_layer(x, sigma, p) - transject_layer(y, sigma, p)).norm(dim=-1) / (x - y).norm(dim=-1)
+    lo, hi = residual_bounds(a)
+    assert (ratio >= lo ** 2 - 1e-12).all() and (ratio <= hi ** 2 + 1e-12).all()
+    assert torch.equal(transject_layer(x, sigma, p._replace(a=torch.tensor(0., dtype=torch.float64))), x)
+
+
+def test_layer_kernel_choice():
+    "'auto' runs the fused kernel on the CPU and the readable layer elsewhere; 'readable' and 'fused' hold on every device."
+    for kernel, cpu, cuda in (('auto', True, False), ('readable', False, False), ('fused', True, True)):
+        layer = make('transject', kernel=kernel).blocks[0]
+        assert (layer.uses_fused('cpu'), layer.uses_fused(torch.device('cuda'))) == (cpu, cuda)
+    assert KERNELS == ('auto', 'readable', 'fused')
+
+
 def test_random_variant_has_no_token_mixing():
     m = randomize_(make('random-transject', 0), 0).eval()
     x = tokens(0, 1, 8); x[0] = torch.randint(1, 40, (8,))
@@ -338,7 +314,7 @@ def test_random_variant_has_no_token_mixing():
     with torch.no_grad(): assert not torch.equal(a.encode(x)[-1][0, keep], a.encode(x2)[-1][0, keep])
 
 
-# --- the fast paths: block inverse, Cayley map, fused layer, worker threads, caches --------------------------------
+# --- the orthogonal maps: block inverse, Cayley map, caches ---------------------------------------------------
 @FAST
 @given(seed=seeds, d=st.integers(1, 150), scale=st.sampled_from([0.01, 1., 30.]))
 def test_block_inverse_matches_lapack(seed, d, scale):
@@ -363,102 +339,6 @@ def test_cayley_map_gradcheck_and_base():
 
 def test_block_inverse_needs_a_positive_definite_symmetric_part():
     with pytest.raises(RuntimeError, match='singular'): block_inverse(torch.tensor([[0., 1.], [1., 0.]]), leaf=1)
-
-
-def _layer_inputs(seed, B, n, d, E, shared, entropic):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-    Q = torch.linalg.qr(r(2 * E + 2, d, d))[0]
-    ins = [r(B, n, d), Q, r(E), r(()), r(d), r(d), r(d) if shared else r(B, d)]
-    return [t.requires_grad_() for t in ins], (torch.randint(0, 4, (E, d), generator=g) if entropic else None)
-
-
-@FAST
-@given(seed=seeds, B=st.integers(1, 3), n=st.integers(1, 9), d=st.sampled_from([2, 4, 8]), E=st.integers(1, 3),
-       shared=st.booleans(), entropic=st.booleans(), path=st.sampled_from(['auto', 'fold', 'direct']),
-       chunk_rows=st.sampled_from([None, 1, 2, 5]))
-def test_fused_layer_matches_pieces(seed, B, n, d, E, shared, entropic, path, chunk_rows):
-    (h, Q, logits, w_raw, b1, b2, p), cases = _layer_inputs(seed, B, n, d, E, shared, entropic)
-    def layer(fused):
-        sigma = random_sigma(p).expand(B, d) if shared else torch.sigmoid(p)
-        lam, a = torch.softmax(logits, 0), torch.tanh(w_raw)
-        U, V, W1, W2 = Q[:E], Q[E:2 * E], Q[2 * E], Q[2 * E + 1]
-        if fused: return transject_layer(h, sigma, U, V, *mix_weights(lam, a, d, cases), W1, b1, W2, b2, a, path=path, chunk_rows=chunk_rows)
-        h1 = mix_experts(h, orthogonal_attention(h, sigma, U, V), lam, a, cases)
-        return h1 + a * orthogonal_ffn(h1, W1, b1, W2, b2)
-    y, y_ref = layer(True), layer(False)
-    assert torch.allclose(y, y_ref, atol=1e-12)
-    gy = torch.randn(B, n, d, dtype=torch.float64)
-    ins = [h, Q, logits, w_raw, b1, b2, p]
-    for a, b in zip(torch.autograd.grad(y, ins, gy), torch.autograd.grad(y_ref, ins, gy)): assert torch.allclose(a, b, atol=1e-11)
-    with torch.no_grad(): assert torch.allclose(layer(True), y_ref, atol=1e-12)
-    with torch.inference_mode(): assert torch.allclose(layer(True), y_ref.detach(), atol=1e-12)
-
-
-def test_fused_layer_gradcheck():
-    torch.manual_seed(0)
-    B, n, d, E = 2, 5, 3, 2
-    ins = [torch.randn(B, n, d), torch.rand(B, d), torch.randn(E, d, d), torch.randn(E, d, d), torch.randn(E, d), torch.randn(d),
-           torch.randn(d, d), torch.randn(d), torch.randn(d, d), torch.randn(d), torch.tensor(0.4)]
-    ins = [t.double().requires_grad_() for t in ins]
-    for path in ('fold', 'direct'):
-        assert torch.autograd.gradcheck(lambda *t: transject_layer(*t, path=path, chunk_rows=2), ins)
-        assert torch.autograd.gradcheck(lambda *t: transject_layer(*t[:5], None, *t[6:], path=path, chunk_rows=3),
-                                        ins)   # plain residual: cx = None
-
-
-@pytest.mark.parametrize('threads', [2, 3])
-@pytest.mark.parametrize('B', [1, 4])
-def test_worker_threads_give_the_same_results(threads, B):
-    torch.manual_seed(0)
-    ins = [torch.randn(B, 30, 8), torch.rand(B, 8), torch.randn(2, 8, 8), torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(8),
-           torch.randn(8, 8), torch.randn(8), torch.randn(8, 8), torch.randn(8), torch.tensor(0.3)]
-    ins = [t.double().requires_grad_() for t in ins]
-    out = {}
-    prev = torch.get_num_threads()
-    try:
-        for th in (1, threads):
-            torch.set_num_threads(th)
-            for path in ('fold', 'direct'):
-                y = transject_layer(*ins, path=path, chunk_rows=4)
-                with torch.inference_mode(): yi = transject_layer(*ins, path=path, chunk_rows=4)
-                out[th, path] = (y, torch.autograd.grad(y, ins, torch.ones_like(y)), yi)
-    finally: torch.set_num_threads(prev)
-    for path in ('fold', 'direct'):
-        (y1, g1, i1), (y2, g2, i2) = out[1, path], out[threads, path]
-        assert torch.equal(y1, y2) and torch.equal(i1, i2)
-        for a, b in zip(g1, g2): assert torch.allclose(a, b, atol=1e-12)
-    with T.one_thread(): pass
-    assert torch.get_num_threads() == prev
-
-
-def test_whole_model_with_worker_threads_matches_one_thread():
-    m = randomize_(make('entropic-transject', 0, double=True, d_model=8, n_layers=2, n_experts=2), 0, scale=0.5).eval()
-    x = tokens(0, 3, 20)
-    prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        with torch.no_grad(): y2 = m(x)
-        m.train(); torch.manual_seed(3); (m(x).sum() + m.aux_loss).backward()
-        g2 = [p.grad.clone() for p in m.parameters()]
-        torch.set_num_threads(1); m.zero_grad()
-        m.eval()
-        with torch.no_grad(): y1 = m(x)
-        m.train(); torch.manual_seed(3); (m(x).sum() + m.aux_loss).backward()
-    finally: torch.set_num_threads(prev)
-    assert torch.equal(y1, y2)
-    for p, g in zip(m.parameters(), g2): assert torch.allclose(p.grad, g, atol=1e-12)
-
-
-def test_layer_path_and_fold():
-    assert layer_path(1024, 256) == 'fold' and layer_path(256, 256) == 'direct'
-    torch.manual_seed(0)
-    U, V, s = torch.randn(3, 4, 4), torch.randn(3, 4, 4), torch.rand(2, 4)
-    M = fold_experts(U, V, s)
-    assert M.shape == (2, 4, 12)
-    assert torch.allclose(M[1, :, 4:8], U[1] @ torch.diag(s[1]) @ V[1], atol=1e-6)
-    with pytest.raises(ValueError, match='sigma must have shape'): transject_layer(torch.zeros(2, 3, 4), torch.zeros(3, 4), U[:1], V[:1], torch.zeros(1, 4), None, *torch.zeros(4, 4, 4)[:1], torch.zeros(4), torch.eye(4), torch.zeros(4), 0.)
-    with pytest.raises(ValueError, match="path must be"): transject_layer(torch.zeros(1, 3, 4), torch.zeros(1, 4), U[:1], V[:1], torch.zeros(1, 4), None, torch.eye(4), torch.zeros(4), torch.eye(4), torch.zeros(4), 0., path='x')
 
 
 def test_bank_caches_without_gradients_and_recomputes_after_a_change():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 # %% auto #0
 __all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'machine_info', 'time_fn', 'matmul_peak', 'copy_bandwidth',
            'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops', 'transject_flops',
-           'softmax_flops', 'flop_count', 'make_step', 'layer_threads', 'measured_flops', 'interleaved_times',
+           'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops', 'interleaved_times',
            'peak_memory', 'train_briefly', 'bench_table', 'gc_collect', 'crossover', 'plot_throughput', 'plot_memory',
            'unfused_transject_', 'profile_step', 'add_bench_args', 'bench_command', 'register_cli', 'main']
 
@@ -25,8 +25,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from . import transject as _tj
 from .core import PAD_ID, EncoderConfig, EncoderClassifier, progress_iter, sinusoidal_pe
 from .models import VARIANTS, create_model
-from .transject import (TransJect, TransJectConfig, INV_LEAF, layer_path, orthogonal_attention, mix_experts,
-                                    orthogonal_ffn)
+from . import fused as _fused
+from .transject import TransJect, TransJectConfig, INV_LEAF
 from .baselines import SoftmaxEncoder
 from .cli import split_fields, convert_value, _type_name
 
@@ -141,8 +141,9 @@ def transject_flops(
     B:int,                # batch size
     n:int,                # sequence length
     train:bool=True,      # forward+backward (with the orthogonal maps), or inference forward (maps cached)
+    fused:bool=False,     # count the experts as the fused kernel computes them: Σ folded in where `fused.layer_path` says 'fold'
 )->dict:                  # FLOPs per part, 'lapack' apart, and 'total'
-    "FLOPs of one step of `TransJect` as implemented, from its equations."
+    "FLOPs of one step of `TransJect` from its equations: the products of the readable layer, or with Σ folded into the experts where the fused kernel folds."
     d, E, L, k = cfg.d_model, cfg.n_experts, cfg.n_layers, 3 if train else 1
     G, N, R = (1, B * n, B * n) if cfg.sigma == 'random' else (B, n, B * n)
     f = dict.fromkeys(('sigma', 'orthogonal maps', 'fold', 'experts', 'ffn', 'head', 'lapack'), 0)
@@ -155,13 +156,14 @@ def transject_flops(
             f['orthogonal maps'] += m * (g + 3 * _gemm(d, d, d))         # inverse, B P, backward (BP)^T dQ P^T
             f['lapack'] += m * lap
     for _ in range(L):
-        if layer_path(N, d) == 'fold': f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
-        else: f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))
+        if fused and _fused.layer_path(N, d) == 'fold': f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
+        else: f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))   # h [U_1|..|U_E], then each (h U_e Σ) V_e
         f['ffn'] += k * 2 * _gemm(R, d, d)
     f['head'] = k * _gemm(B, d, cfg.n_classes)
     f['total'] = sum(f.values())
     return f
 
+# %% ../nbs/10_bench.ipynb #bcd1617b
 def softmax_flops(
     cfg,                  # a `SoftmaxConfig` or `TorchEncoderConfig`
     B:int,                # batch size
@@ -176,6 +178,12 @@ def softmax_flops(
     f['total'] = sum(f.values())
     return f
 
+def uses_fused(
+    model:TransJect,  # a TransJect model
+)->bool:              # True if its layers run `fused.fused_layer` where its parameters are
+    "Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' on the CPU) rather than the readable layer."
+    return model.blocks[0].uses_fused(next(model.parameters()).device)
+
 def flop_count(
     model:EncoderClassifier,  # a TransJect, softmax or `TorchEncoder` model
     B:int,                    # batch size
@@ -183,7 +191,7 @@ def flop_count(
     train:bool=True,          # forward+backward, or inference forward
 )->dict:                      # FLOPs per part and 'total'
     "FLOPs of one step of `model` on a `(B, n)` batch, from its equations."
-    if isinstance(model, TransJect): return transject_flops(model.cfg, B, n, train)
+    if isinstance(model, TransJect): return transject_flops(model.cfg, B, n, train, uses_fused(model))
     if isinstance(model, (SoftmaxEncoder, TorchEncoder)): return softmax_flops(model.cfg, B, n, train)
     raise TypeError(f"flop_count knows TransJect, SoftmaxEncoder and TorchEncoder models, got {type(model).__name__}")
 
@@ -221,16 +229,7 @@ def make_step(
     step.model = model
     return step
 
-@contextlib.contextmanager
-def layer_threads(
-    k,   # worker threads for TransJect's blocks (`transject.LAYER_THREADS`); None: torch's thread count
-):
-    "Temporarily set the number of worker threads of `transject.transject_layer`."
-    prev = _tj.LAYER_THREADS
-    _tj.LAYER_THREADS = k
-    try: yield
-    finally: _tj.LAYER_THREADS = prev
-
+# %% ../nbs/10_bench.ipynb #4e0530bd
 def measured_flops(
     model:EncoderClassifier,  # the model
     x:torch.Tensor,           # token ids `(B, n)`
@@ -242,7 +241,7 @@ def measured_flops(
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with layer_threads(1):
+        with _fused.threads(1):                                        # the fused kernel's blocks on this thread
             step()                                                       # warm-up (evaluation caches the orthogonal matrices)
             with FlopCounterMode(display=False) as fc: step()
     finally: torch.backends.mha.set_fastpath_enabled(fast)
@@ -277,7 +276,7 @@ def peak_memory(
         step(); torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     from torch.profiler import profile, ProfilerActivity
-    with layer_threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof: step()
+    with _fused.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof: step()
     with tempfile.TemporaryDirectory() as tmp:
         fn = os.path.join(tmp, 'trace.json'); prof.export_chrome_trace(fn)
         with open(fn) as f: events = json.load(f)['traceEvents']
@@ -287,6 +286,7 @@ def peak_memory(
     base = mem[0][1] - mem[0][2]                                         # the profiler's running total before the step's first allocation
     return max(t for _, t, _ in mem) / 2**20 - base / 2**20
 
+# %% ../nbs/10_bench.ipynb #43086e05
 def train_briefly(
     model:EncoderClassifier,  # trained in place
     steps:int=300,            # Adam steps
@@ -445,18 +445,6 @@ def plot_memory(
     return ax
 
 # %% ../nbs/10_bench.ipynb #adfaaaee
-def _unfused_layer_forward(self, h, mask, ctx):
-    "TransJectLayer.forward as it was: the readable pieces."
-    E = self.E
-    Q = self.bank()
-    a, lam = self.alpha() / self.L, self.expert_weights()
-    cases = torch.randint(0, 4, (E, h.shape[-1]), device=h.device) if self.training and self.entropic else None
-    ctx.setdefault('expert_weights', []).append(lam)
-    ctx.setdefault('entropic_cases', []).append(cases)
-    A = orthogonal_attention(h, ctx['sigma'], Q[:E], Q[E:2 * E])           # (B, n, E, d)
-    h = mix_experts(h, A, lam, a, cases)                                 # (B, n, d)
-    return h + a * orthogonal_ffn(h, Q[2 * E], self.b1, Q[2 * E + 1], self.b2)
-
 def _solve_cayley_forward(self, W):
     "CayleyOrthogonal.forward as it was: one solve per matrix on the CPU (oneMKL's batched-LU bug), autograd through it."
     A = W.tril(); A = A - A.mT
@@ -471,9 +459,9 @@ def _solve_cayley_forward(self, W):
 def unfused_transject_(
     model:TransJect,   # changed in place
 )->TransJect:          # the same model, computing the same function the way it was computed before the optimisation
-    "Put `model` back on the pre-optimisation implementation: layers from the readable pieces, the Cayley map by a solve per matrix."
+    "Put `model` back on the pre-optimisation implementation: the readable layer (`kernel='readable'`), the Cayley map by a solve per matrix."
     for m in model.modules():
-        if isinstance(m, _tj.TransJectLayer): m.forward = types.MethodType(_unfused_layer_forward, m)
+        if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'                             # `transject.transject_layer`
         if isinstance(m, _tj.CayleyOrthogonal): m.forward = types.MethodType(_solve_cayley_forward, m)
     return model
 
@@ -488,7 +476,7 @@ def profile_step(
     from torch.profiler import profile, ProfilerActivity
     prev = torch.get_num_threads(); torch.set_num_threads(threads)
     try:
-        with layer_threads(1):
+        with _fused.threads(1):
             step()
             with profile(activities=[ProfilerActivity.CPU]) as prof: step()
     finally: torch.set_num_threads(prev)
@@ -506,6 +494,7 @@ def add_bench_args(
 ):
     "The `bench` command's options."
     p.add_argument('--variants', default='transject', help="'all' or a comma-separated list of variants (nn.TransformerEncoder is always measured)")
+    p.add_argument('--kernels', default='readable,fused', help="TransJect's layer: 'readable', 'fused' or both, comma-separated; one row per variant and kernel")
     p.add_argument('--n', default='128,512,1024,2048,4096', help='comma-separated sequence lengths')
     p.add_argument('--batch', type=int, default=8, help='batch size')
     p.add_argument('--mode', choices=('train', 'eval'), default='train', help='forward+backward, or inference forward')
@@ -519,6 +508,7 @@ def add_bench_args(
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
 
+# %% ../nbs/10_bench.ipynb #e0c85ae4
 def _parse_fields(words:list)->dict: return dict(split_fields(words))   # values stay strings until the models' fields are known
 
 def bench_command(
@@ -536,6 +526,9 @@ def bench_command(
     if not ns or min(ns) < 1: raise ValueError(f"--n: expected positive lengths, got {a.n!r}")
     for k in ('batch', 'reps'):
         if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
+    kernels = [k.strip() for k in str(getattr(a, 'kernels', 'readable,fused')).split(',') if k.strip()]
+    if not kernels or (bad := [k for k in kernels if k not in ('readable', 'fused')]): raise ValueError(f"--kernels: expected 'readable', 'fused' or both, comma-separated; got {getattr(a, 'kernels', None)!r}")
+    if 'kernel' in (overrides or {}): raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); drop --kernel")
     if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
     types = {f.name: _type_name(f.type) for cls in [variant_spec(v).config_cls for v in vs] + [TorchEncoderConfig] for f in dc_fields(cls)}
@@ -545,10 +538,16 @@ def bench_command(
     if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
     pick = lambda cls: {k: v for k, v in cfg.items() if k in {f.name for f in dc_fields(cls)} and k not in ('vocab_sz', 'n_classes')}
     torch.manual_seed(0)
-    models = {v: create_model(v, 30522, 2, **{k: x for k, x in pick(variant_spec(v).config_cls).items() if k not in variant_spec(v).fixed}).to(a.device) for v in vs}
+    build = lambda v, **kw: create_model(v, 30522, 2, **{k: x for k, x in pick(variant_spec(v).config_cls).items() if k not in variant_spec(v).fixed}, **kw).to(a.device)
+    models = {}
+    for v in vs:
+        if not issubclass(variant_spec(v).config_cls, TransJectConfig): models[v] = build(v); continue
+        m = build(v, kernel=kernels[0])
+        if a.train_steps: train_briefly(m, a.train_steps)
+        models[f'{v} ({kernels[0]})'] = m
+        for k in kernels[1:]:                                               # the same weights, the other kernel
+            models[f'{v} ({k})'] = build(v, kernel=k); models[f'{v} ({k})'].load_state_dict(m.state_dict())
     models[REFERENCE] = reference_encoder(30522, 2, **pick(TorchEncoderConfig)).to(a.device)
-    for m in models.values():
-        if isinstance(m, TransJect) and a.train_steps: train_briefly(m, a.train_steps)
     dtype = None if a.dtype == 'float32' else getattr(torch, a.dtype)
     df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype, memory=not a.no_memory, compile=a.compile, device=a.device)
     info = machine_info(a.device)
@@ -556,7 +555,7 @@ def bench_command(
           f"torch {info['torch']}; model {', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'max_len')}", flush=True)
     cols = [c for c in ('n', 'model', 'tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio', 'gflops_per_s', 'frac_peak', 'peak_mib', 'load') if c in df]
     print(df[cols].round(2).to_string(index=False), flush=True)
-    for v in vs:
+    for v in (k for k in models if k != REFERENCE):
         if 'tokens_per_s' not in df: continue
         x, faster = crossover(df, v), df[(df.model == v) & (df.ratio > 1)].n.tolist()
         if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
@@ -565,6 +564,7 @@ def bench_command(
     if a.csv: df.to_csv(a.csv, index=False)
     return df
 
+# %% ../nbs/10_bench.ipynb #8017250f
 def register_cli(
     command,   # `transject_nb.cli.command`, the CLI's decorator that registers a subcommand
 ):

@@ -6,16 +6,16 @@ Docs: https://transject-nb.github.io/transject_nb/transject.html.md"""
 
 # %% ../nbs/02_transject.ipynb #d8dd3202
 from __future__ import annotations
-import contextlib, math, threading
-from concurrent.futures import ThreadPoolExecutor
+import contextlib, math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'CHUNK_BYTES', 'LAYER_THREADS', 'RESIDUALS',
-           'orthogonal_attention', 'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values',
-           'OrthogonalBank', 'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts',
-           'orthogonal_ffn', 'mix_weights', 'fold_experts', 'layer_path', 'transject_layer', 'TransJectConfig',
-           'TransJectLayer', 'TransJect', 'token_distance_ratios', 'plot_distance_ratios']
+__all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'RESIDUALS', 'KERNELS', 'orthogonal_attention', 'one_thread',
+           'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values', 'OrthogonalBank', 'reorthogonalize_',
+           'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'orthogonal_ffn', 'LayerWeights',
+           'transject_layer', 'TransJectConfig', 'TransJectLayer', 'TransJect', 'token_distance_ratios',
+           'plot_distance_ratios']
 
 # %% ../nbs/02_transject.ipynb #c149aaec
 import torch
@@ -77,6 +77,7 @@ def block_inverse(
     X21 = -(X22 @ U)
     return torch.cat([torch.cat([X11 - T @ X21, -(T @ X22)], -1), torch.cat([X21, X22], -1)], -2)
 
+# %% ../nbs/02_transject.ipynb #d77c868d
 class _Cayley(torch.autograd.Function):
     "Q = B (2P - I), P = (I - A/2)^{-1}; dA = (BP)^T dQ P^T."
     @staticmethod
@@ -99,6 +100,7 @@ def cayley_map(
     "The Cayley map with a base, computed as $B(2P-I)$, $P=(I-A/2)^{-1}$ by `block_inverse`, with a two-product backward."
     return _Cayley.apply(A, base)
 
+# %% ../nbs/02_transject.ipynb #055f4b43
 class CayleyOrthogonal(nn.Module):
     "Parametrization $Q = B\\,(I - A/2)^{-1}(I + A/2)$, $A$ the skew part of the weight, $B$ a fixed orthogonal base: torch's `cayley` map, by `cayley_map`."
     def __init__(self):
@@ -152,6 +154,7 @@ class OrthogonalBank(nn.Module):
 
     def extra_repr(self): return f"n={self.n}, d={self.d}, orth_map={self.orth_map!r}"
 
+# %% ../nbs/02_transject.ipynb #c3e122a9
 @torch.no_grad()
 def reorthogonalize_(
     model:nn.Module,    # any module; every `OrthogonalBank` inside it is reset
@@ -212,6 +215,7 @@ def approx_sigma(
         sigma = s / s.amax(-1, keepdim=True).clamp_min(eps)              # (B, d) max sigma = 1
     return sigma, s, recon
 
+# %% ../nbs/02_transject.ipynb #cf752df6
 def random_sigma(
     p:torch.Tensor,     # learnable parameter `(d,)`
     eps:float=1e-6,     # guard of the standardisation
@@ -231,10 +235,10 @@ def mix_experts(
     cases=None,          # `(E, d)` ints in 0..3: the entropic case of each expert and channel; None: the plain residual
 )->torch.Tensor:         # `(B, n, d)`: $\sum_e \lambda_e R(h, a A_e)$
     "Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$ with $R$ the injective residual $h+F$ or, given `cases`, the entropic one."
-    if cases is None: return h + a * torch.einsum('bned,e->bnd', A, lam.to(A.dtype))      # h + a Σ_e λ_e A_e
+    if cases is None: return h + a * (lam.to(A.dtype)[:, None] * A).sum(-2)              # h + a Σ_e λ_e A_e
     coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]        # (E, d, 2)
     cx, cf = lam[:, None] * coef[..., 0], lam[:, None] * coef[..., 1]                     # (E, d) λ_e c^x_e, λ_e c^F_e
-    return h * cx.sum(0).to(h.dtype) + a * torch.einsum('bned,ed->bnd', A, cf.to(A.dtype))
+    return h * cx.sum(0).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)                  # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
 
 # %% ../nbs/02_transject.ipynb #bd040930
 def orthogonal_ffn(
@@ -247,249 +251,31 @@ def orthogonal_ffn(
     "The branch of TransJect's orthogonal residual FFN, 1-Lipschitz on every token; no dropout."
     return F.elu(F.linear(F.elu(F.linear(h, W1.mT, b1)), W2.mT, b2))     # F.linear(h, W^T, b) = h W + b
 
-# %% ../nbs/02_transject.ipynb #4cd0d457
-CHUNK_BYTES = 2 << 20   # CPU row blocks: rows x E*d elements of about this many bytes
-LAYER_THREADS = None    # worker threads sharing the blocks on the CPU; None: `torch.get_num_threads()`, 1: the calling thread alone
-
-def mix_weights(
-    lam:torch.Tensor,    # expert weights λ `(E,)`
-    a,                   # residual weight α/L (0-d tensor)
-    d:int,               # width
-    cases=None,          # `(E, d)` entropic cases (see `mix_experts`), or None for the plain residual
-)->tuple:                # `(w (E, d), cx (d,) or None)`: $w_e = a\lambda_e c^F_e$, $c^x=\sum_e\lambda_ec^x_e$ (None means 1)
-    "The per-expert, per-channel weights of the attention sublayer, $h\\odot c^x + \\sum_e w_e\\odot A_e$."
-    if cases is None: return (a * lam)[:, None].expand(lam.shape[0], d), None
-    coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]       # (E, d, 2)
-    return a * lam[:, None] * coef[..., 1], (lam[:, None] * coef[..., 0]).sum(0)
-
-def fold_experts(
-    U:torch.Tensor,      # `(E, d, d)` orthogonal
-    V:torch.Tensor,      # `(E, d, d)` orthogonal
-    sigma:torch.Tensor,  # `(G, d)` diagonal of Σ per sequence (G = 1 when shared)
-)->torch.Tensor:         # `(G, d, E*d)`: $[U_1\Sigma_g V_1|\dots|U_E\Sigma_g V_E]$
-    "The experts' maps with Σ folded in, side by side: one $d\\times Ed$ matrix per sequence."
-    E, d, _ = U.shape
-    M = (U[None] * sigma[:, None, None, :]) @ V                          # (G, E, d, d)  U_e diag(σ_g) V_e
-    return M.permute(0, 2, 1, 3).reshape(sigma.shape[0], d, E * d)
-
-def layer_path(
-    n_rows:int,          # tokens per group (n, or B*n when Σ is shared)
-    d:int,               # width
-)->str:                  # 'fold' or 'direct'
-    "Fold Σ into the experts when it saves flops: $2Ed^3$ to fold against $2\\,n_{rows}Ed^2$ saved."
-    return 'fold' if n_rows > d else 'direct'
-
-def _elu_(z):
-    "ELU in place: max(z, exp(min(z, 0)) - 1)."
-    return torch.maximum(z, z.clamp(max=0).exp_().sub_(1), out=z)
-
-def _elu_grad(y):
-    "ELU'(z) from y = ELU(z): 1 + min(y, 0)."
-    return y.clamp(max=0).add_(1)
-
-def _plan(G, N, row_bytes, device, chunk_rows=None):
-    "Blocks `(group slice, row slice)`: rows of one group, or whole groups when they are short."
-    if chunk_rows is None:
-        if device.type != 'cpu': return [(slice(0, G), slice(0, N))]
-        chunk_rows = max(16, CHUNK_BYTES // row_bytes)
-    if N >= chunk_rows: return [(slice(g, g + 1), slice(r, min(r + chunk_rows, N))) for g in range(G) for r in range(0, N, chunk_rows)]
-    k = max(1, chunk_rows // N)
-    return [(slice(g, min(g + k, G)), slice(0, N)) for g in range(0, G, k)]
-
-def _acc_mm(acc, a, b):
-    "acc += a @ b, accumulating in acc's dtype."
-    if a.dtype != acc.dtype: return acc.add_(a @ b)
-    return torch.baddbmm(acc, a, b, out=acc) if a.ndim == 3 else torch.addmm(acc, a, b, out=acc)
-
-_POOL = {}
-
-def _units(blocks, threads):
-    "Units of work: the blocks of one group each when there are at least `threads` groups (workers take the next unit when free), else `threads` interleaved shares; and whether each group lies in one unit."
-    items = list(enumerate(blocks))
-    groups = {}
-    for it in items: groups.setdefault((it[1][0].start, it[1][0].stop), []).append(it)
-    if threads <= 1 or len(items) < 2: units = [items]
-    elif len(groups) >= threads: units = list(groups.values())
-    else: units = [items[w::threads] for w in range(min(threads, len(items)))]
-    unit_of = {}
-    for u, unit in enumerate(units):
-        for _, (gs, _r) in unit: unit_of.setdefault((gs.start, gs.stop), set()).add(u)
-    spans = sorted(unit_of)
-    owned = all(len(v) == 1 for v in unit_of.values()) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-    return units, owned
-
-def _run_units(fn, units, threads):
-    "`fn(unit)` for every unit, on up to `threads` worker threads (one intra-op thread each) that take the next unit when free; results in unit order."
-    k = min(threads, len(units))
-    if k <= 1: return [fn(u) for u in units]
-    if k not in _POOL: _POOL[k] = ThreadPoolExecutor(k, thread_name_prefix='transject')
-    grad, infer = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    todo, results, lock = iter(range(len(units))), [None] * len(units), threading.Lock()
-    def worker():                                                        # grad mode and inference mode are thread-local
-        torch.set_num_threads(1)
-        with torch.inference_mode(infer), torch.set_grad_enabled(grad):
-            while True:
-                with lock: i = next(todo, None)
-                if i is None: return
-                results[i] = fn(units[i])
-    with one_thread():
-        for f in [_POOL[k].submit(worker) for _ in range(k)]: f.result()
-    return results
-
-def _forward_blocks(out, part, h, M, Ucat, V, sig, w, cx, W1, b1, W2, b2, a, E, cd, save):
-    "The layer on the blocks `part` (a list of `(index, (group slice, row slice))`), written into `out`; returns what the backward pass needs."
-    d, saved = h.shape[-1], []
-    mm = lambda t: t if t.dtype == cd else t.to(cd)
-    for i, (gs, rs) in part:
-        hc = h[gs, rs]                                                   # (nb, nr, d)
-        nb, nr = hc.shape[:2]; R = nb * nr
-        if M is not None:                                                # fold: one product for all experts
-            Mg = M[gs] if nb > 1 else M[gs.start if M.shape[0] > 1 else 0]   # (nb, d, E*d) or (d, E*d)
-            A = _elu_(torch.matmul(mm(hc) if nb > 1 else mm(hc[0]), Mg))   # (nb, nr, E*d) or (nr, E*d)
-            Ae, Z1 = A.view(R, E, d).unbind(1), None
-        else:                                                            # direct: [U_1|..|U_E], σ, then each V_e
-            Z1 = torch.matmul(mm(hc), Ucat)                              # (nb, nr, E*d)
-            Z1s = Z1.view(nb, nr, E, d) * sig[gs][:, None, None, :]      # (nb, nr, E, d)  h U_e Σ
-            A = _elu_(torch.matmul(Z1s.view(R, E, d).transpose(0, 1), V))  # (E, R, d)
-            Ae = A.unbind(0)
-        h1 = hc.reshape(R, d) if cx is None else hc.reshape(R, d) * cx
-        h1 = torch.addcmul(h1, Ae[0], w[0])
-        for e in range(1, E): h1.addcmul_(Ae[e], w[e])                   # (R, d)  h c^x + Σ_e w_e A_e
-        e1 = _elu_(torch.addmm(b1, mm(h1), W1))                          # (R, d)
-        e2 = _elu_(torch.addmm(b2, e1, W2))                              # (R, d)
-        out[gs, rs] = torch.addcmul(h1, e2, a).view(nb, nr, d)           # h1 + a ELU(ELU(h1 W1 + b1) W2 + b2)
-        if save: saved.append((i, (A, Z1, h1, e1, e2)))
-    return saved
-
-def _backward_blocks(dh, part, gout, h, M, Ucat, V, sig, w, cx, W1, W2, a, E, cd, dM=None, dsig=None):
-    "Gradients from the blocks `part` (a list of `(index, (group slice, row slice), saved)`): the input's written into `dh`, the others returned, accumulated in float32 or wider (into `dM`, `dsig` if given: the worker owns its groups)."
-    G, N, d = h.shape
-    acc = torch.promote_types(cd, torch.float32)
-    zeros = lambda *s: torch.zeros(s, dtype=acc, device=h.device)
-    like = lambda t: None if t is None else zeros(*t.shape)
-    dM, dsig = like(M) if dM is None else dM, like(sig) if dsig is None else dsig
-    dUcat, dV, dw, dcx = like(Ucat), like(V), like(w), like(cx)
-    dW1, dW2, db1, db2, da = zeros(d, d), zeros(d, d), zeros(d), zeros(d), zeros()
-    mm = lambda t: t if t.dtype == cd else t.to(cd)
-    for i, (gs, rs), (A, Z1, h1, e1, e2) in part:
-        hc = h[gs, rs]; nb, nr = hc.shape[:2]; R = nb * nr
-        g = gout[gs, rs].reshape(R, d)                                   # d/d out
-        # FFN sublayer: out = h1 + a e2, e2 = ELU(e1 W2 + b2), e1 = ELU(h1 W1 + b1)
-        da += (g * e2).sum()
-        du2 = mm(_elu_grad(e2).mul_(g).mul_(a))                          # (R, d)
-        _acc_mm(dW2, e1.T, du2); db2 += du2.sum(0)
-        du1 = (du2 @ W2.T).mul_(_elu_grad(e1))                           # (R, d)
-        _acc_mm(dW1, mm(h1).T, du1); db1 += du1.sum(0)
-        g1 = torch.addmm(g, du1, W1.T) if g.dtype == cd else g + du1 @ W1.T   # (R, d) d/d h1
-        # attention sublayer: h1 = h c^x + Σ_e w_e ELU(Z_e)
-        dhc = (g1 if cx is None else g1 * cx).view(nb, nr, d)
-        if cx is not None: dcx += (g1 * hc.reshape(R, d)).sum(0)
-        if M is not None:
-            A3 = A.view(R, E, d)
-            dw += (A3 * g1[:, None, :]).sum(0)
-            dZ = mm(_elu_grad(A3).mul_(g1[:, None, :]).mul_(w))         # (R, E, d) d/dZ, Z = h M
-            if nb > 1:                                                   # whole sequences: batched products
-                dZ = dZ.view(nb, nr, E * d)
-                dhc = dhc + dZ @ M[gs].mT
-                _acc_mm(dM[gs], mm(hc).mT, dZ)
-            else:                                                        # rows of one sequence (or of the shared Σ's one group)
-                g = gs.start if M.shape[0] > 1 else 0
-                dZ = dZ.view(R, E * d)
-                dhc = dhc + (dZ @ M[g].mT).view(nb, nr, d)
-                _acc_mm(dM[g], mm(hc[0]).T, dZ)
-        else:
-            dw += (A * g1[None]).sum(1)
-            dZ = mm(_elu_grad(A).mul_(g1[None]).mul_(w[:, None, :]))           # (E, R, d) d/dZ, Z_e = Z1s_e V_e
-            sg = sig[gs][:, None, None, :]                               # (nb, 1, 1, d)
-            Z1s = (Z1.view(nb, nr, E, d) * sg).view(R, E, d).transpose(0, 1)   # (E, R, d)
-            _acc_mm(dV, Z1s.mT, dZ)
-            dZ1s = (dZ @ V.mT).view(E, nb, nr, d).permute(1, 2, 0, 3)    # (nb, nr, E, d)
-            dsig[gs] += (dZ1s * Z1.view(nb, nr, E, d)).sum((1, 2))
-            dZ1 = (dZ1s * sg).reshape(R, E * d)
-            _acc_mm(dUcat, mm(hc).reshape(R, d).T, dZ1)
-            dhc = dhc + (dZ1 @ Ucat.T).view(nb, nr, d)
-        dh[gs, rs] = dhc
-    return [dM, dUcat, dV, dsig, dw, dcx, dW1, db1, dW2, db2, da]
-
-def _layer_forward(h, M, Ucat, V, sig, w, cx, W1, b1, W2, b2, a, E, blocks, cd, save, threads=1):
-    "The layer block by block, the blocks dealt to `threads` workers; `save`: keep what the backward pass needs."
-    out = torch.empty_like(h)
-    parts = _run_units(lambda part: _forward_blocks(out, part, h, M, Ucat, V, sig, w, cx, W1, b1, W2, b2, a, E, cd, save),
-                       _units(blocks, threads)[0], threads)
-    return out, [s for _, s in sorted((x for p in parts for x in p), key=lambda x: x[0])]
-
-class _LayerFn(torch.autograd.Function):
-    "`transject_layer` with a block-by-block backward pass."
-    @staticmethod
-    def forward(ctx, h, M, Ucat, V, sig, w, cx, W1, b1, W2, b2, a, E, blocks, cd, threads):
-        with torch.autocast(h.device.type, enabled=False):
-            out, saved = _layer_forward(h, M, Ucat, V, sig, w, cx, W1, b1, W2, b2, a, E, blocks, cd, True, threads)
-        ctx.save_for_backward(h, M, Ucat, V, sig, w, cx, W1, W2, a, *(t for s in saved for t in s))
-        ctx.E, ctx.blocks, ctx.cd, ctx.threads = E, blocks, cd, threads
-        return out
-
-    @staticmethod
-    def backward(ctx, gout):
-        h, M, Ucat, V, sig, w, cx, W1, W2, a, *flat = ctx.saved_tensors
-        parts, owned = _units(ctx.blocks, ctx.threads)
-        parts = [[(i, b, flat[5 * i:5 * i + 5]) for i, b in part] for part in parts]
-        dh = torch.empty_like(h)
-        acc = torch.promote_types(ctx.cd, torch.float32)
-        shared = [None if t is None else torch.zeros(t.shape, dtype=acc, device=h.device) for t in (M, sig)] if owned else [None, None]
-        with torch.autocast(h.device.type, enabled=False):
-            parts = _run_units(lambda part: _backward_blocks(dh, part, gout, h, M, Ucat, V, sig, w, cx, W1, W2, a, ctx.E, ctx.cd, *shared),
-                               parts, ctx.threads)
-        sums = lambda gs: None if gs[0] is None else gs[0] if gs[0] is gs[-1] else sum(gs[1:], gs[0])
-        grads = [sums(gs) for gs in zip(*parts)]                          # the units' partial sums, in a fixed order
-        dM, dUcat, dV, dsig, dw, dcx, dW1, db1, dW2, db2, da = grads
-        return dh, dM, dUcat, dV, dsig, dw, dcx, dW1, db1, dW2, db2, da, None, None, None, None
+# %% ../nbs/02_transject.ipynb #1c727558
+class LayerWeights(NamedTuple):
+    "One layer's weights for one forward pass, named as in the equations."
+    U:torch.Tensor         # `(E, d, d)` orthogonal $U_1..U_E$
+    V:torch.Tensor         # `(E, d, d)` orthogonal $V_1..V_E$
+    lam:torch.Tensor       # `(E,)` expert weights λ, non-negative, summing to 1
+    a:torch.Tensor         # residual weight $a=\alpha_l/L$ (0-d tensor or float)
+    W1:torch.Tensor        # `(d, d)` orthogonal
+    b1:torch.Tensor        # `(d,)`
+    W2:torch.Tensor        # `(d, d)` orthogonal
+    b2:torch.Tensor        # `(d,)`
+    cases:torch.Tensor|None = None  # `(E, d)` entropic cases (training, entropic residual), or None for the plain residual
 
 def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
-    sigma:torch.Tensor,  # Σ's diagonal `(B, d)` (an expanded `(d,)` or a `(1, d)` counts as shared by the batch)
-    U:torch.Tensor,      # `(E, d, d)` orthogonal
-    V:torch.Tensor,      # `(E, d, d)` orthogonal
-    w:torch.Tensor,      # `(E, d)` expert weights per channel (`mix_weights`)
-    cx,                  # `(d,)` weight of the identity per channel, or None for 1
-    W1:torch.Tensor,     # `(d, d)` FFN, orthogonal
-    b1:torch.Tensor,     # `(d,)`
-    W2:torch.Tensor,     # `(d, d)` FFN, orthogonal
-    b2:torch.Tensor,     # `(d,)`
-    a,                   # residual weight α/L of the FFN (0-d tensor or float)
-    path:str='auto',     # 'fold', 'direct', or 'auto' (`layer_path`)
-    chunk_rows=None,     # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
+    sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1
+    p:LayerWeights,      # the layer's weights
 )->torch.Tensor:         # `(B, n, d)`
-    "One TransJect layer, $h_1 = h\\odot c^x+\\sum_e w_e\\odot\\mathrm{ELU}(hU_e\\Sigma V_e)$, $h_1 + a\\,\\mathrm{ELU}(\\mathrm{ELU}(h_1W_1+b_1)W_2+b_2)$, fused and block by block."
-    B, n, d = h.shape
-    E = U.shape[0]
-    if sigma.shape != (B, d) and sigma.shape != (1, d): raise ValueError(f"sigma must have shape ({B}, {d}) or (1, {d}), got {tuple(sigma.shape)}")
-    if U.shape != (E, d, d) or V.shape != (E, d, d) or w.shape != (E, d):
-        raise ValueError(f"expected U, V of shape (E, {d}, {d}) and w of shape (E, {d}); got {tuple(U.shape)}, {tuple(V.shape)}, {tuple(w.shape)}")
-    shared = sigma.shape[0] == 1 or sigma.stride(0) == 0                 # one Σ for the batch: one group of B*n rows
-    G = 1 if shared else B
-    sig, hg = sigma[:1] if shared else sigma, h.reshape(G, B * n // G, d)
-    if path == 'auto': path = layer_path(hg.shape[1], d)
-    if path not in ('fold', 'direct'): raise ValueError(f"path must be 'auto', 'fold' or 'direct', got {path!r}")
-    dev = h.device.type
-    cd = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype   # dtype of the products
-    wd = torch.promote_types(cd, torch.float32)
-    c = lambda t: None if t is None else t.to(cd)
-    if path == 'fold':
-        with torch.autocast(dev, enabled=False): M = fold_experts(U.to(wd), V.to(wd), sig.to(wd))   # (G, d, E*d)
-        M, Ucat, V_, sg = c(M), None, None, None
-    else: M, Ucat, V_, sg = None, c(U.permute(1, 0, 2).reshape(d, E * d)), c(V), c(sig)
-    blocks = _plan(G, hg.shape[1], E * d * torch.finfo(cd).bits // 8, h.device, chunk_rows)
-    a = torch.as_tensor(a, dtype=h.dtype, device=h.device)
-    args = (hg, M, Ucat, V_, sg, w.to(h.dtype), None if cx is None else cx.to(h.dtype), c(W1), c(b1), c(W2), c(b2), a)
-    threads = (LAYER_THREADS or torch.get_num_threads()) if dev == 'cpu' else 1
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):
-        out = _LayerFn.apply(*args, E, blocks, cd, threads)
-    else:
-        with torch.autocast(dev, enabled=False): out = _layer_forward(*args, E, blocks, cd, False, threads)[0]
-    return out.view(B, n, d)
+    "One TransJect layer by its equations: the mixture of orthogonal-attention experts with residuals, then the orthogonal residual FFN."
+    h1 = mix_experts(h, orthogonal_attention(h, sigma, p.U, p.V), p.lam, p.a, p.cases)   # (B, n, d)
+    return h1 + p.a * orthogonal_ffn(h1, p.W1, p.b1, p.W2, p.b2)                          # (B, n, d)
 
 # %% ../nbs/02_transject.ipynb #37e7f6f8
 RESIDUALS = ('plain', 'entropic')
+KERNELS = ('auto', 'readable', 'fused')
 
 @dataclass
 class TransJectConfig(EncoderConfig):
@@ -499,6 +285,7 @@ class TransJectConfig(EncoderConfig):
     residual:str = 'plain'    # 'plain' injective residual, or 'entropic' (Eq. 4: random case per channel while training, x+F in eval)
     orth_map:str = 'cayley'   # orthogonal parametrization: 'cayley', 'matrix_exp' or 'householder'
     sigma_eps:float = 1e-6    # guard of the standardisation of Σ (not the optimiser's `eps` of the presets)
+    kernel:str = 'auto'       # how a layer is computed: 'readable' (`transject_layer`), 'fused' (`fused.fused_layer`), 'auto' (fused on the CPU, readable elsewhere)
 
     def __post_init__(self):
         super().__post_init__()
@@ -510,6 +297,7 @@ class TransJectConfig(EncoderConfig):
         if self.orth_map not in ORTH_MAPS: raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {self.orth_map!r}")
         if isinstance(self.sigma_eps, bool) or not isinstance(self.sigma_eps, (int, float)) or not 0 < self.sigma_eps < 1:
             raise ValueError(f"sigma_eps must be a float in (0, 1), got {self.sigma_eps!r}")
+        if self.kernel not in KERNELS: raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
 
 # %% ../nbs/02_transject.ipynb #f557b3ef
 class TransJectLayer(nn.Module):
@@ -517,7 +305,7 @@ class TransJectLayer(nn.Module):
     def __init__(self, cfg:TransJectConfig):
         super().__init__()
         d, E = cfg.d_model, cfg.n_experts
-        self.E, self.L, self.entropic = E, cfg.n_layers, cfg.residual == 'entropic'
+        self.E, self.L, self.entropic, self.kernel = E, cfg.n_layers, cfg.residual == 'entropic', cfg.kernel
         self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)          # U_1..U_E, V_1..V_E, W_1, W_2
         self.alpha_raw = nn.Parameter(torch.zeros(()))                  # w_l: α_l = tanh(w_l), 0 at init (ReZero)
         self.gate_logits = nn.Parameter(torch.zeros(E))                 # λ = softmax(logits), input-independent
@@ -531,19 +319,29 @@ class TransJectLayer(nn.Module):
         "The mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
         return torch.softmax(self.gate_logits, 0)
 
+    def weights(self, device=None)->LayerWeights: # the bank computed once; entropic cases drawn on `device` when training
+        "The layer's weights for one forward pass: the orthogonal matrices, λ, $a=\\alpha_l/L$, and the entropic cases while training."
+        E, Q = self.E, self.bank()                                       # (2E+2, d, d), computed once
+        a, lam = self.alpha() / self.L, self.expert_weights()
+        cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if self.training and self.entropic else None
+        return LayerWeights(Q[:E], Q[E:2 * E], lam, a, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, cases)
+
+    def uses_fused(self, device)->bool: # `kernel` 'fused', or 'auto' on the CPU
+        "Whether the layer runs the fused kernel of `transject_nb.fused` on `device` rather than `transject_layer`."
+        return self.kernel == 'fused' or (self.kernel == 'auto' and torch.device(device).type == 'cpu')
+
     def forward(self,
         h:torch.Tensor,   # tokens `(B, n, d)`
         mask,             # `(B, n)` padding mask (unused: the layer acts on each token separately)
         ctx:dict,         # the batch's context: reads 'sigma' `(B, d)`, appends to 'expert_weights' and 'entropic_cases'
     )->torch.Tensor:      # `(B, n, d)`
-        E, d = self.E, h.shape[-1]
-        Q = self.bank()                                                  # (2E+2, d, d), computed once
-        a, lam = self.alpha() / self.L, self.expert_weights()
-        cases = torch.randint(0, 4, (E, d), device=h.device) if self.training and self.entropic else None
-        ctx.setdefault('expert_weights', []).append(lam)
-        ctx.setdefault('entropic_cases', []).append(cases)
-        w, cx = mix_weights(lam, a, d, cases)                            # (E, d), (d,) or None
-        return transject_layer(h, ctx['sigma'], Q[:E], Q[E:2 * E], w, cx, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, a)  # (B, n, d)
+        p = self.weights(h.device)
+        ctx.setdefault('expert_weights', []).append(p.lam)
+        ctx.setdefault('entropic_cases', []).append(p.cases)
+        if self.uses_fused(h.device):
+            from transject_nb.fused import fused_layer                  # the CPU kernel (02a_fused), the same map
+            return fused_layer(h, ctx['sigma'], p)
+        return transject_layer(h, ctx['sigma'], p)                       # (B, n, d)
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
