@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig',
-           'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_save', 'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook',
-           'interactive_output', 'progress_iter']
+__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
+           'EncoderConfig', 'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields',
+           'build_config', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
+           'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -207,7 +207,17 @@ def atomic_save(
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
-PRESET_SECTIONS = tuple(s for t in TASKS for s in (t, f'{t}-cpu'))   # the sections a presets file may have
+PRESET_KINDS = ('paper', 'cpu', 'repro')   # the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
+
+def preset_section(
+    task:str,            # one of `TASKS`
+    kind:str='paper',    # one of `PRESET_KINDS`
+)->str:                  # the section's name
+    "The `settings.ini` section of `task`'s preset of `kind`: `[task]` for the paper's, `[task-kind]` for the others."
+    if kind not in PRESET_KINDS: raise ValueError(f"unknown preset kind {kind!r}; valid kinds are: {', '.join(PRESET_KINDS)}")
+    return task if kind == 'paper' else f'{task}-{kind}'
+
+PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # the sections a presets file may have
 _TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header that starts with a task's name
 
 def packaged_settings()->Path:
@@ -250,14 +260,14 @@ def _read_presets(p:Path)->configparser.ConfigParser:
 
 def load_preset(
     task:str,         # one of `TASKS`
-    cpu:bool=False,   # the small CPU preset (`<task>-cpu`) instead of the paper's
+    kind:str='paper', # one of `PRESET_KINDS`: the paper's (`[task]`), the small CPU one (`[task-cpu]`), the reproduction's (`[task-repro]`)
     path=None,        # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
 )->dict:              # field -> typed value, `[DEFAULT]` included
     "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file."
     if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
     files = settings_files() if path is None else [packaged_settings(), Path(path)]
     if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
-    sec, vals = f"{task}-cpu" if cpu else task, {}
+    sec, vals = preset_section(task, kind), {}
     shipped, *user = [_read_presets(p) for p in files]
     if not shipped.has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
     for cp in [shipped, *user]: vals |= dict(cp[sec]) if cp.has_section(sec) else dict(cp.defaults())   # a file's section includes its [DEFAULT]
