@@ -13,9 +13,9 @@ from typing import Callable, NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
-           'EncoderConfig', 'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields',
-           'build_config', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
-           'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
+           'EncoderConfig', 'EncoderClassifier', 'check_choice', 'VariantSpec', 'register_variant', 'variant_spec',
+           'config_fields', 'build_config', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file',
+           'settings_files', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -140,6 +140,17 @@ class EncoderClassifier(nn.Module):
         hs, mask, _ = self._run(x)
         return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))  # (B, n_classes)
 
+# %% ../nbs/00_core.ipynb #24dac328
+def check_choice(
+    value,         # what the user gave
+    valid,         # the names allowed, in the order to list them
+    what:str,      # the kind of name, singular: 'variant', 'task', ...
+):                 # `value`, when it is one of `valid`
+    "`value` if it is in `valid`, else a `ValueError` saying so and listing the valid names."
+    valid = list(valid)
+    if value not in valid: raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
+    return value
+
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
     "A registered variant: its config class, model class, the fields its name fixes, and a one-line description."
@@ -166,9 +177,7 @@ def register_variant(
 
 def variant_spec(name:str)->VariantSpec:
     "The registered spec of `name`, or a clear error listing the valid names."
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown variant {name!r}; valid variants are: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    return _REGISTRY[check_choice(name, _REGISTRY, 'variant')]
 
 # %% ../nbs/00_core.ipynb #fef8ed75
 def config_fields(cfg_cls:type)->list:
@@ -214,7 +223,7 @@ def preset_section(
     kind:str='paper',    # one of `PRESET_KINDS`
 )->str:                  # the section's name
     "The `settings.ini` section of `task`'s preset of `kind`: `[task]` for the paper's, `[task-kind]` for the others."
-    if kind not in PRESET_KINDS: raise ValueError(f"unknown preset kind {kind!r}; valid kinds are: {', '.join(PRESET_KINDS)}")
+    check_choice(kind, PRESET_KINDS, 'kind')
     return task if kind == 'paper' else f'{task}-{kind}'
 
 PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # the sections a presets file may have
@@ -264,7 +273,7 @@ def load_preset(
     path=None,        # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
 )->dict:              # field -> typed value, `[DEFAULT]` included
     "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file."
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
+    check_choice(task, TASKS, 'task')
     files = settings_files() if path is None else [packaged_settings(), Path(path)]
     if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
     sec, vals = preset_section(task, kind), {}
