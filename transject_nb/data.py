@@ -665,7 +665,7 @@ def _stratified_split(
     n = len(labels)
     try: rest, part = train_test_split(np.arange(n), test_size=size, stratify=labels, random_state=seed)
     except ValueError as e:
-        counts = dict(zip(*map(list, np.unique(labels, return_counts=True))))
+        counts = {int(k): int(v) for k, v in zip(*np.unique(labels, return_counts=True))}
         raise ValueError(f"cannot carve a stratified part of size {size} from {n} examples with class counts {counts}: {e}") from None
     return np.sort(rest), np.sort(part)
 
