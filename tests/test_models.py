@@ -39,7 +39,7 @@ def test_presets_build_every_variant_config(task):
     for v in VARIANTS:
         cfg = preset_config(v, task)
         assert cfg['d_model'] == 512 and cfg['n_layers'] == 6
-        small = preset_config(v, task, cpu=True)
+        small = preset_config(v, task, "cpu")
         create_model(v, 100, 4, **small)   # the CPU presets build quickly
 
 

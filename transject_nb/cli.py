@@ -22,7 +22,7 @@ import torch
 from fastai.torch_core import num_distrib, rank_distrib
 from .core import TASKS, settings_files, variant_spec
 from .data import load_task
-from .learner import (DataConfig, TrainConfig, DATA_FIELDS, TRAIN_FIELDS, evaluate, get_learner, history,
+from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
 from .models import VARIANTS
 
@@ -124,7 +124,7 @@ def run_one(
     task:str,               # one of `TASKS`
     variant:str,            # one of `VARIANTS`
     path,                   # the run folder
-    preset:str='auto',      # 'paper', 'cpu' or 'auto'
+    preset:str='auto',      # one of `learner.PRESETS`: 'paper', 'cpu', 'repro' or 'auto'
     data=None,              # preloaded `TaskData` (else loaded from the data fields)
     resume:bool=False,      # continue the run in `path` if there is one
     export:bool=True,       # also write `export.pkl`
@@ -172,7 +172,7 @@ def compare(
     task:str|None=None,     # one of `TASKS`; None: the embedded `DEMO`
     variants='all',         # 'all', a comma-separated string or a list of variant names
     seeds=None,             # training seeds (default: the demo's, else 42); the data stay the same
-    preset:str|None=None,   # 'paper', 'cpu' or 'auto' (default: the demo's, else 'auto')
+    preset:str|None=None,   # 'paper', 'cpu', 'repro' or 'auto' (default: the demo's, else 'auto')
     out=None,               # output folder (default `runs/<task>/<date-time>`)
     resume:bool=False,      # continue the runs found in `out`
     cache_dir=None,         # `load_task`'s cache folder
@@ -236,7 +236,7 @@ def command(
     return deco
 
 def _common(p):
-    p.add_argument('--preset', choices=('auto', 'paper', 'cpu'), default=None, help="settings.ini section: the paper's, the small CPU one, or auto (CPU unless CUDA)")
+    p.add_argument('--preset', choices=PRESETS, default=None, help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), or auto (CPU unless CUDA)")
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
     p.add_argument('--resume', action='store_true', help='continue the run(s) in --out')
     p.add_argument('--cache-dir', default=None, help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig',
-           'EncoderClassifier', 'VariantSpec', 'register_variant', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_save', 'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook',
-           'interactive_output', 'progress_iter']
+__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
+           'EncoderConfig', 'EncoderClassifier', 'check_choice', 'VariantSpec', 'register_variant', 'variant_spec',
+           'config_fields', 'build_config', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file',
+           'settings_files', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -140,6 +140,17 @@ class EncoderClassifier(nn.Module):
         hs, mask, _ = self._run(x)
         return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))  # (B, n_classes)
 
+# %% ../nbs/00_core.ipynb #24dac328
+def check_choice(
+    value,         # what the user gave
+    valid,         # the names allowed, in the order to list them
+    what:str,      # the kind of name, singular: 'variant', 'task', ...
+):                 # `value`, when it is one of `valid`
+    "`value` if it is in `valid`, else a `ValueError` saying so and listing the valid names."
+    valid = list(valid)
+    if value not in valid: raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
+    return value
+
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
     "A registered variant: its config class, model class, the fields its name fixes, and a one-line description."
@@ -166,9 +177,7 @@ def register_variant(
 
 def variant_spec(name:str)->VariantSpec:
     "The registered spec of `name`, or a clear error listing the valid names."
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown variant {name!r}; valid variants are: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    return _REGISTRY[check_choice(name, _REGISTRY, 'variant')]
 
 # %% ../nbs/00_core.ipynb #fef8ed75
 def config_fields(cfg_cls:type)->list:
@@ -207,7 +216,17 @@ def atomic_save(
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
-PRESET_SECTIONS = tuple(s for t in TASKS for s in (t, f'{t}-cpu'))   # the sections a presets file may have
+PRESET_KINDS = ('paper', 'cpu', 'repro')   # the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
+
+def preset_section(
+    task:str,            # one of `TASKS`
+    kind:str='paper',    # one of `PRESET_KINDS`
+)->str:                  # the section's name
+    "The `settings.ini` section of `task`'s preset of `kind`: `[task]` for the paper's, `[task-kind]` for the others."
+    check_choice(kind, PRESET_KINDS, 'kind')
+    return task if kind == 'paper' else f'{task}-{kind}'
+
+PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # the sections a presets file may have
 _TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header that starts with a task's name
 
 def packaged_settings()->Path:
@@ -250,14 +269,14 @@ def _read_presets(p:Path)->configparser.ConfigParser:
 
 def load_preset(
     task:str,         # one of `TASKS`
-    cpu:bool=False,   # the small CPU preset (`<task>-cpu`) instead of the paper's
+    kind:str='paper', # one of `PRESET_KINDS`: the paper's (`[task]`), the small CPU one (`[task-cpu]`), the reproduction's (`[task-repro]`)
     path=None,        # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
 )->dict:              # field -> typed value, `[DEFAULT]` included
     "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file."
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
+    check_choice(task, TASKS, 'task')
     files = settings_files() if path is None else [packaged_settings(), Path(path)]
     if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
-    sec, vals = f"{task}-cpu" if cpu else task, {}
+    sec, vals = preset_section(task, kind), {}
     shipped, *user = [_read_presets(p) for p in files]
     if not shipped.has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
     for cp in [shipped, *user]: vals |= dict(cp[sec]) if cp.has_section(sec) else dict(cp.defaults())   # a file's section includes its [DEFAULT]

@@ -30,6 +30,7 @@ from fastai.data.core import Datasets, TitledStr, Transform
 from fastai.data.transforms import Categorize
 from fastai.text.data import TensorText
 from fastprogress.fastprogress import progress_bar
+from sklearn.model_selection import train_test_split
 from .core import PAD_ID, TASKS, atomic_save
 
 # %% ../nbs/06_data.ipynb #f3652bce
@@ -39,7 +40,7 @@ logger = logging.getLogger('transject_nb')
 DEFAULT_MAX_LEN = dict(imdb=512, agnews=256, listops=1024, charimdb=1024)  # the TransJect paper's lengths
 CLASSES = dict(imdb=('negative', 'positive'), charimdb=('negative', 'positive'),
                agnews=('World', 'Sports', 'Business', 'Sci/Tech'), listops=tuple('0123456789'))
-DATA_VERSION = 1  # bump when the numericalised format or a reader changes, to invalidate old caches
+DATA_VERSION = 2  # bump when the numericalised format or a reader changes, to invalidate old caches
 
 # %% ../nbs/06_data.ipynb #41d41d88
 def pad_batch(
@@ -656,34 +657,37 @@ def find_vocab(
     return _hub_vocab() if hub else None
 
 # %% ../nbs/06_data.ipynb #550b5930
+def _stratified_split(
+    labels,        # class id of every example
+    size,          # the part's size: a count, or a share in (0, 1)
+    seed:int,      # random seed
+):                 # `(rest, part)` sorted index arrays
+    n = len(labels)
+    try: rest, part = train_test_split(np.arange(n), test_size=size, stratify=labels, random_state=seed)
+    except ValueError as e:
+        counts = {int(k): int(v) for k, v in zip(*np.unique(labels, return_counts=True))}
+        raise ValueError(f"cannot carve a stratified part of size {size} from {n} examples with class counts {counts}: {e}") from None
+    return np.sort(rest), np.sort(part)
+
 def stratified_take(
     labels,        # class id of every example
     n:int,         # how many to take
     seed:int=42,   # random seed
 )->np.ndarray:     # indices of the `n` examples taken (sorted)
-    "Indices of a seeded, stratified sample of `n` examples (all of them if `n >= len(labels)`)."
+    "Indices of a seeded, stratified sample of `n` examples (all of them if `n >= len(labels)`), by scikit-learn's `train_test_split`."
     labels = np.asarray(labels)
-    if n >= len(labels): return np.arange(len(labels))
     if n < 0: raise ValueError(f"cannot take {n} examples")
-    rng = np.random.default_rng(seed)
-    classes, counts = np.unique(labels, return_counts=True)
-    want = counts * n / len(labels)
-    k = np.floor(want).astype(int)
-    k[np.argsort(-(want - k), kind='stable')[:n - k.sum()]] += 1        # largest remainders get the rest
-    idx = [rng.permutation(np.flatnonzero(labels == c))[:kc] for c, kc in zip(classes, k)]
-    return np.sort(np.concatenate(idx))
+    if n >= len(labels): return np.arange(len(labels))
+    return _stratified_split(labels, n, seed)[1]
 
 def carve(
     labels,        # class id of every example
     frac:float,    # share to carve out, in (0, 1)
     seed:int=42,   # random seed
 ):                 # `(kept, carved)` index arrays, disjoint, together all examples
-    "Split indices into a kept part and a stratified, seeded `frac` carved out."
+    "Split indices into a kept part and a stratified, seeded `frac` carved out, by scikit-learn's `train_test_split`."
     if not 0 < frac < 1: raise ValueError(f"the share to carve out must lie in (0, 1), got {frac}")
-    labels = np.asarray(labels)
-    carved = stratified_take(labels, int(round(frac * len(labels))), seed)
-    kept = np.setdiff1d(np.arange(len(labels)), carved)
-    return kept, carved
+    return _stratified_split(np.asarray(labels), frac, seed)
 
 # %% ../nbs/06_data.ipynb #54ee83a4
 def default_cache_dir()->Path:

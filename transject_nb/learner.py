@@ -46,7 +46,7 @@ from fastai.text.data import SortedDL, TensorText
 from fastai.torch_core import default_device, display_df, get_empty_df, get_model, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import PAD_ID, TASKS, EncoderClassifier, atomic_save, config_fields, interactive_output, load_preset, variant_spec
+from .core import PAD_ID, PRESET_KINDS, TASKS, EncoderClassifier, atomic_save, config_fields, interactive_output, load_preset, preset_section, variant_spec
 from .data import ItemLabel, TaskData, TokenIds, encode_text, load_task, pad_batch, task_datasets
 from .models import VARIANTS, create_model, n_params
 
@@ -247,7 +247,7 @@ class DataConfig:
         return kw | {k: getattr(self, k) for k in ('min_length', 'max_length', 'max_depth', 'max_args') if getattr(self, k) is not None}
 
 # %% ../nbs/07_learner.ipynb #0f6b55b3
-PRESETS = ('auto', 'paper', 'cpu')
+PRESETS = ('auto',) + PRESET_KINDS   # 'auto': the paper's preset with CUDA, the CPU one without
 
 def model_fields(variant:str)->list:
     "Config fields of `variant` that a run may set (its name's fixed fields and `vocab_sz`, `n_classes` excluded)."
@@ -260,20 +260,20 @@ def valid_fields(variant:str)->dict:
     "The names `get_learner` accepts for `variant`, by group."
     return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
 
-def _use_cpu_preset(preset:str)->bool:
+def _preset_kind(preset:str)->str:
     if preset not in PRESETS: raise ValueError(f"unknown preset {preset!r}; valid presets are: {', '.join(PRESETS)}")
-    return preset == 'cpu' or (preset == 'auto' and not torch.cuda.is_available())
+    return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
 
 def resolve_config(
     task:str,           # one of `TASKS`
     variant:str,        # one of `VARIANTS`
-    preset:str='auto',  # 'paper', 'cpu' or 'auto' (the CPU preset unless CUDA is available)
+    preset:str='auto',  # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU preset unless CUDA is available)
     **overrides,        # any model, training or data field
 )->dict:                # {'model': dict, 'train': TrainConfig, 'data': DataConfig, 'preset': section name}
     "The settings of a run: the task's preset from `settings.ini`, then `overrides`; unknown names raise an error listing the valid ones."
     if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
     if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; valid variants are: {', '.join(VARIANTS)}")
-    cpu = _use_cpu_preset(preset)
+    kind = _preset_kind(preset)
     spec, vf = variant_spec(variant), valid_fields(variant)
     allowed = set(vf['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS) | set(spec.fixed)
     if bad := sorted(k for k in overrides if k not in allowed):
@@ -281,11 +281,11 @@ def resolve_config(
                         f"training: {', '.join(TRAIN_FIELDS)}; data: {', '.join(DATA_FIELDS)}")
     if clash := {k: v for k, v in overrides.items() if k in spec.fixed and v != spec.fixed[k]}:
         raise ValueError(f"variant {variant!r} fixes {spec.fixed}; got contradicting {clash}")
-    vals = load_preset(task, cpu) | {k: v for k, v in overrides.items() if k not in spec.fixed}
+    vals = load_preset(task, kind) | {k: v for k, v in overrides.items() if k not in spec.fixed}
     model = {k: vals[k] for k in vf['model'] if k in vals}
     train = TrainConfig(**{k: vals[k] for k in TRAIN_FIELDS if k in vals})
     data = DataConfig(**{k: vals[k] for k in DATA_FIELDS if k in vals})
-    return dict(model=model, train=train, data=data, preset=f"{task}-cpu" if cpu else task, n_classes=vals.get('n_classes'))
+    return dict(model=model, train=train, data=data, preset=preset_section(task, kind), n_classes=vals.get('n_classes'))
 
 # %% ../nbs/07_learner.ipynb #d1830db8
 def _unwrap(m:nn.Module)->nn.Module: return get_model(m)
@@ -544,7 +544,7 @@ def _amp_cb(amp:str, device:torch.device):
 def get_learner(
     task:str,                 # one of `TASKS`
     variant:str,              # one of `VARIANTS`
-    preset:str='auto',        # 'paper', 'cpu' or 'auto' (the CPU preset unless CUDA is available)
+    preset:str='auto',        # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU preset unless CUDA is available)
     data:TaskData|None=None,  # the task's data, already loaded (else `load_task` with the data fields)
     path=None,                # run folder for the best model, checkpoint, history and export (default `runs/<task>/<variant>`)
     cbs=None,                 # more callbacks

@@ -43,12 +43,12 @@ def variants_table()->pd.DataFrame:
 def preset_config(
     variant:str,     # one of `VARIANTS`
     task:str,        # one of `core.TASKS`
-    cpu:bool=False,  # the small `<task>-cpu` preset instead of the paper's
+    kind:str='paper',  # one of `core.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
 )->dict:             # config fields for `create_model`
     "The fields of a task preset that `variant`'s config takes."
     spec = variant_spec(variant)
     keep = set(config_fields(spec.config_cls)) - {'vocab_sz', 'n_classes'} - set(spec.fixed)
-    return {k: v for k, v in load_preset(task, cpu).items() if k in keep}
+    return {k: v for k, v in load_preset(task, kind).items() if k in keep}
 
 # %% ../nbs/05_models.ipynb #64cc7efe
 def n_params(model:nn.Module)->int:
