@@ -111,6 +111,7 @@ def plot_variant_explorer(
         title = f"{variant}, {n_layers} random layers" + (f", {KNOB_LABELS[f]} = {knob:g}" if f else '')
     return plot_profile(layer_profile(obj, text, tokenizer), title=title)
 
+# %% ../nbs/09a_explorers.ipynb #78fb5bf7
 def variant_explorer(
     tokenizer=None,        # tokenizer for the random models; default: one trained on the sample reviews and the text
     models:dict|None=None, # name -> loaded model or `Learner`, added to the variant menu
