@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 from hypothesis import given, strategies as st
 
-from transject_nb import transject, baselines  # noqa: F401  (registers the variants)
-from transject_nb.core import _REGISTRY, EncoderClassifier, EncoderConfig, build_config, variant_spec
+from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, variant_spec
+from transject_nb.models import BASELINES, VARIANTS
 from transject_nb.data import ByteTokenizer, TokenSplit
 from transject_nb.analysis import (
     PAPER_PAIRS, PAPER_SENTENCE, SAMPLE_LABELS, SAMPLE_TEXTS, activation_bounds, attention_spectrum, batches, expert_weights,
@@ -22,9 +22,8 @@ from transject_nb.analysis import (
     token_ids, token_pair_stats, token_strings, unwrap, word_tokenizer)
 
 torch.set_num_threads(1)
-VARIANTS = tuple(_REGISTRY)
-SOFTMAX = baselines.BASELINES
-TJ = tuple(v for v in VARIANTS if 'transject' in v)
+SOFTMAX = BASELINES
+TJ = tuple(v for v in VARIANTS if variant_spec(v).family == 'transject')
 TOK = word_tokenizer(SAMPLE_TEXTS)
 
 

@@ -7,9 +7,10 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings, strategies as st
 
-from transject_nb.baselines import (BASELINES, NeuTRENOEncoder, SoftmaxConfig, SoftmaxEncoder, attention_maps,
+from transject_nb.baselines import (NeuTRENOEncoder, SoftmaxConfig, SoftmaxEncoder, attention_maps,
                                     attention_probs, layer_measure)
 from transject_nb.core import EncoderConfig, build_config, variant_spec
+from transject_nb.models import BASELINES
 from transject_nb.gradflow import stationary_distribution
 from transject_nb.similarity import remove_similarity, token_diversity, token_similarity
 
@@ -28,7 +29,7 @@ def make(name, vocab_sz=100, n_classes=3, **cfg):
     (dict(tau=1.5), 'tau (similarity removal τ) must lie in [0, 1]'),
     (dict(lam=-1.), 'lam (NeuTRENO λ) must be >= 0'),
     (dict(lam=float('nan')), 'lam must be a finite real number'),
-    (dict(norm='sandwich'), "norm must be one of ('post', 'pre', 'none')"),
+    (dict(norm='sandwich'), "unknown norm 'sandwich'; valid norms are: post, pre, none"),
     (dict(sym='yes'), 'sym must be a bool'),
     (dict(dropout=1.0), 'dropout must lie in [0, 1)'),
     (dict(d_ff=0), 'd_ff must be a positive int'),
@@ -44,6 +45,7 @@ def test_registry():
         spec = variant_spec(name)
         assert spec.config_cls is SoftmaxConfig and issubclass(spec.model_cls, SoftmaxEncoder)
     assert variant_spec('transformer').fixed == dict(norm='post', rezero=False, lam=0.0, tau=0.0)
+    assert variant_spec('transformer-prenorm').fixed == dict(norm='pre', rezero=False, lam=0.0, tau=0.0)
     assert variant_spec('transformer-rezero').fixed == dict(norm='none', rezero=True, lam=0.0, tau=0.0)
     assert 'lam' not in variant_spec('neutreno').fixed and 'tau' not in variant_spec('similarity-removal').fixed
     assert make('neutreno').cfg.lam == 0.6 and make('similarity-removal').cfg.tau == 1.0

@@ -21,8 +21,11 @@ class FakeLearner:
     def __init__(self, model, tokenizer): self.model, self.dls, self.tokenizer = model, None, tokenizer
 
 
-def test_knobs_cover_every_variant():
-    assert set(KNOBS) == set(models.VARIANTS)
+def test_knobs_come_from_the_variants_table():
+    from transject_nb.core import variant_spec
+    assert KNOBS == {v: variant_spec(v).knob for v in models.VARIANTS} and tuple(KNOBS) == models.VARIANTS
+    assert (KNOBS['transject'], KNOBS['transformer'], KNOBS['transformer-rezero'], KNOBS['neutreno'], KNOBS['similarity-removal']) == \
+           ('alpha', None, 'alpha', 'lam', 'tau')
 
 
 @pytest.mark.parametrize('variant', list(KNOBS))

@@ -4,13 +4,13 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from transject_nb.transject import LayerWeights, TransJect, transject_layer, random_sigma, reorthogonalize_
-from transject_nb.core import masked_pool
-from transject_nb.models import create_model
+from transject_nb.core import masked_pool, variant_spec
+from transject_nb.models import VARIANTS, create_model
 from transject_nb.fused import (KernelInputs, Plan, fused_layer, kernel_inputs, mix_weights, fold_experts, layer_path, threads, n_threads)
 from transject_nb import fused as FZ
 
 torch.set_num_threads(1)
-VARIANTS4 = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
+VARIANTS4 = tuple(v for v in VARIANTS if variant_spec(v).family == 'transject')   # TransJect's variants, from the models table
 FAST = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**31 - 1)
 

@@ -5,10 +5,28 @@ from transject_nb.models import VARIANTS, create_model, check_contract, preset_c
 from transject_nb.core import TASKS
 
 
-def test_variants_are_the_eight():
-    assert VARIANTS == ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject',
-                        'transformer', 'transformer-rezero', 'neutreno', 'similarity-removal')
-    assert list(variants_table().index[:len(VARIANTS)]) == list(VARIANTS)
+def test_variants_come_from_one_table():
+    "VARIANTS, BASELINES and the variants table are read from the entries `models` registers, in its table's order."
+    from transject_nb.core import registered_variants, variant_spec
+    from transject_nb.models import BASELINES
+    assert registered_variants()[:len(VARIANTS)] == VARIANTS
+    assert BASELINES == tuple(v for v in VARIANTS if variant_spec(v).family == 'softmax') == registered_variants('softmax')
+    assert VARIANTS == registered_variants('transject') + BASELINES                       # TransJect's first
+    assert 'transformer-prenorm' in BASELINES and variant_spec('transformer-prenorm').fixed['norm'] == 'pre'
+    t = variants_table()
+    assert list(t.index[:len(VARIANTS)]) == list(VARIANTS) and list(t.knob[:len(VARIANTS)]) == [variant_spec(v).knob or '' for v in VARIANTS]
+
+
+def test_registration_is_explicit():
+    "Importing the model modules registers nothing; `import transject_nb.models` registers the table, whatever was imported before."
+    import subprocess, sys
+    probe = ("import transject_nb.baselines, transject_nb.transject, transject_nb.core as c\n"
+             "try: c.variant_spec('transject')\nexcept ValueError as e: print(e)\n"
+             "print(c.registered_variants())\n"
+             "import transject_nb.models as m\nprint(c.registered_variants() == m.VARIANTS)")
+    out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith("unknown variant 'transject'; valid variants are: ") and 'import transject_nb.models' in out[0]
+    assert out[1:] == ['()', 'True']
 
 
 @pytest.mark.parametrize('variant', VARIANTS)

@@ -12,9 +12,10 @@ from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, TransJec
                                     orthogonal_ffn, transject_layer, orthogonality_error, reorthogonalize_, token_distance_ratios,
                                     plot_distance_ratios, block_inverse, cayley_map, one_thread)
 from transject_nb import transject as T
+from transject_nb.models import VARIANTS
 
 torch.set_num_threads(1)
-VARIANTS4 = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
+VARIANTS4 = tuple(v for v in VARIANTS if variant_spec(v).family == 'transject')   # TransJect's variants, from the models table
 FAST = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**31 - 1)
 layer_kernels = st.sampled_from(['readable', 'fused'])

@@ -8,7 +8,7 @@ Docs: https://transject-nb.github.io/transject_nb/analysis.html.md"""
 from __future__ import annotations
 import contextlib, math, re
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 # %% auto #0
 __all__ = ['PAPER_SENTENCE', 'PAPER_PAIRS', 'SAMPLE_TEXTS', 'SAMPLE_LABELS', 'DEFAULT_MEASURES', 'unwrap', 'inference',
@@ -30,8 +30,7 @@ from .core import PAD_ID, EncoderClassifier
 from .gradflow import mean_pairwise_cosine, nonlocal_energy
 from .similarity import token_similarity, token_diversity, deflate
 from .bounds import layer_bounds
-from .transject import token_distance_ratios    # before baselines: the registry keeps TransJect's variants first
-from .baselines import attention_maps
+from .transject import token_distance_ratios
 from .data import TokenSplit, pad_batch
 
 # %% ../nbs/09_analysis.ipynb #081467be

@@ -1,4 +1,4 @@
-"""The Transformer, Transformer+ReZero, NeuTRENO and similarity-removal encoders: one post-LN block with small override hooks, fused attention through `scaled_dot_product_attention`, registered as variants of the shared encoder contract.
+"""The Transformer, Transformer+ReZero, NeuTRENO and similarity-removal encoders: one post-LN block with small override hooks, fused attention through `scaled_dot_product_attention`; the variants built from them are registered in [Models](05_models.ipynb).
 
 Docs: https://transject-nb.github.io/transject_nb/baselines.html.md"""
 
@@ -10,16 +10,16 @@ import math
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['NORMS', 'BASELINES', 'SoftmaxConfig', 'attention_probs', 'SoftmaxBlock', 'NeuTRENOBlock', 'SimilarityRemovalBlock',
+__all__ = ['NORMS', 'SoftmaxConfig', 'attention_probs', 'SoftmaxBlock', 'NeuTRENOBlock', 'SimilarityRemovalBlock',
            'SoftmaxEncoder', 'NeuTRENOEncoder', 'SimilarityRemovalEncoder', 'attention_maps', 'layer_measure']
 
 # %% ../nbs/04_baselines.ipynb #906d6dc5
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .core import (PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe, register_variant)
+from .core import PAD_ID, EncoderConfig, EncoderClassifier, check_choice, sinusoidal_pe
 from .gradflow import mean_pairwise_cosine
-from .similarity import remove_similarity, token_similarity
+from .similarity import remove_similarity
 
 # %% ../nbs/04_baselines.ipynb #53616a14
 NORMS = ('post', 'pre', 'none')
@@ -55,7 +55,7 @@ class SoftmaxConfig(EncoderConfig):
         if not 0 <= real('tau') <= 1: raise ValueError(f"tau (similarity removal τ) must lie in [0, 1], got {self.tau}")
         for k in ('sym', 'rezero'):
             if not isinstance(getattr(self, k), bool): raise ValueError(f"config field {k} must be a bool, got {getattr(self, k)!r}")
-        if self.norm not in NORMS: raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        check_choice(self.norm, NORMS, 'norm')
 
 # %% ../nbs/04_baselines.ipynb #601c2953
 def attention_probs(
@@ -209,18 +209,6 @@ class NeuTRENOEncoder(SoftmaxEncoder):
 class SimilarityRemovalEncoder(SoftmaxEncoder):
     "Similarity-removal encoder: `SoftmaxEncoder` with `SimilarityRemovalBlock`s (uses `cfg.tau`)."
     Block = SimilarityRemovalBlock
-
-# %% ../nbs/04_baselines.ipynb #09c39ebf
-register_variant('transformer', SoftmaxConfig, SoftmaxEncoder,
-                 doc='post-LN softmax Transformer (Vaswani et al., 2017)', norm='post', rezero=False, lam=0.0, tau=0.0)
-register_variant('transformer-rezero', SoftmaxConfig, SoftmaxEncoder,
-                 doc='Transformer with ReZero residuals, α=0 at init, no LayerNorm (Bachlechner et al., 2021)',
-                 norm='none', rezero=True, lam=0.0, tau=0.0)
-register_variant('neutreno', SoftmaxConfig, NeuTRENOEncoder,
-                 doc='NeuTRENO: post-LN Transformer + λ(V⁰ − V) per head (Nguyen et al., 2023)', norm='post', rezero=False, tau=0.0)
-register_variant('similarity-removal', SoftmaxConfig, SimilarityRemovalEncoder,
-                 doc='post-LN Transformer with (I − τ·11ᵀ/n) on the attention output (Yu & Zhang, 2023)', norm='post', rezero=False, lam=0.0)
-BASELINES = ('transformer', 'transformer-rezero', 'neutreno', 'similarity-removal')
 
 # %% ../nbs/04_baselines.ipynb #e106ff36
 @torch.no_grad()

@@ -6,21 +6,21 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, dataclasses, importlib.resources, math, os, re, sys, tempfile, time
+import configparser, importlib.resources, math, os, re, sys, tempfile, time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
-           'EncoderConfig', 'EncoderClassifier', 'check_choice', 'VariantSpec', 'register_variant', 'variant_spec',
-           'config_fields', 'build_config', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file',
-           'settings_files', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
+           'EncoderConfig', 'EncoderClassifier', 'check_choice', 'VariantSpec', 'register_variant',
+           'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save', 'preset_section',
+           'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook', 'interactive_output',
+           'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 # %% ../nbs/00_core.ipynb #5d8f88be
 PAD_ID = 0  # token id reserved for padding in every model and loader
@@ -153,31 +153,52 @@ def check_choice(
 
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
-    "A registered variant: its config class, model class, the fields its name fixes, and a one-line description."
-    name:str
-    config_cls:type
-    model_cls:type
-    fixed:dict
-    doc:str
+    "A registered variant: what builds it, what its name fixes, its family, its knob and a one-line description."
+    name:str          # the public name, e.g. 'entropic-transject'
+    config_cls:type   # dataclass of its config, a subclass of `EncoderConfig`
+    model_cls:type    # `EncoderClassifier` subclass built from that config
+    fixed:dict        # config fields the name fixes
+    doc:str           # one line for the variants table
+    family:str        # the model family, e.g. 'transject' or 'softmax'
+    knob:str|None     # what the explorers turn: a config field, 'alpha' (every layer's residual weight) or None
 
-_REGISTRY:dict = {}
+_REGISTRY:dict = {}   # name -> VariantSpec, in registration order
 
 def register_variant(
-    name:str,          # the variant's public name, e.g. 'entropic-transject'
-    config_cls:type,   # dataclass of its config, a subclass of `EncoderConfig`
-    model_cls:type,    # `EncoderClassifier` subclass built from that config
-    doc:str='',        # one line for the variants table
-    **fixed,           # config fields the name fixes
-):
-    "Register a named variant so that `create_model` can build it."
+    name:str,              # the variant's public name, e.g. 'entropic-transject'
+    config_cls:type,       # dataclass of its config, a subclass of `EncoderConfig`
+    model_cls:type,        # `EncoderClassifier` subclass built from that config
+    doc:str='',            # one line for the variants table
+    family:str|None=None,  # the model family; default: the config class's name without 'Config', lower case
+    knob:str|None=None,    # a config field, or 'alpha' for every layer's residual weight, or None
+    **fixed,               # config fields the name fixes
+)->VariantSpec:
+    "Register a named variant so that `create_model` can build it; registering a name again replaces its entry in place."
     names = {f.name for f in fields(config_cls)}
     if bad := set(fixed) - names: raise ValueError(f"{name}: fixed fields {sorted(bad)} are not fields of {config_cls.__name__}")
-    _REGISTRY[name] = VariantSpec(name, config_cls, model_cls, dict(fixed), doc)
+    if knob is not None and knob != 'alpha' and knob not in names:
+        raise ValueError(f"{name}: knob {knob!r} is neither a field of {config_cls.__name__} nor 'alpha' (the residual weight)")
+    if knob in fixed: raise ValueError(f"{name}: knob {knob!r} is one of the fields the name fixes, {fixed}")
+    family = family or config_cls.__name__.removesuffix('Config').lower()
+    _REGISTRY[name] = VariantSpec(name, config_cls, model_cls, dict(fixed), doc, family, knob)
     return _REGISTRY[name]
 
-def variant_spec(name:str)->VariantSpec:
-    "The registered spec of `name`, or a clear error listing the valid names."
-    return _REGISTRY[check_choice(name, _REGISTRY, 'variant')]
+# %% ../nbs/00_core.ipynb #2177d986
+def registered_variants(
+    family:str|None=None,  # only the variants of this family; None: all
+)->tuple:                  # names, in registration order
+    "The names of the registered variants, in the order they were registered (the package's in its table's order)."
+    return tuple(n for n, s in _REGISTRY.items() if family is None or s.family == family)
+
+def variant_spec(
+    name:str,              # a registered variant's name
+)->VariantSpec:
+    "The registered entry of `name`, or a clear error listing the valid names."
+    if name in _REGISTRY: return _REGISTRY[name]
+    try: check_choice(name, _REGISTRY, 'variant')
+    except ValueError as e:
+        if 'transject_nb.models' in sys.modules: raise
+        raise ValueError(f"{e} (the package's own variants are registered by `import transject_nb.models`, which has not run)") from None
 
 # %% ../nbs/00_core.ipynb #fef8ed75
 def config_fields(cfg_cls:type)->list:

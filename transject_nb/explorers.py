@@ -18,13 +18,14 @@ import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
-from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, unwrap, set_residual_weight, residual_weights,
+from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, unwrap, set_residual_weight,
                                    activation_bounds, layer_measures, plot_activation_bounds, plot_layer_curves)
-from .gradflow import attention_flow, mean_pairwise_cosine, spread
+from .core import check_choice, variant_spec
+from .gradflow import attention_flow, spread
+from .models import VARIANTS, create_model
 
 # %% ../nbs/09a_explorers.ipynb #4cb0d3a9
-KNOBS = {'transject': 'alpha', 'entropic-transject': 'alpha', 'random-transject': 'alpha', 'random-entropic-transject': 'alpha',
-         'transformer': None, 'transformer-rezero': 'alpha', 'neutreno': 'lam', 'similarity-removal': 'tau'}
+KNOBS = {v: variant_spec(v).knob for v in VARIANTS}   # variant -> 'alpha', the config field it turns, or None: from the table of variants
 KNOB_LABELS = {'alpha': 'α', 'lam': 'λ', 'tau': 'τ', None: '(none)'}
 
 def _live_frontend()->bool:
@@ -49,11 +50,9 @@ def explorer_model(
     seed:int=0,           # seed of the random weights
 ):                        # a randomly initialised model, in eval mode
     "A random model of `variant` with its knob (α, λ or τ) set."
-    from transject_nb.models import create_model
-    if variant not in KNOBS: raise ValueError(f"unknown variant {variant!r}; valid variants are: {', '.join(KNOBS)}")
-    field = KNOBS[variant]
+    field = KNOBS[check_choice(variant, KNOBS, 'variant')]
     cfg = dict(d_model=d_model, n_layers=n_layers, max_len=1024)
-    if knob is not None and field in ('lam', 'tau'): cfg[field] = float(knob)
+    if knob is not None and field not in (None, 'alpha'): cfg[field] = float(knob)   # a config field: λ, τ
     torch.manual_seed(seed)
     m = create_model(variant, vocab_sz, 2, **cfg)
     if knob is not None and field == 'alpha': set_residual_weight(m, float(knob))
@@ -88,6 +87,7 @@ def plot_profile(
     fig.tight_layout()
     return fig
 
+# %% ../nbs/09a_explorers.ipynb #9dab6607
 def plot_variant_explorer(
     variant:str='transject',  # one of `VARIANTS`, or a key of `models`
     n_layers:int=6,           # depth (random models)
@@ -111,19 +111,19 @@ def plot_variant_explorer(
         title = f"{variant}, {n_layers} random layers" + (f", {KNOB_LABELS[f]} = {knob:g}" if f else '')
     return plot_profile(layer_profile(obj, text, tokenizer), title=title)
 
+# %% ../nbs/09a_explorers.ipynb #78fb5bf7
 def variant_explorer(
     tokenizer=None,        # tokenizer for the random models; default: one trained on the sample reviews and the text
     models:dict|None=None, # name -> loaded model or `Learner`, added to the variant menu
 ):                         # an `ipywidgets.interactive`; display it in a notebook
     "Widget: pick the variant, depth, knob (α, λ or τ), seed and text, and redraw `plot_variant_explorer`."
     import ipywidgets as w
-    from transject_nb.models import VARIANTS
     models = models or {}
     tokenizers = {}
     def draw(variant, n_layers, knob, seed, text):
         tk = tokenizer
         if tk is None and variant not in models: tk = tokenizers.setdefault(text, default_tokenizer([text]))
-        fig = plot_variant_explorer(variant, n_layers, knob, text, seed, tk, models)
+        plot_variant_explorer(variant, n_layers, knob, text, seed, tk, models)
         plt.show()
         return None
     return w.interactive(draw, {'manual': not _live_frontend()},                            # no frontend: no drawing until asked
@@ -158,6 +158,7 @@ def flow_trajectories(
     return {'attention': [u.numpy() for u in attention_flow(u0, Wq, None, steps, 0.)],
             f'fidelity λ={lam:g}': [u.numpy() for u in attention_flow(u0, Wq, None, steps, lam)]}
 
+# %% ../nbs/09a_explorers.ipynb #df27ce27
 def plot_flow_step(
     traj:dict,            # the result of `flow_trajectories`
     step:int=-1,          # which iteration to show (-1: the last)
@@ -182,6 +183,7 @@ def plot_flow_step(
     fig.tight_layout()
     return fig
 
+# %% ../nbs/09a_explorers.ipynb #bf5c35d3
 def plot_flow_explorer(
     step:int=30,          # iteration to show
     lam:float=0.6,        # fidelity weight λ

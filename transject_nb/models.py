@@ -10,15 +10,37 @@ import torch
 import torch.nn as nn
 
 # %% auto #0
-__all__ = ['VARIANTS', 'create_model', 'variants_table', 'preset_config', 'n_params', 'check_contract']
+__all__ = ['VARIANTS', 'BASELINES', 'create_model', 'variants_table', 'preset_config', 'n_params', 'check_contract']
 
 # %% ../nbs/05_models.ipynb #a388b933
-from .core import _REGISTRY, EncoderClassifier, build_config, config_fields, load_preset, variant_spec
-from . import transject, baselines  # importing them registers their variants
+from .core import (EncoderClassifier, build_config, config_fields, load_preset, register_variant,
+                               registered_variants, variant_spec)
+from .transject import TransJectConfig, TransJect
+from .baselines import SoftmaxConfig, SoftmaxEncoder, NeuTRENOEncoder, SimilarityRemovalEncoder
 
 # %% ../nbs/05_models.ipynb #c4441998
-VARIANTS = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject') + baselines.BASELINES
-assert all(v in _REGISTRY for v in VARIANTS), "a package variant is not registered"
+_PACKAGE = (
+    register_variant('transject', TransJectConfig, TransJect, knob='alpha', sigma='approx', residual='plain',
+        doc='TransJect: orthogonal attention XUΣV, Σ from a learned eigenbasis of X⁰ᵀX⁰, injective residuals (Sengupta, Akhtar & Chakraborty, 2023)'),
+    register_variant('entropic-transject', TransJectConfig, TransJect, knob='alpha', sigma='approx', residual='entropic',
+        doc='TransJect with the entropic residual (Eq. 4): a random case per channel while training, its expectation x+F in eval'),
+    register_variant('random-transject', TransJectConfig, TransJect, knob='alpha', sigma='random', residual='plain',
+        doc='TransJect with a learned input-independent Σ: no token mixing before pooling'),
+    register_variant('random-entropic-transject', TransJectConfig, TransJect, knob='alpha', sigma='random', residual='entropic',
+        doc='random-Σ TransJect with the entropic residual'),
+    register_variant('transformer', SoftmaxConfig, SoftmaxEncoder, knob=None, norm='post', rezero=False, lam=0.0, tau=0.0,
+        doc='post-LN softmax Transformer (Vaswani et al., 2017)'),
+    register_variant('transformer-prenorm', SoftmaxConfig, SoftmaxEncoder, knob=None, norm='pre', rezero=False, lam=0.0, tau=0.0,
+        doc='pre-LN softmax Transformer, h + F(LN(h)), no final LayerNorm (Xiong et al., 2020)'),
+    register_variant('transformer-rezero', SoftmaxConfig, SoftmaxEncoder, knob='alpha', norm='none', rezero=True, lam=0.0, tau=0.0,
+        doc='Transformer with ReZero residuals, α=0 at init, no LayerNorm (Bachlechner et al., 2021)'),
+    register_variant('neutreno', SoftmaxConfig, NeuTRENOEncoder, knob='lam', norm='post', rezero=False, tau=0.0,
+        doc='NeuTRENO: post-LN Transformer + λ(V⁰ − V) per head (Nguyen et al., 2023)'),
+    register_variant('similarity-removal', SoftmaxConfig, SimilarityRemovalEncoder, knob='tau', norm='post', rezero=False, lam=0.0,
+        doc='post-LN Transformer with (I − τ·11ᵀ/n) on the attention output (Yu & Zhang, 2023)'),
+)
+VARIANTS = tuple(s.name for s in _PACKAGE)                                # the package's variants, in the table's order
+BASELINES = tuple(s.name for s in _PACKAGE if s.family == 'softmax')      # the softmax-attention ones
 
 # %% ../nbs/05_models.ipynb #6fb2b347
 def create_model(
@@ -33,11 +55,11 @@ def create_model(
 
 # %% ../nbs/05_models.ipynb #27eaecb2
 def variants_table()->pd.DataFrame:
-    "One row per variant: its family (config class), the fields its name fixes, and what it is."
+    "One row per registered variant, the package's first: its family, the fields its name fixes, its knob and what it is."
     import pandas as pd
-    return pd.DataFrame([dict(variant=s.name, family=s.config_cls.__name__.removesuffix('Config'),
-                              fixes=', '.join(f"{k}={v!r}" for k, v in s.fixed.items()), description=s.doc)
-                         for s in map(variant_spec, VARIANTS + tuple(v for v in _REGISTRY if v not in VARIANTS))]).set_index('variant')
+    names = VARIANTS + tuple(v for v in registered_variants() if v not in VARIANTS)
+    return pd.DataFrame([dict(variant=s.name, family=s.family, fixes=', '.join(f"{k}={v!r}" for k, v in s.fixed.items()),
+                              knob=s.knob or '', description=s.doc) for s in map(variant_spec, names)]).set_index('variant')
 
 # %% ../nbs/05_models.ipynb #62628294
 def preset_config(

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/transject.html.md"""
 
 # %% ../nbs/02_transject.ipynb #d8dd3202
 from __future__ import annotations
-import contextlib, math
+import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import orthogonal
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import EncoderConfig, EncoderClassifier, register_variant, sinusoidal_pe, masked_pool, PAD_ID
+from .core import EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID
 from .bounds import layer_bounds, transject_bounds
 
 # %% ../nbs/02_transject.ipynb #53d039cf
@@ -381,14 +381,6 @@ class TransJect(EncoderClassifier):
     def alphas(self)->torch.Tensor: # `(L,)` α_l = tanh(w_l) of every layer
         "The residual weights $\\alpha_1..\\alpha_L$."
         return torch.stack([b.alpha() for b in self.blocks])
-
-# %% ../nbs/02_transject.ipynb #18b6c6f3
-for _name, _sigma, _residual, _doc in (
-    ('transject', 'approx', 'plain', 'TransJect: orthogonal attention XUΣV, Σ from a learned eigenbasis of X⁰ᵀX⁰, injective residuals (Sengupta, Akhtar & Chakraborty, 2023)'),
-    ('entropic-transject', 'approx', 'entropic', 'TransJect with the entropic residual (Eq. 4): a random case per channel while training, its expectation x+F in eval'),
-    ('random-transject', 'random', 'plain', 'TransJect with a learned input-independent Σ: no token mixing before pooling'),
-    ('random-entropic-transject', 'random', 'entropic', 'random-Σ TransJect with the entropic residual')):
-    register_variant(_name, TransJectConfig, TransJect, doc=_doc, sigma=_sigma, residual=_residual)
 
 # %% ../nbs/02_transject.ipynb #3ca0e608
 def token_distance_ratios(
