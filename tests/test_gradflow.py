@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from transject_nb.gradflow import (attention_flow, attention_kernel, attention_update, dobrushin, energy_grad, euler_step,
+from transject_nb.gradflow import (attention_flow, attention_kernel, attention_update, dobrushin, energy_grad, estimate_cosine, euler_step,
                                    grad_cosine, mean_pairwise_cosine, neutreno_fixed_point, nonlocal_energy, spread,
                                    stationary_distribution)
 
@@ -126,3 +126,24 @@ def test_mean_pairwise_cosine():
     assert mean_pairwise_cosine(torch.ones(4, 3)).item() == pytest.approx(1.0)
     assert mean_pairwise_cosine(torch.randn(1, 3)).item() == 1.0        # a single token
     assert torch.isnan(mean_pairwise_cosine(torch.full((4, 3), float('nan')))).item()   # NaN propagates
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 16), D=st.integers(1, 8), scale=st.floats(0.1, 2.0))
+def test_estimate_cosine_is_table4(seed, n, D, scale):
+    "NeuTRENO's Table 4: cosine of sum_j (u_i - u_j) exp(k_i.k_j) and sum_j (u_i - u_j) exp(q_i.k_j), per token."
+    u, keys, queries = _draw(seed, n, D, scale)
+    g_sym = ((u[:, None] - u[None]) * attention_kernel(keys)[..., None]).sum(1)
+    g_asym = ((u[:, None] - u[None]) * attention_kernel(queries, keys)[..., None]).sum(1)
+    want = torch.nn.functional.cosine_similarity(g_sym, g_asym, dim=-1)
+    ok = (g_sym.norm(dim=-1) > 1e-9) & (g_asym.norm(dim=-1) > 1e-9)
+    torch.testing.assert_close(estimate_cosine(u, queries, keys)[ok], want[ok], rtol=1e-9, atol=1e-9)
+    ok_s = g_sym.norm(dim=-1) > 1e-9
+    torch.testing.assert_close(estimate_cosine(u, keys, keys)[ok_s], torch.ones(int(ok_s.sum()), dtype=torch.float64), rtol=0, atol=1e-9)
+
+
+def test_estimate_cosine_masks_padding_and_checks_shapes():
+    u, keys, queries = _draw(0, 10, 4)
+    mask = torch.arange(10) < 7
+    torch.testing.assert_close(estimate_cosine(u, queries, keys, mask)[:7], estimate_cosine(u[:7], queries[:7], keys[:7]))
+    with pytest.raises(ValueError, match='same shape'): estimate_cosine(u, queries, keys[:, :2])

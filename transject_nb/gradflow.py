@@ -10,8 +10,8 @@ import math
 
 # %% auto #0
 __all__ = ['attention_kernel', 'nonlocal_energy', 'energy_grad', 'euler_step', 'attention_update', 'grad_cosine',
-           'asymmetry_sweep', 'stationary_distribution', 'dobrushin', 'spread', 'mean_pairwise_cosine',
-           'attention_flow', 'plot_cosine_curves', 'neutreno_fixed_point']
+           'asymmetry_sweep', 'estimate_cosine', 'stationary_distribution', 'dobrushin', 'spread',
+           'mean_pairwise_cosine', 'attention_flow', 'plot_cosine_curves', 'neutreno_fixed_point']
 
 # %% ../nbs/03_gradflow.ipynb #e15381f1
 import torch
@@ -86,6 +86,20 @@ def asymmetry_sweep(
             cs.append(grad_cosine(u, attention_kernel(u @ Wq, u @ Wk)).mean())
         out[e] = torch.stack(cs).mean().item()
     return out
+
+# %% ../nbs/03_gradflow.ipynb #850daaeb
+def estimate_cosine(
+    u:torch.Tensor,                # values `(..., n, D)`
+    q:torch.Tensor,                # queries `(..., n, D)`
+    k:torch.Tensor,                # keys `(..., n, D)`
+    mask:torch.Tensor|None=None,   # `(..., n)` True on real tokens (keys that count), broadcast over heads; None: all
+)->torch.Tensor:                   # per-token cosine `(..., n)` between $g^{\rm sym}_i$ and $g^{\rm asym}_i$
+    "NeuTRENO's Table 4: cosine between the symmetric-kernel estimate $\\sum_j(u_i-u_j)e^{k_i^\\top k_j/\\sqrt D}$ and the asymmetric one $\\sum_j(u_i-u_j)e^{q_i^\\top k_j/\\sqrt D}$."
+    if not (u.shape == q.shape == k.shape): raise ValueError(f"u, q and k must have the same shape (..., n, D), got {tuple(u.shape)}, {tuple(q.shape)}, {tuple(k.shape)}")
+    scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])          # (2, ..., n, n): symmetric, asymmetric
+    if mask is not None: scores = scores.masked_fill(~mask[..., None, :], float('-inf'))
+    steps = u - scores.softmax(-1) @ u                                                    # (2, ..., n, D)  u_i - (PU)_i
+    return F.cosine_similarity(steps[0], steps[1], dim=-1)
 
 # %% ../nbs/03_gradflow.ipynb #351e5a8b
 def stationary_distribution(
