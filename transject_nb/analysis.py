@@ -8,10 +8,10 @@ Docs: https://transject-nb.github.io/transject_nb/analysis.html.md"""
 from __future__ import annotations
 import contextlib, math, re
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 # %% auto #0
-__all__ = ['PAPER_SENTENCE', 'PAPER_PAIRS', 'SAMPLE_TEXTS', 'SAMPLE_LABELS', 'DEFAULT_MEASURES', 'unwrap', 'inference',
+__all__ = ['PAPER_SENTENCE', 'PAPER_PAIRS', 'SAMPLE_TEXTS', 'SAMPLE_LABELS', 'DEFAULT_MEASURES', 'tokenizer_of', 'inference',
            'token_ids', 'batches', 'forward_layers', 'hidden_states', 'word_tokenizer', 'set_residual_weight',
            'residual_weights', 'token_strings', 'locate_word', 'token_pair_stats', 'plot_token_pairs', 'layer_measures',
            'oversmoothing_curve', 'plot_layer_curves', 'spectral_gap', 'attention_spectrum', 'plot_attention_spectrum',
@@ -26,35 +26,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from fastprogress.fastprogress import progress_bar
-from .core import PAD_ID, EncoderClassifier
+from .core import PAD_ID, unwrap
 from .gradflow import mean_pairwise_cosine, nonlocal_energy
 from .similarity import token_similarity, token_diversity, deflate
 from .bounds import layer_bounds
-from .transject import token_distance_ratios    # before baselines: the registry keeps TransJect's variants first
-from .baselines import attention_maps
+from .transject import token_distance_ratios
 from .data import TokenSplit, pad_batch
 
 # %% ../nbs/09_analysis.ipynb #081467be
-def _tokenizer_of(learn):
-    "The tokenizer attached to a `Learner` (or its `dls`, or the data they came from), or None."
-    for obj in (learn, getattr(learn, 'dls', None), getattr(getattr(learn, 'dls', None), 'data', None),
-                getattr(getattr(learn, 'dls', None), 'task', None), getattr(learn, 'data', None)):
+def tokenizer_of(
+    model_or_learner,  # a model, or a fastai `Learner` (anything with `.model`)
+):                     # the tokenizer attached to the learner, its `dls`, or the data they came from; None if there is none
+    "The tokenizer a `Learner` carries (None for a bare model): what the analyses use for texts when no `tokenizer=` is given."
+    learn = model_or_learner
+    if isinstance(learn, nn.Module): return None
+    dls = getattr(learn, 'dls', None)
+    for obj in (learn, dls, getattr(dls, 'data', None), getattr(dls, 'task', None), getattr(learn, 'data', None)):
         tok = getattr(obj, 'tokenizer', None)
         if tok is not None: return tok
     return None
-
-def unwrap(
-    model_or_learner,  # an `EncoderClassifier`, or a fastai `Learner` (anything with `.model`) holding one
-)->tuple:              # `(model, tokenizer)`; the tokenizer is None unless the learner carries one
-    "The encoder inside a `Learner` (or the model itself), unwrapped from `torch.compile`/`DataParallel`, and the learner's tokenizer."
-    m, tok = model_or_learner, None
-    if not isinstance(m, nn.Module) and hasattr(m, 'model'):
-        tok, m = _tokenizer_of(m), m.model
-    m = getattr(m, '_orig_mod', m)                                                     # torch.compile
-    if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
-    if not isinstance(m, EncoderClassifier):
-        raise TypeError(f"expected an EncoderClassifier (from create_model) or a fastai Learner holding one, got {type(model_or_learner).__name__}")
-    return m, tok
 
 @contextlib.contextmanager
 def inference(
@@ -154,8 +144,7 @@ def forward_layers(
     keep_attn:bool=False,   # also record softmax attention probabilities in `ctx['attn']`
 ):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`, `n_layers + 1` states `(b, n, d)`, mask `(b, n)`, the context dict
     "Run the model over a data set in eval mode without gradients, yielding every layer's states per batch."
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     with inference(model, device) as dev:
         for x in batches(data, bs, tokenizer, model.cfg.max_len, progress):
             x = x.to(dev)
@@ -228,7 +217,7 @@ def set_residual_weight(
     alpha:float,       # the value of α for every layer
 ):                     # the model, changed in place
     "Set every layer's residual weight α of a TransJect or ReZero model."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     blocks = list(model.blocks)
     with torch.no_grad():
         if all(hasattr(b, 'alpha_raw') for b in blocks):                               # TransJect: α = tanh(w)
@@ -243,7 +232,7 @@ def residual_weights(
     model_or_learner,  # any encoder
 )->list|None:          # α of every layer, or None when the model has none
     "The residual weights α of every layer (TransJect: tanh(w_l); ReZero: α_l), or None."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     with torch.no_grad():
         if hasattr(model, 'alphas'): return [float(a) for a in model.alphas()]
         if all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in model.blocks): return [float(b.alpha) for b in model.blocks]
@@ -284,8 +273,7 @@ def token_pair_stats(
     device=None,             # where to run
 )->pd.DataFrame:             # one row per (layer, pair): `layer, pair, i, j, distance, cosine, ratio`
     "Euclidean distance and cosine similarity of chosen token pairs at every layer (TransJect Fig. 1)."
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     hs, _ = hidden_states(model, token_ids(text, tokenizer), tokenizer, device)
     n = hs[0].shape[1]
     idx = []
@@ -600,7 +588,7 @@ def activation_bounds(
     progress:bool|None=None, # progress bar
 )->pd.DataFrame:             # index `layer` (0..L): measured `lo`, `hi` over all token pairs; Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
     "Smallest and largest token distance ratio (layer l against layer 0) over a data set, beside Theorem 2's bounds (TransJect Fig. 5c)."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     lo = hi = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         if int(mask.sum(-1).max()) < 2: continue                                      # no pair of real tokens in this batch
@@ -648,8 +636,7 @@ def isomap_layers(
     "Isomap projections of the tokens of one text, layer by layer (TransJect Fig. 6)."
     from sklearn.manifold import Isomap
     from scipy.linalg import orthogonal_procrustes
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     x = token_ids(text, tokenizer)
     if x.shape[0] != 1: raise ValueError(f"isomap_layers projects the tokens of one text; got a batch of {x.shape[0]}")
     hs, mask = hidden_states(model, x, tokenizer, device)

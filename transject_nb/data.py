@@ -6,9 +6,9 @@ Docs: https://transject-nb.github.io/transject_nb/data.html.md"""
 
 # %% ../nbs/06_data.ipynb #e559f24a
 from __future__ import annotations
-import csv, dataclasses, gzip, hashlib, io, json, logging, math, os, random, socket, statistics, tempfile, time, warnings
+import csv, dataclasses, gzip, hashlib, json, logging, math, os, random, socket, statistics, time, warnings
 from array import array
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -31,7 +31,7 @@ from fastai.data.transforms import Categorize
 from fastai.text.data import TensorText
 from fastprogress.fastprogress import progress_bar
 from sklearn.model_selection import train_test_split
-from .core import PAD_ID, TASKS, atomic_save
+from .core import PAD_ID, TASKS, atomic_save, check_choice
 
 # %% ../nbs/06_data.ipynb #f3652bce
 logger = logging.getLogger('transject_nb')
@@ -224,12 +224,12 @@ def listops_value(t)->int:
     "The value of a tree, with LRA's semantics (MED is `int(np.median)`, SM is the sum mod 10)."
     if isinstance(t, int): return t
     op, kids = t
+    check_choice(op, LISTOPS_OPS, 'ListOps operator')
     vals = [listops_value(k) for k in kids]
     if op == '[MIN': return min(vals)
     if op == '[MAX': return max(vals)
     if op == '[MED': return int(statistics.median(vals))  # = int(np.median(vals)): the mean of the middle two, truncated
-    if op == '[SM': return int(np.sum(vals) % 10)
-    raise ValueError(f"unknown ListOps operator {op!r}")
+    return int(np.sum(vals) % 10)                         # '[SM'
 
 def listops_tokens(t, out:list|None=None)->list:
     "The compact token sequence of a tree: `[MAX 2 9 ]` (no parentheses)."
@@ -618,12 +618,11 @@ class ListOpsTokenizer:
 
 def tokenizer_from_state(state:dict):
     "Rebuild a tokenizer saved with `.state()`."
-    if state['kind'] == 'bytes': return ByteTokenizer()
-    if state['kind'] == 'listops': return ListOpsTokenizer()
-    if state['kind'] == 'wordpiece':
-        from tokenizers import Tokenizer
-        return WordPieceTokenizer(Tokenizer.from_str(state['json']), state.get('origin', ''))
-    raise ValueError(f"unknown tokenizer kind {state['kind']!r}")
+    kind = check_choice(state['kind'], ('bytes', 'listops', 'wordpiece'), 'tokenizer kind')
+    if kind == 'bytes': return ByteTokenizer()
+    if kind == 'listops': return ListOpsTokenizer()
+    from tokenizers import Tokenizer
+    return WordPieceTokenizer(Tokenizer.from_str(state['json']), state.get('origin', ''))
 
 # %% ../nbs/06_data.ipynb #57bbee4f
 BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'  # bert-base-uncased vocab.txt
@@ -810,7 +809,7 @@ def load_task(
     **task_kwargs,            # imdb/agnews: vocab_size (trained vocab); agnews: test_pct; listops: `ListOpsConfig` fields, prefix, verify
 )->TaskData:                  # the numericalised train/valid/test splits and their tokenizer
     "Load a task as numericalised train, valid and test splits, from the cache when possible."
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
+    check_choice(task, TASKS, 'task')
     if bad := [k for k in task_kwargs if k not in _TASK_KW[task]]:
         raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; valid: {', '.join(_TASK_KW[task]) or 'none'}")
     if vocab is not None and task not in ('imdb', 'agnews'): raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
@@ -819,7 +818,7 @@ def load_task(
     for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items():
         if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"{k} must be a positive int or None, got {v!r}")
     if not 0 < valid_pct < 1: raise ValueError(f"valid_pct must lie in (0, 1), got {valid_pct}")
-    notes, warn_notes = [], []
+    notes = []
 
     # --- what the result depends on -------------------------------------------------------------
     gen = task == 'listops' and source is None

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/transject.html.md"""
 
 # %% ../nbs/02_transject.ipynb #d8dd3202
 from __future__ import annotations
-import contextlib, math
+import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import orthogonal
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import EncoderConfig, EncoderClassifier, register_variant, sinusoidal_pe, masked_pool, PAD_ID
+from .core import EncoderConfig, EncoderClassifier, register_variant, sinusoidal_pe, PAD_ID
 from .bounds import layer_bounds, transject_bounds
 
 # %% ../nbs/02_transject.ipynb #53d039cf
