@@ -217,6 +217,7 @@ class TrainConfig:
         check_choice(self.sched, SCHEDS, 'schedule')
         check_choice(self.amp, AMP_MODES, 'amp mode')
 
+# %% ../nbs/07_learner.ipynb #91b17cba
 @dataclass
 class DataConfig:
     "Which data: sizes, validation share, data seed, a local source, and the ListOps generator's tree shape (see `data.load_task`)."
@@ -263,6 +264,7 @@ def _preset_kind(preset:str)->str:
     check_choice(preset, PRESETS, 'preset')
     return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
 
+# %% ../nbs/07_learner.ipynb #e86a8961
 def resolve_config(
     task:str,           # one of `TASKS`
     variant:str,        # one of `VARIANTS`
@@ -407,6 +409,7 @@ class TrainCheckpoint(Callback):
         if n_done and not rank_distrib(): atomic_save(self._record(True, n_done - 1), self.file)
         self.state, self.active = None, False
 
+# %% ../nbs/07_learner.ipynb #f0caaa8a
 class HistoryCSV(CSVLogger):
     "fastai's `CSVLogger` (every epoch's row to `history.csv`) that opens the file only to write a row, so that no open file lives in the Learner."
     _only_train_loop = True   # `learn.summary()` must not rewrite the history
@@ -453,6 +456,7 @@ class ModelRecipe:
         m.load_state_dict(self.state)
         return m.train(self.training)
 
+# %% ../nbs/07_learner.ipynb #d9678ad9
 class TaskLearner(Learner):
     "A fastai `Learner` that knows its task: it carries the tokenizer, class names and config, so that `predict` takes raw text."
     @contextmanager
@@ -538,6 +542,7 @@ def _amp_cb(amp:str, device:torch.device):
     if amp == 'auto': amp = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
     return MixedPrecision(amp_mode=amp)
 
+# %% ../nbs/07_learner.ipynb #5882c96c
 def get_learner(
     task:str,                 # one of `TASKS`
     variant:str,              # one of `VARIANTS`
@@ -604,6 +609,7 @@ def _check_resumable(learn:Learner, st:dict, file:Path):
     if diff: raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
                               f"Use another path, or resume=False to start over")
 
+# %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
