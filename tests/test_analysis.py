@@ -170,6 +170,16 @@ def test_functional_J_uniform_is_diversity():
     assert list(Ja.index) == [1, 2, 3] and np.isfinite(Ja).all() and (Ja > 0).all()
 
 
+def test_functional_J_at_output_is_the_same_kernel_after_the_block():
+    m0 = make('transformer-rezero', L=2, alpha=0.)                  # alpha = 0: every block is the identity
+    np.testing.assert_allclose(functional_J(m0, SAMPLE_TEXTS, kernel='attention', at='output', tokenizer=TOK).values,
+                               functional_J(m0, SAMPLE_TEXTS, kernel='attention', tokenizer=TOK).values, rtol=1e-10)
+    m = make('transformer', L=2)
+    Jo, Ji = (functional_J(m, SAMPLE_TEXTS, kernel='attention', at=a, tokenizer=TOK) for a in ('output', 'input'))
+    assert list(Jo.index) == [1, 2] and not np.allclose(Jo.values, Ji.values)
+    with pytest.raises(ValueError, match="at must be 'input' or 'output'"): functional_J(m, SAMPLE_TEXTS, kernel='attention', at='mid', tokenizer=TOK)
+
+
 def test_expert_weights_and_bounds_of_transject():
     m = make('transject', L=3)
     ew = expert_weights(m, SAMPLE_TEXTS[:4], tokenizer=TOK)

@@ -162,3 +162,87 @@ def test_plot_bounds():
     matplotlib.use('Agg')
     ax = plot_bounds(range(1, 6))
     assert ax.get_yscale() == 'log' and len(ax.lines) == 5
+
+
+# --- the prose's formulas are the code's ----------------------------------------------------------------------------
+# A formula tied to a bound function in a notebook's prose, written `$TEX$ (`name`)` or `` `name(L)` $=TEX$ ``, is
+# translated to Python and evaluated at L = 1..12 against the function: the prose cannot drift from the code.
+import json, re
+from pathlib import Path
+import sympy
+from sympy.parsing.sympy_parser import parse_expr, standard_transformations, implicit_multiplication_application
+
+BOUND_FNS = {'entropic_gain_bound': entropic_gain_bound, 'transject_bounds': transject_bounds}
+_NAMES = '|'.join(BOUND_FNS)
+_TIED = [re.compile(r'\$(?P<tex>[^$]+)\$\s*\(`(?P<name>' + _NAMES + r')(?:\(L\))?`\)'),       # $TEX$ (`name`)
+         re.compile(r'`(?P<name>' + _NAMES + r')(?:\(L\))?`\s*\$=(?P<tex>[^$]+)\$')]          # `name(L)` $=TEX$
+
+
+def _braced(s, i):
+    "The content of the {...} group (or the single token) starting at s[i], and the index after it."
+    if s[i] != '{': return s[i], i + 1
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {'{': 1, '}': -1}.get(s[j], 0)
+        if depth == 0: return s[i + 1:j], j + 1
+    raise ValueError(f"unbalanced braces in {s!r}")
+
+
+def tex_to_python(tex:str)->str:
+    "The arithmetic of a TeX formula (\\frac, powers, \\bigl( brackets, [a, b] pairs) as a Python expression in L."
+    s = re.sub(r'\\(?:[bB]igg?[lr]?|left|right)(?=[(\[)\]])|\\[,;! ]', '', tex).replace(' ', '')
+    while '\\frac' in s:
+        i = s.index('\\frac'); a, j = _braced(s, i + 5); b, k = _braced(s, j)
+        s = s[:i] + f'(({a})/({b}))' + s[k:]
+    s = re.sub(r'\^\{([^{}]*)\}', r'**(\1)', s)
+    s = re.sub(r'\^(\w)', r'**\1', s)
+    if '\\' in s: raise ValueError(f"cannot translate {tex!r}: {s!r}")
+    return s.replace('[', '(').replace(']', ')')
+
+
+def prose_formulas(nbs:Path=Path(__file__).resolve().parents[1]/'nbs')->list:
+    "`(notebook, cell, name, tex)` for every formula tied to a bound function in the markdown of every notebook."
+    rows = []
+    for nb in sorted(nbs.glob('*.ipynb')):
+        for i, c in enumerate(json.loads(nb.read_text())['cells']):
+            if c['cell_type'] != 'markdown': continue
+            src = ''.join(c['source'])
+            rows += [(nb.name, i, m['name'], m['tex']) for pat in _TIED for m in pat.finditer(src)]
+    return rows
+
+
+def prose_mismatch(name:str, tex:str):
+    "None if the formula equals `name`'s value for L = 1..12, else the first L where it does not."
+    L = sympy.Symbol('L')
+    expr = parse_expr(tex_to_python(tex), {'L': L}, transformations=standard_transformations + (implicit_multiplication_application,))
+    for Lv in range(1, 13):
+        want = BOUND_FNS[name](Lv)
+        got = [float(e.subs(L, Lv)) for e in expr] if isinstance(want, tuple) else float(expr.subs(L, Lv))
+        if not (got == pytest.approx(list(want), rel=1e-12) if isinstance(want, tuple) else got == pytest.approx(want, rel=1e-12)): return Lv
+    return None
+
+
+def test_tex_to_python():
+    assert tex_to_python(r'\bigl((1.5+\frac4L)(1+\frac{1}{L})\bigr)^L') == '((1.5+((4)/(L)))(1+((1)/(L))))**L'
+    assert tex_to_python(r'[(1-\frac1L)^{2L},(1+\frac1L)^{2L}]') == '((1-((1)/(L)))**(2L),(1+((1)/(L)))**(2L))'
+    assert prose_mismatch('entropic_gain_bound', r'\bigl((1.5+\frac4L)(1+\frac1L)\bigr)^L') is None
+    assert prose_mismatch('entropic_gain_bound', r'((1.5+\frac1L)(1+\frac1L))^L') == 1      # the stale formula is caught
+    assert prose_mismatch('transject_bounds', r'[(1-\frac1L)^{2L},(1+\frac1L)^{2L}]') is None
+    assert prose_mismatch('transject_bounds', r'[(1-\frac1L)^{L},(1+\frac1L)^{2L}]') == 2
+
+
+def test_prose_formulas_are_the_code():
+    rows = prose_formulas()
+    assert {name for _, _, name, _ in rows} == set(BOUND_FNS), f"expected formulas tied to {sorted(BOUND_FNS)}, found {rows}"
+    bad = [f"{nb} cell {i}: `{name}` written as ${tex}$, differs at L={Lv}" for nb, i, name, tex in rows if (Lv := prose_mismatch(name, tex))]
+    assert not bad, '\n'.join(bad)
+
+
+def test_docments_formulas_are_the_code():
+    "The formula in each bound function's return docment (what `show_doc` renders) is the function's value."
+    from fastcore.docments import docments
+    for name, fn in BOUND_FNS.items():
+        doc = docments(fn, full=True)['return']['docment']
+        tex = re.search(r'\$=?([^$]+)\$', doc)                                   # the first $...$, a leading '=' dropped
+        assert tex, f"{name}'s return docment has no $formula$: {doc!r}"
+        assert prose_mismatch(name, tex.group(1)) is None, f"{name}'s docment formula ${tex.group(1)}$ is not its value"

@@ -452,6 +452,7 @@ def functional_J(
     data,                    # anything `batches` accepts
     kernel:str='uniform',    # 'uniform' ($K=\mathbf 1\mathbf 1^\top$, any model) or 'attention' ($K=n\bar P^\ell$ at block ℓ's input)
     normalize:bool=True,     # divide by the mean squared token norm (scale-free)
+    at:str='input',          # kernel='attention' only: J of block ℓ's kernel at the block's 'input' $H^{\ell-1}$ or its 'output' $H^\ell$
     tokenizer=None,          # for texts
     device=None,             # where to run
     bs:int=32,               # batch size
@@ -459,6 +460,7 @@ def functional_J(
 )->pd.Series:                # mean over sequences of J, per layer (uniform: layers 0..L) or per block (attention: blocks 1..L)
     "The nonlocal functional J of NeuTRENO's gradient-flow reading, per layer, averaged over a data set."
     if kernel not in ('uniform', 'attention'): raise ValueError(f"kernel must be 'uniform' or 'attention', got {kernel!r}")
+    if at not in ('input', 'output'): raise ValueError(f"at must be 'input' or 'output' (where block ℓ's kernel is evaluated), got {at!r}")
     tot, N = None, 0
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=kernel == 'attention'):
         b, n = mask.shape
@@ -468,9 +470,9 @@ def functional_J(
         else:
             cnt = mask.sum(-1).to(torch.float64)[:, None, None]                       # (b, 1, 1)
             J = torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)  # K = m * head-mean P
-                             for h, A in zip(hs[:-1], ctx['attn'])])                  # (L, b)
+                             for h, A in zip(hs[:-1] if at == 'input' else hs[1:], ctx['attn'])])   # (L, b)
         tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + b
-    s = pd.Series((tot / N).numpy(), name=f'J ({kernel})')
+    s = pd.Series((tot / N).numpy(), name=f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})')
     s.index = pd.RangeIndex(0 if kernel == 'uniform' else 1, len(s) + (0 if kernel == 'uniform' else 1), name='layer' if kernel == 'uniform' else 'block')
     return s
 

@@ -1,4 +1,4 @@
-"""Why repeated self-attention makes tokens alike (the invariant eigenspace span{1} and the spectral gap), how to measure it, and the surgical fix Y = (I − τΠ₁)·attention of Yu & Zhang, placed where a post-norm block needs it.
+"""Why repeated self-attention makes tokens alike (the invariant eigenspace span{1} and the spectral gap), how to measure it, and Yu & Zhang's surgical fix (I − τΠ₁), and where we place it in a post-norm block.
 
 Docs: https://transject-nb.github.io/transject_nb/similarity.html.md"""
 
