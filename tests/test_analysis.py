@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from hypothesis import given, strategies as st
 
-from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, variant_spec
+from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, unwrap, variant_spec
 from transject_nb.models import BASELINES, VARIANTS
 from transject_nb.data import ByteTokenizer, TokenSplit
 from transject_nb.analysis import (
@@ -19,7 +19,7 @@ from transject_nb.analysis import (
     forward_layers, functional_J, gaussian_entropy, hidden_states, inference, isomap_layers, layer_entropy, layer_measures,
     locate_word, oversmoothing_curve, paper_entropy, plot_activation_bounds, plot_attention_spectrum, plot_expert_weights,
     plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights, set_residual_weight, spacing_entropy, spectral_gap,
-    token_ids, token_pair_stats, token_strings, unwrap, word_tokenizer)
+    token_ids, token_pair_stats, token_strings, tokenizer_of, word_tokenizer)
 
 torch.set_num_threads(1)
 SOFTMAX = BASELINES
@@ -68,7 +68,7 @@ def distinct_ids(B=6, n=7, vocab=50, seed=0):
 def test_unwrap_and_restore():
     m = make('transformer')
     m.train()
-    assert unwrap(FakeLearner(m, TOK)) == (m, TOK)
+    assert unwrap(FakeLearner(m, TOK)) is m and tokenizer_of(FakeLearner(m, TOK)) is TOK and tokenizer_of(m) is None
     hs, mask = hidden_states(m, SAMPLE_TEXTS[:3], TOK)
     assert m.training and len(hs) == 3 and hs[0].shape[:2] == mask.shape
     with inference(m) as dev:

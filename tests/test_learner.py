@@ -124,7 +124,7 @@ def test_resolve_config_presets_and_overrides():
     with pytest.raises(ValueError, match='valid variants are'): resolve_config('listops', 'nope')
     with pytest.raises(ValueError, match='valid tasks are'): resolve_config('sst2', 'transject')
     with pytest.raises(ValueError, match='valid presets are'): resolve_config('listops', 'transject', preset='gpu')
-    with pytest.raises(ValueError, match='sched must be one of'): resolve_config('listops', 'transject', sched='cosine')
+    with pytest.raises(ValueError, match='valid schedules are: constant, 1cycle'): resolve_config('listops', 'transject', sched='cosine')
 
 
 def test_get_learner_checks_its_data(data, tmp_path):

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Sequence
 
 # %% auto #0
-__all__ = ['PAPER_SENTENCE', 'PAPER_PAIRS', 'SAMPLE_TEXTS', 'SAMPLE_LABELS', 'DEFAULT_MEASURES', 'unwrap', 'inference',
+__all__ = ['PAPER_SENTENCE', 'PAPER_PAIRS', 'SAMPLE_TEXTS', 'SAMPLE_LABELS', 'DEFAULT_MEASURES', 'tokenizer_of', 'inference',
            'token_ids', 'batches', 'forward_layers', 'hidden_states', 'word_tokenizer', 'set_residual_weight',
-           'residual_weights', 'token_strings', 'locate_word', 'token_pair_stats', 'plot_token_pairs', 'layer_measures',
-           'oversmoothing_curve', 'plot_layer_curves', 'spectral_gap', 'attention_spectrum', 'plot_attention_spectrum',
-           'functional_J', 'gaussian_entropy', 'spacing_entropy', 'paper_entropy', 'layer_entropy', 'expert_weights',
-           'plot_expert_weights', 'activation_bounds', 'plot_activation_bounds', 'isomap_layers', 'plot_isomap']
+           'residual_weights', 'layer_measures', 'oversmoothing_curve', 'plot_layer_curves', 'token_strings',
+           'locate_word', 'token_pair_stats', 'plot_token_pairs', 'spectral_gap', 'attention_spectrum',
+           'plot_attention_spectrum', 'functional_J', 'gaussian_entropy', 'spacing_entropy', 'paper_entropy',
+           'layer_entropy', 'expert_weights', 'plot_expert_weights', 'activation_bounds', 'plot_activation_bounds',
+           'isomap_layers', 'plot_isomap']
 
 # %% ../nbs/09_analysis.ipynb #0131168a
 import numpy as np
@@ -26,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from fastprogress.fastprogress import progress_bar
-from .core import PAD_ID, EncoderClassifier
+from .core import PAD_ID, unwrap
 from .gradflow import mean_pairwise_cosine, nonlocal_energy
 from .similarity import token_similarity, token_diversity, deflate
 from .bounds import layer_bounds
@@ -34,26 +35,17 @@ from .transject import token_distance_ratios
 from .data import TokenSplit, pad_batch
 
 # %% ../nbs/09_analysis.ipynb #081467be
-def _tokenizer_of(learn):
-    "The tokenizer attached to a `Learner` (or its `dls`, or the data they came from), or None."
-    for obj in (learn, getattr(learn, 'dls', None), getattr(getattr(learn, 'dls', None), 'data', None),
-                getattr(getattr(learn, 'dls', None), 'task', None), getattr(learn, 'data', None)):
+def tokenizer_of(
+    model_or_learner,  # a model, or a fastai `Learner` (anything with `.model`)
+):                     # the tokenizer attached to the learner, its `dls`, or the data they came from; None if there is none
+    "The tokenizer a `Learner` carries (None for a bare model): what the analyses use for texts when no `tokenizer=` is given."
+    learn = model_or_learner
+    if isinstance(learn, nn.Module): return None
+    dls = getattr(learn, 'dls', None)
+    for obj in (learn, dls, getattr(dls, 'data', None), getattr(dls, 'task', None), getattr(learn, 'data', None)):
         tok = getattr(obj, 'tokenizer', None)
         if tok is not None: return tok
     return None
-
-def unwrap(
-    model_or_learner,  # an `EncoderClassifier`, or a fastai `Learner` (anything with `.model`) holding one
-)->tuple:              # `(model, tokenizer)`; the tokenizer is None unless the learner carries one
-    "The encoder inside a `Learner` (or the model itself), unwrapped from `torch.compile`/`DataParallel`, and the learner's tokenizer."
-    m, tok = model_or_learner, None
-    if not isinstance(m, nn.Module) and hasattr(m, 'model'):
-        tok, m = _tokenizer_of(m), m.model
-    m = getattr(m, '_orig_mod', m)                                                     # torch.compile
-    if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
-    if not isinstance(m, EncoderClassifier):
-        raise TypeError(f"expected an EncoderClassifier (from create_model) or a fastai Learner holding one, got {type(model_or_learner).__name__}")
-    return m, tok
 
 @contextlib.contextmanager
 def inference(
@@ -101,6 +93,7 @@ def token_ids(
     if seqs is not None: out = pad_batch([s if len(s) else [PAD_ID] for s in seqs])
     return out[:, :max_len] if max_len else out
 
+# %% ../nbs/09_analysis.ipynb #fb19509e
 def batches(
     data,                  # texts, ids, a `TokenSplit`, or an iterable of batches (e.g. a `DataLoader`)
     bs:int=32,             # sequences per batch (not used for an iterable of batches)
@@ -153,14 +146,14 @@ def forward_layers(
     keep_attn:bool=False,   # also record softmax attention probabilities in `ctx['attn']`
 ):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`, `n_layers + 1` states `(b, n, d)`, mask `(b, n)`, the context dict
     "Run the model over a data set in eval mode without gradients, yielding every layer's states per batch."
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     with inference(model, device) as dev:
         for x in batches(data, bs, tokenizer, model.cfg.max_len, progress):
             x = x.to(dev)
             hs, mask, ctx = _forward(model, x, keep_attn)
             yield x, hs, mask, ctx
 
+# %% ../nbs/09_analysis.ipynb #160c5bd9
 def hidden_states(
     model_or_learner,       # an encoder or a `Learner`
     data,                   # anything `batches` accepts
@@ -227,7 +220,7 @@ def set_residual_weight(
     alpha:float,       # the value of α for every layer
 ):                     # the model, changed in place
     "Set every layer's residual weight α of a TransJect or ReZero model."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     blocks = list(model.blocks)
     with torch.no_grad():
         if all(hasattr(b, 'alpha_raw') for b in blocks):                               # TransJect: α = tanh(w)
@@ -242,92 +235,11 @@ def residual_weights(
     model_or_learner,  # any encoder
 )->list|None:          # α of every layer, or None when the model has none
     "The residual weights α of every layer (TransJect: tanh(w_l); ReZero: α_l), or None."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     with torch.no_grad():
         if hasattr(model, 'alphas'): return [float(a) for a in model.alphas()]
         if all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in model.blocks): return [float(b.alpha) for b in model.blocks]
     return None
-
-# %% ../nbs/09_analysis.ipynb #91f87da5
-def token_strings(
-    ids,              # token ids `(n,)`
-    tokenizer=None,   # the tokenizer that made them; None: the ids as strings
-)->list:              # one display string per token
-    "Readable strings of individual tokens (WordPiece pieces, bytes as characters)."
-    ids = [int(i) for i in ids]
-    if tokenizer is None: return [str(i) for i in ids]
-    if hasattr(tokenizer, 'tok') and hasattr(tokenizer.tok, 'id_to_token'):
-        return [tokenizer.tok.id_to_token(i) or '?' for i in ids]
-    return [tokenizer.decode([i]) if i != PAD_ID else '' for i in ids]
-
-def locate_word(
-    text:str,         # the text
-    word:str,         # a word of it (case-insensitive, whole word)
-    tokenizer,        # the tokenizer used on `text`
-)->int:               # index of the first token of the word's first occurrence
-    "Position, in `tokenizer.encode(text)`, of the first token of `word`."
-    m = re.search(rf'(?<!\w){re.escape(word)}(?!\w)', text, flags=re.I)
-    if m is None: raise ValueError(f"word {word!r} does not occur in the text {text[:60]!r}...")
-    if hasattr(tokenizer, 'tok'):                                                   # HF tokenizers: character offsets
-        enc = tokenizer.tok.encode(text, add_special_tokens=False)
-        for k, (s, e) in enumerate(enc.offsets):
-            if e > m.start(): return k
-    if getattr(tokenizer, 'kind', None) == 'bytes': return len(text[:m.start()].encode('utf-8'))
-    raise TypeError(f"cannot map words to tokens for {type(tokenizer).__name__}; pass token indices instead")
-
-def token_pair_stats(
-    model_or_learner,        # an encoder or a `Learner`
-    text,                    # a text (needs a tokenizer) or token ids `(n,)`
-    pairs=PAPER_PAIRS,       # pairs of words of `text`, or of token indices
-    tokenizer=None,          # default: the learner's
-    device=None,             # where to run
-)->pd.DataFrame:             # one row per (layer, pair): `layer, pair, i, j, distance, cosine, ratio`
-    "Euclidean distance and cosine similarity of chosen token pairs at every layer (TransJect Fig. 1)."
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
-    hs, _ = hidden_states(model, token_ids(text, tokenizer), tokenizer, device)
-    n = hs[0].shape[1]
-    idx = []
-    for a, b in pairs:
-        i, j = (p if isinstance(p, (int, np.integer)) else locate_word(text, p, tokenizer) for p in (a, b))
-        if not (0 <= i < n and 0 <= j < n) or i == j: raise ValueError(f"pair ({a!r}, {b!r}) maps to token positions ({i}, {j}); need two distinct positions below {n}")
-        idx.append((f"{a}–{b}", int(i), int(j)))
-    rows = []
-    for l, h in enumerate(hs):
-        h = h[0]                                                                    # (n, d)
-        for name, i, j in idx:
-            rows.append(dict(layer=l, pair=name, i=i, j=j, distance=(h[i] - h[j]).norm().item(),
-                             cosine=F.cosine_similarity(h[i], h[j], dim=0).item()))
-    df = pd.DataFrame(rows)
-    d0 = df[df.layer == 0].set_index('pair').distance
-    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))                      # NaN for a pair that starts at distance 0
-    return df
-
-def plot_token_pairs(
-    stats,                  # a `token_pair_stats` frame, or a dict label -> frame (one line style per label)
-    ax=None,                # two matplotlib Axes (distance ratio, cosine); a new figure if None
-    title:str='',           # figure title
-):                          # the Figure
-    "Distance ratio to layer 0 and cosine similarity of each token pair against depth."
-    stats = stats if isinstance(stats, dict) else {'': stats}
-    if ax is None: fig, ax = plt.subplots(1, 2, figsize=(6, 3.5))
-    else: fig = ax[0].figure
-    styles = ['-', '--', ':', '-.']
-    pair_names = []
-    for k, (label, df) in enumerate(stats.items()):
-        for c, (pair, g) in enumerate(df.groupby('pair', sort=False)):
-            if pair not in pair_names: pair_names.append(pair)
-            kw = dict(color=f'C{pair_names.index(pair)}', ls=styles[k % 4], lw=1.2)
-            ax[0].plot(g.layer, g.ratio, **kw); ax[1].plot(g.layer, g.cosine, **kw)
-    ax[0].set(xlabel='layer', ylabel='distance / distance at layer 0', yscale='log')
-    ax[1].set(xlabel='layer', ylabel='cosine similarity', ylim=(-1.05, 1.05))
-    from matplotlib.lines import Line2D
-    ax[0].legend([Line2D([], [], color=f'C{i}') for i in range(len(pair_names))], pair_names, fontsize=6, loc='best')
-    if len(stats) > 1 or next(iter(stats)):
-        ax[1].legend([Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))], list(stats), fontsize=6, loc='lower left')
-    if title: fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return fig
 
 # %% ../nbs/09_analysis.ipynb #e617306e
 DEFAULT_MEASURES = dict(cosine=mean_pairwise_cosine, similarity=token_similarity, diversity=token_diversity)
@@ -367,6 +279,7 @@ def oversmoothing_curve(
     "NeuTRENO's over-smoothing measure: the mean cosine similarity of distinct token pairs, per layer, over a data set."
     return layer_measures(model_or_learner, data, dict(cosine=mean_pairwise_cosine), tokenizer, device, bs, progress)['cosine']
 
+# %% ../nbs/09_analysis.ipynb #5b9e7266
 def plot_layer_curves(
     curves:dict,          # label -> `pd.Series` indexed by layer (or a sequence, indexed from 0)
     ylabel:str='',        # y-axis label
@@ -385,6 +298,88 @@ def plot_layer_curves(
     if ylim is not None: ax.set_ylim(*ylim)
     ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
     return ax
+
+# %% ../nbs/09_analysis.ipynb #91f87da5
+def token_strings(
+    ids,              # token ids `(n,)`
+    tokenizer=None,   # the tokenizer that made them; None: the ids as strings
+)->list:              # one display string per token
+    "Readable strings of individual tokens (WordPiece pieces, bytes as characters)."
+    ids = [int(i) for i in ids]
+    if tokenizer is None: return [str(i) for i in ids]
+    if hasattr(tokenizer, 'tok') and hasattr(tokenizer.tok, 'id_to_token'):
+        return [tokenizer.tok.id_to_token(i) or '?' for i in ids]
+    return [tokenizer.decode([i]) if i != PAD_ID else '' for i in ids]
+
+def locate_word(
+    text:str,         # the text
+    word:str,         # a word of it (case-insensitive, whole word)
+    tokenizer,        # the tokenizer used on `text`
+)->int:               # index of the first token of the word's first occurrence
+    "Position, in `tokenizer.encode(text)`, of the first token of `word`."
+    m = re.search(rf'(?<!\w){re.escape(word)}(?!\w)', text, flags=re.I)
+    if m is None: raise ValueError(f"word {word!r} does not occur in the text {text[:60]!r}...")
+    if hasattr(tokenizer, 'tok'):                                                   # HF tokenizers: character offsets
+        enc = tokenizer.tok.encode(text, add_special_tokens=False)
+        for k, (s, e) in enumerate(enc.offsets):
+            if e > m.start(): return k
+    if getattr(tokenizer, 'kind', None) == 'bytes': return len(text[:m.start()].encode('utf-8'))
+    raise TypeError(f"cannot map words to tokens for {type(tokenizer).__name__}; pass token indices instead")
+
+# %% ../nbs/09_analysis.ipynb #e7767e88
+def token_pair_stats(
+    model_or_learner,        # an encoder or a `Learner`
+    text,                    # a text (needs a tokenizer) or token ids `(n,)`
+    pairs=PAPER_PAIRS,       # pairs of words of `text`, or of token indices
+    tokenizer=None,          # default: the learner's
+    device=None,             # where to run
+)->pd.DataFrame:             # one row per (layer, pair): `layer, pair, i, j, distance, cosine, ratio`
+    "Euclidean distance and cosine similarity of chosen token pairs at every layer (TransJect Fig. 1)."
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
+    hs, _ = hidden_states(model, token_ids(text, tokenizer), tokenizer, device)
+    n = hs[0].shape[1]
+    idx = []
+    for a, b in pairs:
+        i, j = (p if isinstance(p, (int, np.integer)) else locate_word(text, p, tokenizer) for p in (a, b))
+        if not (0 <= i < n and 0 <= j < n) or i == j: raise ValueError(f"pair ({a!r}, {b!r}) maps to token positions ({i}, {j}); need two distinct positions below {n}")
+        idx.append((f"{a}–{b}", int(i), int(j)))
+    rows = []
+    for l, h in enumerate(hs):
+        h = h[0]                                                                    # (n, d)
+        for name, i, j in idx:
+            rows.append(dict(layer=l, pair=name, i=i, j=j, distance=(h[i] - h[j]).norm().item(),
+                             cosine=F.cosine_similarity(h[i], h[j], dim=0).item()))
+    df = pd.DataFrame(rows)
+    d0 = df[df.layer == 0].set_index('pair').distance
+    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))                      # NaN for a pair that starts at distance 0
+    return df
+
+# %% ../nbs/09_analysis.ipynb #e0e0cfd0
+def plot_token_pairs(
+    stats,                  # a `token_pair_stats` frame, or a dict label -> frame (one line style per label)
+    ax=None,                # two matplotlib Axes (distance ratio, cosine); a new figure if None
+    title:str='',           # figure title
+):                          # the Figure
+    "Distance ratio to layer 0 and cosine similarity of each token pair against depth."
+    stats = stats if isinstance(stats, dict) else {'': stats}
+    if ax is None: fig, ax = plt.subplots(1, 2, figsize=(6, 3.5))
+    else: fig = ax[0].figure
+    styles = ['-', '--', ':', '-.']
+    pair_names = []
+    for k, (label, df) in enumerate(stats.items()):
+        for c, (pair, g) in enumerate(df.groupby('pair', sort=False)):
+            if pair not in pair_names: pair_names.append(pair)
+            kw = dict(color=f'C{pair_names.index(pair)}', ls=styles[k % 4], lw=1.2)
+            ax[0].plot(g.layer, g.ratio, **kw); ax[1].plot(g.layer, g.cosine, **kw)
+    ax[0].set(xlabel='layer', ylabel='distance / distance at layer 0', yscale='log')
+    ax[1].set(xlabel='layer', ylabel='cosine similarity', ylim=(-1.05, 1.05))
+    from matplotlib.lines import Line2D
+    ax[0].legend([Line2D([], [], color=f'C{i}') for i in range(len(pair_names))], pair_names, fontsize=6, loc='best')
+    if len(stats) > 1 or next(iter(stats)):
+        ax[1].legend([Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))], list(stats), fontsize=6, loc='lower left')
+    if title: fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/09_analysis.ipynb #7d3fb119
 def spectral_gap(
@@ -424,6 +419,7 @@ def attention_spectrum(
                               min_gap=(1 - lam2).amin((0, 2)).numpy()), index=pd.RangeIndex(1, lam2.shape[1] + 1, name='block'))
     return dict(table=table, eigvals=list(first))
 
+# %% ../nbs/09_analysis.ipynb #650f841e
 def plot_attention_spectrum(
     spec:dict,         # the result of `attention_spectrum`
     ax=None,           # matplotlib Axes; a new figure if None
@@ -572,6 +568,7 @@ def expert_weights(
     df['spread'], df['balance'] = spread.numpy(), bal.numpy()
     return df
 
+# %% ../nbs/09_analysis.ipynb #83869cc9
 def plot_expert_weights(
     weights:pd.DataFrame,  # the result of `expert_weights`
     ax=None,               # matplotlib Axes; a new figure if None
@@ -601,7 +598,7 @@ def activation_bounds(
     progress:bool|None=None, # progress bar
 )->pd.DataFrame:             # index `layer` (0..L): measured `lo`, `hi` over all token pairs; Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
     "Smallest and largest token distance ratio (layer l against layer 0) over a data set, beside Theorem 2's bounds (TransJect Fig. 5c)."
-    model, _ = unwrap(model_or_learner)
+    model = unwrap(model_or_learner)
     lo = hi = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         if int(mask.sum(-1).max()) < 2: continue                                      # no pair of real tokens in this batch
@@ -616,6 +613,7 @@ def activation_bounds(
     else: df['bound_lo'] = df['bound_hi'] = float('nan')
     return df
 
+# %% ../nbs/09_analysis.ipynb #c74cfe80
 def plot_activation_bounds(
     bounds,              # an `activation_bounds` frame, or a dict label -> frame
     ax=None,             # matplotlib Axes; a new figure if None
@@ -649,8 +647,7 @@ def isomap_layers(
     "Isomap projections of the tokens of one text, layer by layer (TransJect Fig. 6)."
     from sklearn.manifold import Isomap
     from scipy.linalg import orthogonal_procrustes
-    model, tok = unwrap(model_or_learner)
-    tokenizer = tokenizer or tok
+    model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     x = token_ids(text, tokenizer)
     if x.shape[0] != 1: raise ValueError(f"isomap_layers projects the tokens of one text; got a batch of {x.shape[0]}")
     hs, mask = hidden_states(model, x, tokenizer, device)
@@ -668,6 +665,7 @@ def isomap_layers(
         coords.append(Y); prev = Y
     return dict(tokens=token_strings(x[0][real], tokenizer), layers=layers, coords=coords)
 
+# %% ../nbs/09_analysis.ipynb #b5fa1165
 def plot_isomap(
     res:dict,           # the result of `isomap_layers`
     ax=None,            # a sequence of Axes, one per layer; a new figure if None

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
-           'EncoderConfig', 'EncoderClassifier', 'check_choice', 'VariantSpec', 'register_variant',
+           'EncoderConfig', 'EncoderClassifier', 'unwrap', 'check_choice', 'VariantSpec', 'register_variant',
            'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save', 'preset_section',
            'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook', 'interactive_output',
            'progress_iter']
@@ -139,6 +139,21 @@ class EncoderClassifier(nn.Module):
     def forward(self, x):
         hs, mask, _ = self._run(x)
         return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))  # (B, n_classes)
+
+# %% ../nbs/00_core.ipynb #c2f58d20
+def unwrap(
+    model_or_learner,  # an `EncoderClassifier`, possibly compiled or data-parallel, or a fastai `Learner` (anything with `.model`) holding one
+)->EncoderClassifier:  # the encoder itself
+    "The `EncoderClassifier` inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting."
+    m = model_or_learner
+    if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model                 # a Learner
+    while True:
+        if hasattr(m, '_orig_mod'): m = m._orig_mod                                      # torch.compile
+        elif isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
+        else: break
+    if not isinstance(m, EncoderClassifier):
+        raise TypeError(f"expected an EncoderClassifier (from create_model) or a fastai Learner holding one, got {type(model_or_learner).__name__}")
+    return m
 
 # %% ../nbs/00_core.ipynb #24dac328
 def check_choice(

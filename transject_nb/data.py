@@ -6,9 +6,9 @@ Docs: https://transject-nb.github.io/transject_nb/data.html.md"""
 
 # %% ../nbs/06_data.ipynb #e559f24a
 from __future__ import annotations
-import csv, dataclasses, gzip, hashlib, io, json, logging, math, os, random, socket, statistics, tempfile, time, warnings
+import csv, dataclasses, gzip, hashlib, json, logging, math, os, random, socket, statistics, time, warnings
 from array import array
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -31,7 +31,7 @@ from fastai.data.transforms import Categorize
 from fastai.text.data import TensorText
 from fastprogress.fastprogress import progress_bar
 from sklearn.model_selection import train_test_split
-from .core import PAD_ID, TASKS, atomic_save
+from .core import PAD_ID, TASKS, atomic_save, check_choice
 
 # %% ../nbs/06_data.ipynb #f3652bce
 logger = logging.getLogger('transject_nb')
@@ -65,6 +65,7 @@ def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     ends = lens.cumsum(0)
     return torch.arange(int(ends[-1]) if len(ends) else 0) + torch.repeat_interleave(starts.long() - (ends - lens), lens)
 
+# %% ../nbs/06_data.ipynb #b240d822
 @dataclass(eq=False)
 class TokenSplit:
     "One numericalised split: every example's token ids stored end to end, their offsets, and the labels."
@@ -220,16 +221,17 @@ def listops_tree(
     try: return node(1), count
     except _TooLong: return None, count
 
+# %% ../nbs/06_data.ipynb #5ee1ec5a
 def listops_value(t)->int:
     "The value of a tree, with LRA's semantics (MED is `int(np.median)`, SM is the sum mod 10)."
     if isinstance(t, int): return t
     op, kids = t
+    check_choice(op, LISTOPS_OPS, 'ListOps operator')
     vals = [listops_value(k) for k in kids]
     if op == '[MIN': return min(vals)
     if op == '[MAX': return max(vals)
     if op == '[MED': return int(statistics.median(vals))  # = int(np.median(vals)): the mean of the middle two, truncated
-    if op == '[SM': return int(np.sum(vals) % 10)
-    raise ValueError(f"unknown ListOps operator {op!r}")
+    return int(np.sum(vals) % 10)                         # '[SM'
 
 def listops_tokens(t, out:list|None=None)->list:
     "The compact token sequence of a tree: `[MAX 2 9 ]` (no parentheses)."
@@ -393,6 +395,7 @@ def _imdb_files(root:Path)->dict:
         raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)}, no texts.csv[.gz] and no train/pos folder; expected {IMDB_LAYOUT}")
     return out
 
+# %% ../nbs/06_data.ipynb #3600ce4e
 def _read_imdb_csv(p:Path, is_valid:bool|None=None)->RawSplit:
     "The rows of a CSV; with `is_valid` given (IMDB_SAMPLE's texts.csv), only the rows whose `is_valid` column says so."
     rows = _csv_rows(p)
@@ -487,6 +490,7 @@ def listops_normalise(source:str)->str:
     if not toks: raise ValueError("empty ListOps expression")
     return ' '.join(toks)
 
+# %% ../nbs/06_data.ipynb #f3fbcfd9
 def _read_listops_tsv(p:Path, verify:bool=False)->RawSplit:
     rows = _csv_rows(p, delimiter='\t')
     try: _, head = next(rows)
@@ -517,6 +521,11 @@ def read_listops_tsv(
 
 # %% ../nbs/06_data.ipynb #4f25038f
 _SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+
+def _cut(seqs:list, max_len:int|None)->tuple:
+    "Each sequence cut to its first `max_len` items (all kept if None), and how many were cut."
+    if not max_len: return seqs, 0
+    return [s[:max_len] for s in seqs], sum(len(s) > max_len for s in seqs)
 
 class WordPieceTokenizer:
     "bert-base-uncased style WordPiece tokenisation with `tokenizers`; no `[CLS]`/`[SEP]` are added, id 0 is `[PAD]`."
@@ -564,9 +573,7 @@ class WordPieceTokenizer:
     def encode_batch(self, texts:Sequence, max_len:int|None=None):
         "Token ids of many texts, in parallel, each cut to its first `max_len`; also returns how many were cut."
         encs = self.tok.encode_batch(list(texts), add_special_tokens=False)
-        ids = [e.ids or [self.unk_id] for e in encs]
-        n_cut = sum(len(i) > max_len for i in ids) if max_len else 0
-        return ([i[:max_len] for i in ids] if max_len else ids), n_cut
+        return _cut([e.ids or [self.unk_id] for e in encs], max_len)
 
     def decode(self, ids)->str:
         "Text of token ids, padding dropped."
@@ -586,9 +593,8 @@ class ByteTokenizer:
         return [b + 1 for b in text.encode('utf-8')]
     def encode_batch(self, texts:Sequence, max_len:int|None=None):
         "Ids of many texts, each cut to its first `max_len` bytes; also returns how many were cut."
-        bs = [t.encode('utf-8') for t in texts]
-        n_cut = sum(len(b) > max_len for b in bs) if max_len else 0
-        return [(np.frombuffer(b[:max_len], dtype=np.uint8).astype(np.int16) + 1) for b in bs], n_cut
+        bs, n_cut = _cut([t.encode('utf-8') for t in texts], max_len)
+        return [np.frombuffer(b, dtype=np.uint8).astype(np.int16) + 1 for b in bs], n_cut
     def decode(self, ids)->str:
         "Text of byte ids (invalid UTF-8, e.g. a character cut by truncation, is replaced)."
         return bytes(int(i) - 1 for i in ids if int(i) != PAD_ID).decode('utf-8', errors='replace')
@@ -605,9 +611,7 @@ class ListOpsTokenizer:
         return [_LISTOPS_ID[t] for t in listops_normalise(text).split()]
     def encode_batch(self, texts:Sequence, max_len:int|None=None):
         "Ids of many expressions, each cut to its first `max_len` tokens; also returns how many were cut."
-        ids = [self.encode(t) for t in texts]
-        n_cut = sum(len(i) > max_len for i in ids) if max_len else 0
-        return ([i[:max_len] for i in ids] if max_len else ids), n_cut
+        return _cut([self.encode(t) for t in texts], max_len)
     def decode(self, ids)->str:
         "The compact expression string of ids."
         return ' '.join(LISTOPS_VOCAB[int(i)] for i in ids if int(i) != PAD_ID)
@@ -616,14 +620,14 @@ class ListOpsTokenizer:
         return dict(kind=self.kind)
     def __repr__(self): return f'ListOpsTokenizer(vocab_sz={self.vocab_sz})'
 
+# %% ../nbs/06_data.ipynb #1fb022fb
 def tokenizer_from_state(state:dict):
     "Rebuild a tokenizer saved with `.state()`."
-    if state['kind'] == 'bytes': return ByteTokenizer()
-    if state['kind'] == 'listops': return ListOpsTokenizer()
-    if state['kind'] == 'wordpiece':
-        from tokenizers import Tokenizer
-        return WordPieceTokenizer(Tokenizer.from_str(state['json']), state.get('origin', ''))
-    raise ValueError(f"unknown tokenizer kind {state['kind']!r}")
+    kind = check_choice(state['kind'], ('bytes', 'listops', 'wordpiece'), 'tokenizer kind')
+    if kind == 'bytes': return ByteTokenizer()
+    if kind == 'listops': return ListOpsTokenizer()
+    from tokenizers import Tokenizer
+    return WordPieceTokenizer(Tokenizer.from_str(state['json']), state.get('origin', ''))
 
 # %% ../nbs/06_data.ipynb #57bbee4f
 BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'  # bert-base-uncased vocab.txt
@@ -787,6 +791,65 @@ def _resolve_vocab(vocab, src:Path)->tuple:
     p = find_vocab(src)
     return ('file', p) if p else ('train', None)
 
+def _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, task_kwargs:dict)->int:
+    "Check `load_task`'s arguments; the `max_len` to use (the task's default for None)."
+    check_choice(task, TASKS, 'task')
+    if bad := [k for k in task_kwargs if k not in _TASK_KW[task]]:
+        raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; valid: {', '.join(_TASK_KW[task]) or 'none'}")
+    if vocab is not None and task not in ('imdb', 'agnews'): raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
+    max_len = DEFAULT_MAX_LEN[task] if max_len is None else max_len
+    if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items():
+        if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"{k} must be a positive int or None, got {v!r}")
+    if not 0 < valid_pct < 1: raise ValueError(f"valid_pct must lie in (0, 1), got {valid_pct}")
+    return max_len
+
+# %% ../nbs/06_data.ipynb #e9887071
+def _source(
+    task:str,           # one of `TASKS`
+    source,             # a local folder, or None
+    max_len:int,        # the longest sequence kept
+    sizes:dict,         # 'train', 'valid', 'test' -> how many examples (None: all / the generator's default)
+    seed:int,           # the data seed
+    task_kwargs:dict,   # `load_task`'s task-specific keyword arguments
+)->tuple:               # `(cfg, src, files, description)`: the ListOps generator's `ListOpsConfig` (else None), the folder and files read (else None, {})
+    "What a task's data come from: the ListOps generator with its parameters, or a local (or downloaded) folder and its files."
+    if task == 'listops' and source is None:
+        kw = {k: v for k, v in task_kwargs.items() if k in _GEN_KW}
+        if 'min_length' not in kw and 'max_length' not in kw and max_len <= ListOpsConfig.min_length:
+            kw.update(min_length=max_len // 4, max_length=max_len + 1)
+            logger.warning(f"listops: max_len={max_len} is below the LRA length window (500, 2000), which would truncate every expression; "
+                           f"generating trees of length in ({max_len // 4}, {max_len + 1}) instead (pass min_length=, max_length= to choose)")
+        cfg = ListOpsConfig(**{f'n_{k}': v for k, v in sizes.items() if v is not None}, **kw)
+        return cfg, None, {}, f"ListOps generator {dataclasses.asdict(cfg)}, seed {seed}"
+    if task == 'listops' and (extra := [k for k in task_kwargs if k in _GEN_KW]):
+        raise TypeError(f"{extra} are generator parameters; they do not apply when reading ListOps files from {source}")
+    src = Path(source) if source is not None else _fetch(task)
+    files = (_imdb_files(src) if task in ('imdb', 'charimdb') else _agnews_files(src) if task == 'agnews'
+             else _listops_files(src, task_kwargs.get('prefix', 'basic')))
+    return None, src, files, ', '.join(str(p) for p in files.values())
+
+# %% ../nbs/06_data.ipynb #92e63fe4
+def _cached(
+    cfile:Path|None,   # the cache file (None: no cache)
+    key:str,           # the cache key the data must carry
+    task:str,          # for the log
+)->'TaskData|None':    # the cached data, or None when there are none or they cannot be read (they are then rebuilt)
+    "The `TaskData` cached in `cfile` under `key`; its warnings are issued again, as when it was built."
+    if cfile is None or not cfile.exists(): return None
+    try:
+        st = torch.load(cfile, weights_only=True)
+        if st.get('cache_key') != key: raise ValueError(f"stored key {st.get('cache_key')!r} is not {key!r}")
+        td = TaskData.from_state(st)
+        for n in td.notes:
+            if n.startswith('WARNING'): warnings.warn(n, UserWarning, stacklevel=3)   # at `load_task`'s caller
+        logger.info(f"{task}: loaded from cache {cfile}")
+        return td
+    except Exception as e:
+        logger.warning(f"{task}: cache file {cfile} is corrupt or unreadable ({type(e).__name__}: {e}); rebuilding it")
+        return None
+
+# %% ../nbs/06_data.ipynb #19a42496
 def _order(split:TokenSplit, seed:int)->TokenSplit:
     return split.subset(np.random.default_rng(seed).permutation(len(split)))
 
@@ -794,6 +857,47 @@ def _check_nonempty(raw:dict):
     for k, r in raw.items():
         if not r.texts: raise ValueError(f"{r.origin}: empty {k} split after carving/subsetting; use a larger source or a different split size")
 
+def _read_raw(task:str, src:Path, seed:int, valid_pct:float, sizes:dict, task_kwargs:dict, notes:list)->dict:
+    "The texts and labels of train, valid and test: read, carved (validation; all three for AG News without train.csv) and subsetted, stratified."
+    raw = (read_imdb(src) if task in ('imdb', 'charimdb') else read_agnews(src) if task == 'agnews'
+           else read_listops_tsv(src, task_kwargs.get('prefix', 'basic'), task_kwargs.get('verify', False)))
+    sub = lambda r, idx, tag: RawSplit([r.texts[i] for i in idx], [r.labels[i] for i in idx], f"{r.origin} ({tag})")
+    if task == 'agnews' and 'train' not in raw:
+        test_pct = task_kwargs.get('test_pct', 0.2)
+        t = raw['test']
+        rest, te = carve(t.labels, test_pct, seed)
+        raw = dict(train=sub(t, rest, 'carved train'), test=sub(t, te, f'carved test {test_pct:.0%}'))
+        msg = (f"WARNING: AG News train.csv not found in {src}: train, valid and test were all carved from test.csv "
+               f"({len(t.texts)} rows; test {test_pct:.0%}, seed {seed}). Use this for experiments only: the numbers are "
+               f"not comparable with published AG News results.")
+        warnings.warn(msg, UserWarning, stacklevel=3); notes.append(msg)                # at `load_task`'s caller
+    if 'valid' not in raw:
+        tr, va = carve(raw['train'].labels, valid_pct, seed)
+        raw = dict(train=sub(raw['train'], tr, 'train part'), valid=sub(raw['train'], va, f'carved valid {valid_pct:.0%}'), test=raw['test'])
+    for k, n in sizes.items():
+        if n is not None and n < len(raw[k].texts): raw[k] = sub(raw[k], stratified_take(raw[k].labels, n, seed), f'{n} taken')
+    _check_nonempty(raw)
+    return raw
+
+# %% ../nbs/06_data.ipynb #75a7cbe4
+def _make_tokenizer(task:str, vkind:str, vpath:Path|None, train_texts:list, vocab, src:Path, task_kwargs:dict, notes:list):
+    "The task's tokenizer: UTF-8 bytes, ListOps symbols, a bert `vocab.txt`, or a WordPiece vocabulary trained on the training texts."
+    if task == 'charimdb': return ByteTokenizer()
+    if task == 'listops': return ListOpsTokenizer()
+    if vkind == 'file': return WordPieceTokenizer.from_vocab(vpath)
+    tokzr = WordPieceTokenizer.train(train_texts, task_kwargs.get('vocab_size', 30522))
+    msg = (f"{task}: no bert-base-uncased vocab.txt found (looked in {src}, beside it, and the Hugging Face cache/hub); "
+           f"trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split ({len(train_texts)} texts)")
+    if vocab == 'train': msg = f"{task}: trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split, as asked (vocab='train')"
+    logger.warning(msg); notes.append(msg)
+    return tokzr
+
+def _ids_cut(tokzr, r:RawSplit, max_len:int)->tuple:
+    "`(ids, labels, n_cut)` of a raw split, for `TokenSplit.from_lists`."
+    ids, n_cut = tokzr.encode_batch(r.texts, max_len)
+    return ids, r.labels, n_cut
+
+# %% ../nbs/06_data.ipynb #c35439dd
 def load_task(
     task:str,                 # one of `TASKS`: 'imdb', 'agnews', 'listops', 'charimdb'
     source=None,              # local folder (or None: generator for listops, fastai download for the others)
@@ -810,100 +914,30 @@ def load_task(
     **task_kwargs,            # imdb/agnews: vocab_size (trained vocab); agnews: test_pct; listops: `ListOpsConfig` fields, prefix, verify
 )->TaskData:                  # the numericalised train/valid/test splits and their tokenizer
     "Load a task as numericalised train, valid and test splits, from the cache when possible."
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
-    if bad := [k for k in task_kwargs if k not in _TASK_KW[task]]:
-        raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; valid: {', '.join(_TASK_KW[task]) or 'none'}")
-    if vocab is not None and task not in ('imdb', 'agnews'): raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
-    max_len = DEFAULT_MAX_LEN[task] if max_len is None else max_len
-    if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-    for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items():
-        if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"{k} must be a positive int or None, got {v!r}")
-    if not 0 < valid_pct < 1: raise ValueError(f"valid_pct must lie in (0, 1), got {valid_pct}")
-    notes, warn_notes = [], []
-
-    # --- what the result depends on -------------------------------------------------------------
-    gen = task == 'listops' and source is None
-    if gen:
-        kw = {k: v for k, v in task_kwargs.items() if k in _GEN_KW}
-        if 'min_length' not in kw and 'max_length' not in kw and max_len <= ListOpsConfig.min_length:
-            kw.update(min_length=max_len // 4, max_length=max_len + 1)
-            logger.warning(f"listops: max_len={max_len} is below the LRA length window (500, 2000), which would truncate every expression; "
-                           f"generating trees of length in ({max_len // 4}, {max_len + 1}) instead (pass min_length=, max_length= to choose)")
-        sizes = {k: v for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items() if v is not None}
-        cfg = ListOpsConfig(**sizes, **kw)
-        src, files, src_desc = None, {}, f"ListOps generator {dataclasses.asdict(cfg)}, seed {seed}"
-    else:
-        if task == 'listops' and (extra := [k for k in task_kwargs if k in _GEN_KW]):
-            raise TypeError(f"{extra} are generator parameters; they do not apply when reading ListOps files from {source}")
-        src = Path(source) if source is not None else _fetch(task)
-        files = (_imdb_files(src) if task in ('imdb', 'charimdb') else _agnews_files(src) if task == 'agnews'
-                 else _listops_files(src, task_kwargs.get('prefix', 'basic')))
-        src_desc = ', '.join(str(p) for p in files.values())
+    max_len = _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, task_kwargs)
+    notes, sizes = [], dict(train=n_train, valid=n_valid, test=n_test)
+    cfg, src, files, src_desc = _source(task, source, max_len, sizes, seed, task_kwargs)   # what the result depends on ...
     if task in ('imdb', 'agnews'):
         vkind, vpath = _resolve_vocab(vocab, src)
         vid = _sha256(vpath) if vkind == 'file' else f"train:{task_kwargs.get('vocab_size', 30522)}"
     else: vkind, vpath, vid = task, None, task
-    key = cache_key(task=task, source=src_desc, files=_fingerprint(files.values()), vocab=vid, max_len=max_len,
+    key = cache_key(task=task, source=src_desc, files=_fingerprint(files.values()), vocab=vid, max_len=max_len,   # ... names the cache file
                     n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed, valid_pct=valid_pct,
                     kwargs={k: v for k, v in task_kwargs.items() if k != 'vocab_size'})
-
-    # --- the cache ------------------------------------------------------------------------------------
     cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cfile = cdir/f"{task}-{key}.pt" if cdir else None
-    if cfile and cfile.exists() and not refresh:
-        try:
-            st = torch.load(cfile, weights_only=True)
-            if st.get('cache_key') != key: raise ValueError(f"stored key {st.get('cache_key')!r} is not {key!r}")
-            td = TaskData.from_state(st)
-            for n in td.notes:
-                if n.startswith('WARNING'): warnings.warn(n, UserWarning, stacklevel=2)
-            logger.info(f"{task}: loaded from cache {cfile}")
-            return td
-        except Exception as e:
-            logger.warning(f"{task}: cache file {cfile} is corrupt or unreadable ({type(e).__name__}: {e}); rebuilding it")
-
-    # --- build ----------------------------------------------------------------------------------------
+    if not refresh and (td := _cached(cfile, key, task)) is not None: return td
     t0 = time.perf_counter()
-    if gen:
+    if cfg is not None:
         tokzr = ListOpsTokenizer()
-        splits = generate_listops(cfg, seed, progress)
-        splits = {k: s.truncate(max_len) for k, s in splits.items()}
+        splits = {k: s.truncate(max_len) for k, s in generate_listops(cfg, seed, progress).items()}
     else:
-        raw = (read_imdb(src) if task in ('imdb', 'charimdb') else read_agnews(src) if task == 'agnews'
-               else read_listops_tsv(src, task_kwargs.get('prefix', 'basic'), task_kwargs.get('verify', False)))
-        sub = lambda r, idx, tag: RawSplit([r.texts[i] for i in idx], [r.labels[i] for i in idx], f"{r.origin} ({tag})")
-        if task == 'agnews' and 'train' not in raw:
-            test_pct = task_kwargs.get('test_pct', 0.2)
-            t = raw['test']
-            rest, te = carve(t.labels, test_pct, seed)
-            raw = dict(train=sub(t, rest, 'carved train'), test=sub(t, te, f'carved test {test_pct:.0%}'))
-            msg = (f"WARNING: AG News train.csv not found in {src}: train, valid and test were all carved from test.csv "
-                   f"({len(t.texts)} rows; test {test_pct:.0%}, seed {seed}). Use this for experiments only: the numbers are "
-                   f"not comparable with published AG News results.")
-            warnings.warn(msg, UserWarning, stacklevel=2); notes.append(msg)
-        if 'valid' not in raw:
-            tr, va = carve(raw['train'].labels, valid_pct, seed)
-            raw = dict(train=sub(raw['train'], tr, 'train part'), valid=sub(raw['train'], va, f'carved valid {valid_pct:.0%}'), test=raw['test'])
-        for k, n in (('train', n_train), ('valid', n_valid), ('test', n_test)):
-            if n is not None and n < len(raw[k].texts): raw[k] = sub(raw[k], stratified_take(raw[k].labels, n, seed), f'{n} taken')
-        _check_nonempty(raw)
-        if task == 'charimdb': tokzr = ByteTokenizer()
-        elif task == 'listops': tokzr = ListOpsTokenizer()
-        elif vkind == 'file': tokzr = WordPieceTokenizer.from_vocab(vpath)
-        else:
-            tokzr = WordPieceTokenizer.train(raw['train'].texts, task_kwargs.get('vocab_size', 30522))
-            msg = (f"{task}: no bert-base-uncased vocab.txt found (looked in {src}, beside it, and the Hugging Face cache/hub); "
-                   f"trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split ({len(raw['train'].texts)} texts)")
-            if vocab == 'train': msg = f"{task}: trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split, as asked (vocab='train')"
-            logger.warning(msg); notes.append(msg)
-        splits = {}
-        for k, r in raw.items():
-            ids, n_cut = tokzr.encode_batch(r.texts, max_len)
-            splits[k] = TokenSplit.from_lists(ids, r.labels, n_cut)
+        raw = _read_raw(task, src, seed, valid_pct, sizes, task_kwargs, notes)
+        tokzr = _make_tokenizer(task, vkind, vpath, raw['train'].texts, vocab, src, task_kwargs, notes)
+        splits = {k: TokenSplit.from_lists(*_ids_cut(tokzr, r, max_len)) for k, r in raw.items()}
     splits = {k: _order(s, seed + i) for i, (k, s) in enumerate(splits.items())}
-    src_desc += f"; tokenizer: {tokzr.origin}"
     td = TaskData(task, splits['train'], splits['valid'], splits['test'], tokzr.vocab_sz, len(CLASSES[task]), CLASSES[task],
-                  tokzr, max_len, src_desc, key, tuple(notes))
+                  tokzr, max_len, f"{src_desc}; tokenizer: {tokzr.origin}", key, tuple(notes))
     for k, s in td.splits.items():
         if len(s) and int(s.labels.max()) >= td.n_classes: raise ValueError(f"{task} {k}: label {int(s.labels.max())} out of range for {td.n_classes} classes")
     logger.info(f"{task}: built {td} in {time.perf_counter() - t0:.1f} s")
@@ -925,6 +959,7 @@ def encode_text(
     if not ids: raise ValueError(f"text {text!r} has no tokens")
     return ids[:max_len] if max_len else ids
 
+# %% ../nbs/06_data.ipynb #6a329c3b
 class TaskItems:
     "A task's splits seen as one collection of examples, without copying: global index `i` runs through train, then valid, then test."
     def __init__(self,
@@ -987,6 +1022,7 @@ class TaskItems:
         for s, r in groups: x[torch.as_tensor(r)], y[torch.as_tensor(r)] = self.splits[s].batch(j[r], pad_to=n, max_len=max_len)
         return x, y
 
+# %% ../nbs/06_data.ipynb #81e01788
 _NO_DATA = "carries no examples (it was pickled, e.g. by learn.export, which keeps the tokenizer and class names only): give raw texts"
 
 class TokenIds(Transform):
@@ -1027,6 +1063,7 @@ class ItemLabel(Transform):
         "Pickled without the data, as `TokenIds`."
         return {**self.__dict__, 'items': None}
 
+# %% ../nbs/06_data.ipynb #3c74a74c
 def task_datasets(
     data:TaskData,          # the task's numericalised splits (from `load_task`)
     max_len:int|None=None,  # keep the first `max_len` tokens of every example (default `data.max_len`)

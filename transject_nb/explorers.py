@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
-from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, unwrap, set_residual_weight,
+from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, tokenizer_of, set_residual_weight,
                                    activation_bounds, layer_measures, plot_activation_bounds, plot_layer_curves)
 from .core import check_choice, variant_spec
 from .gradflow import attention_flow, spread
@@ -101,7 +101,7 @@ def plot_variant_explorer(
     models = models or {}
     if variant in models:
         obj = models[variant]
-        tokenizer = tokenizer or unwrap(obj)[1]
+        tokenizer = tokenizer or tokenizer_of(obj)
         if tokenizer is None: raise ValueError(f"loaded model {variant!r} carries no tokenizer; pass tokenizer=")
         title = f"{variant} (loaded)"
     else:

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/learner.html.md"""
 
 # %% ../nbs/07_learner.ipynb #cb8a34ac
 from __future__ import annotations
-import dataclasses, json, math, os, tempfile, time, warnings
+import dataclasses, math, os, time, warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from functools import partial
@@ -29,13 +29,12 @@ import fastai.callback.schedule  # adds `fit_one_cycle` (the '1cycle' schedule),
 import fastai.text.learner   # registers fastai's `show_results` and `plot_top_losses` for `TensorText` inputs
 from fastcore.basics import patch
 from fastcore.foundation import L
-from fastai.callback.core import Callback, CancelFitException
+from fastai.callback.core import Callback
 from fastai.callback.fp16 import MixedPrecision
 from fastai.callback.progress import CSVLogger
 from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback, TrackerCallback
 from fastai.callback.training import GradientClip
 from fastai.data.core import DataLoaders, Datasets, show_results
-from fastai.data.load import DataLoader
 from fastai.data.transforms import Categorize, TensorCategory
 from fastai.distributed import DistributedDL
 from fastai.learner import Learner, Metric, load_learner
@@ -43,10 +42,10 @@ from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import accuracy
 from fastai.optimizer import Adam
 from fastai.text.data import SortedDL, TensorText
-from fastai.torch_core import default_device, display_df, get_empty_df, get_model, num_distrib, rank_distrib, set_seed
+from fastai.torch_core import default_device, display_df, get_empty_df, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import PAD_ID, PRESET_KINDS, TASKS, EncoderClassifier, atomic_save, config_fields, interactive_output, load_preset, preset_section, variant_spec
+from .core import PAD_ID, PRESET_KINDS, TASKS, EncoderClassifier, atomic_save, check_choice, config_fields, interactive_output, load_preset, preset_section, unwrap, variant_spec
 from .data import ItemLabel, TaskData, TokenIds, encode_text, load_task, pad_batch, task_datasets
 from .models import VARIANTS, create_model, n_params
 
@@ -215,9 +214,10 @@ class TrainConfig:
     def __post_init__(self):
         _check_fields(self, ints=('bs', 'epochs', 'patience', 'bucket'), pos=('lr', 'eps'), nonneg=('weight_decay', 'grad_clip', 'recon_weight'), unit=('beta1', 'beta2'))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0: raise ValueError(f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
-        if self.sched not in SCHEDS: raise ValueError(f"TrainConfig.sched must be one of {SCHEDS}, got {self.sched!r}")
-        if self.amp not in AMP_MODES: raise ValueError(f"TrainConfig.amp must be one of {AMP_MODES}, got {self.amp!r}")
+        check_choice(self.sched, SCHEDS, 'schedule')
+        check_choice(self.amp, AMP_MODES, 'amp mode')
 
+# %% ../nbs/07_learner.ipynb #91b17cba
 @dataclass
 class DataConfig:
     "Which data: sizes, validation share, data seed, a local source, and the ListOps generator's tree shape (see `data.load_task`)."
@@ -261,9 +261,10 @@ def valid_fields(variant:str)->dict:
     return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
 
 def _preset_kind(preset:str)->str:
-    if preset not in PRESETS: raise ValueError(f"unknown preset {preset!r}; valid presets are: {', '.join(PRESETS)}")
+    check_choice(preset, PRESETS, 'preset')
     return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
 
+# %% ../nbs/07_learner.ipynb #e86a8961
 def resolve_config(
     task:str,           # one of `TASKS`
     variant:str,        # one of `VARIANTS`
@@ -271,8 +272,8 @@ def resolve_config(
     **overrides,        # any model, training or data field
 )->dict:                # {'model': dict, 'train': TrainConfig, 'data': DataConfig, 'preset': section name}
     "The settings of a run: the task's preset from `settings.ini`, then `overrides`; unknown names raise an error listing the valid ones."
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
-    if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; valid variants are: {', '.join(VARIANTS)}")
+    check_choice(task, TASKS, 'task')
+    check_choice(variant, VARIANTS, 'variant')
     kind = _preset_kind(preset)
     spec, vf = variant_spec(variant), valid_fields(variant)
     allowed = set(vf['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS) | set(spec.fixed)
@@ -288,22 +289,20 @@ def resolve_config(
     return dict(model=model, train=train, data=data, preset=preset_section(task, kind), n_classes=vals.get('n_classes'))
 
 # %% ../nbs/07_learner.ipynb #d1830db8
-def _unwrap(m:nn.Module)->nn.Module: return get_model(m)
-
 class AuxLoss(Callback):
     "Add `weight × model.aux_loss` to the training loss that is back-propagated (the logged loss stays the task's)."
     order = 5
     def __init__(self, weight:float=1.0): self.weight = weight
     def after_loss(self):
         if not self.training or not self.weight or not len(self.yb): return
-        self.learn.loss_grad = self.learn.loss_grad + self.weight * _unwrap(self.model).aux_loss.float()
+        self.learn.loss_grad = self.learn.loss_grad + self.weight * unwrap(self.model).aux_loss.float()
 
 class ReconLoss(Metric):
     "The model's `aux_loss` averaged over a validation pass."
     def reset(self): self.total, self.count = 0., 0
     def accumulate(self, learn):
         bs = len(learn.yb[0])
-        self.total += learn.to_detach(_unwrap(learn.model).aux_loss.float()) * bs
+        self.total += learn.to_detach(unwrap(learn.model).aux_loss.float()) * bs
         self.count += bs
     @property
     def value(self): return self.total / self.count if self.count else None
@@ -328,7 +327,7 @@ class SaveBestCallback(SaveModelCallback):
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
     def _save(self, name):
         if rank_distrib(): return
-        self.last_saved_path = atomic_save(_unwrap(self.model).state_dict(), self.path/self.model_dir/f'{name}.pth')
+        self.last_saved_path = atomic_save(unwrap(self.model).state_dict(), self.path/self.model_dir/f'{name}.pth')
     def after_epoch(self):
         TrackerCallback.after_epoch(self)
         if self.new_best and not getattr(self.learn, 'replaying', False): self._save(self.fname)
@@ -356,7 +355,7 @@ class TrainCheckpoint(Callback):
     def _record(self, done:bool, epoch:int)->dict:
         rec = self.recorder
         return dict(version=CKPT_VERSION, epoch=epoch, done=done, early_stopped=done and epoch + 1 < self.n_epoch,
-                    model=_unwrap(self.model).state_dict(), opt=self._opt_state(),
+                    model=unwrap(self.model).state_dict(), opt=self._opt_state(),
                     metric_names=list(rec.metric_names), values=[_floats(v) for v in rec.values], times=_floats(self.times),
                     iters=[int(i) for i in rec.iters], losses=_floats(rec.losses), lrs=_floats(rec.lrs),
                     smooth=dict(val=float(rec.smooth_loss.val), count=int(rec.smooth_loss.count)),
@@ -368,7 +367,7 @@ class TrainCheckpoint(Callback):
         st = self.state
         if st is None or not self.active: return
         self.start = st['epoch'] + 1
-        _unwrap(self.model).load_state_dict(st['model'])
+        unwrap(self.model).load_state_dict(st['model'])
         self.opt.load_state_dict(dict(state=st['opt']['state'], hypers=L(st['opt']['hypers'])))
         rec = self.recorder
         rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
@@ -410,6 +409,7 @@ class TrainCheckpoint(Callback):
         if n_done and not rank_distrib(): atomic_save(self._record(True, n_done - 1), self.file)
         self.state, self.active = None, False
 
+# %% ../nbs/07_learner.ipynb #f0caaa8a
 class HistoryCSV(CSVLogger):
     "fastai's `CSVLogger` (every epoch's row to `history.csv`) that opens the file only to write a row, so that no open file lives in the Learner."
     _only_train_loop = True   # `learn.summary()` must not rewrite the history
@@ -456,6 +456,7 @@ class ModelRecipe:
         m.load_state_dict(self.state)
         return m.train(self.training)
 
+# %% ../nbs/07_learner.ipynb #d9678ad9
 class TaskLearner(Learner):
     "A fastai `Learner` that knows its task: it carries the tokenizer, class names and config, so that `predict` takes raw text."
     @contextmanager
@@ -515,7 +516,7 @@ class TaskLearner(Learner):
         bs:int=64,      # batch size
     )->torch.Tensor:    # `(B, n_classes)` class probabilities
         "Class probabilities of raw texts, in evaluation mode."
-        model = _unwrap(self.model)
+        model = unwrap(self.model)
         x, dev, out = self.encode(texts), next(model.parameters()).device, []
         was = model.training; model.eval()
         try:
@@ -541,6 +542,7 @@ def _amp_cb(amp:str, device:torch.device):
     if amp == 'auto': amp = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
     return MixedPrecision(amp_mode=amp)
 
+# %% ../nbs/07_learner.ipynb #5882c96c
 def get_learner(
     task:str,                 # one of `TASKS`
     variant:str,              # one of `VARIANTS`
@@ -607,6 +609,7 @@ def _check_resumable(learn:Learner, st:dict, file:Path):
     if diff: raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
                               f"Use another path, or resume=False to start over")
 
+# %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
@@ -629,7 +632,7 @@ def train_learner(
             return learn
     tcb.state = st
     start = st['epoch'] + 1 if st else 0
-    on_cpu = next(_unwrap(learn.model).parameters()).device.type == 'cpu'
+    on_cpu = next(unwrap(learn.model).parameters()).device.type == 'cpu'
     ctx = learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # accelerate needs cpu=True for gloo
     bars = nullcontext() if mode == 'bars' else learn.no_bar()
     table = nullcontext() if mode == 'bars' else learn.no_logging()
@@ -646,7 +649,7 @@ def load_weights(
     "Load model weights safely, with `torch.load(weights_only=True)`: no code in the file is run."
     st = torch.load(file, map_location='cpu', weights_only=True)
     if isinstance(st, dict) and 'model' in st and isinstance(st['model'], dict): st = st['model']
-    _unwrap(learn.model).load_state_dict(st)
+    unwrap(learn.model).load_state_dict(st)
     return learn
 
 # %% ../nbs/07_learner.ipynb #bace39b5
@@ -669,7 +672,7 @@ def evaluate(
     test_counts = learn.dls.test.targets.bincount()
     return dict(task=learn.task, variant=learn.variant, seed=learn.train_cfg.seed,
                 test_acc=float(te[1]), test_loss=float(te[0]), valid_acc=float(va[1]), valid_loss=float(va[0]),
-                majority=float(test_counts.max() / test_counts.sum()), params=n_params(_unwrap(learn.model)),
+                majority=float(test_counts.max() / test_counts.sum()), params=n_params(unwrap(learn.model)),
                 epochs=0 if h is None else len(h), best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
                 train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
 

@@ -15,6 +15,7 @@ __all__ = ['PLACEMENTS', 'ones_projector', 'token_similarity', 'token_diversity'
 # %% ../nbs/03a_similarity.ipynb #63e8ef3b
 import torch
 import torch.nn.functional as F
+from .core import check_choice
 
 # %% ../nbs/03a_similarity.ipynb #a101b321
 def ones_projector(
@@ -153,7 +154,7 @@ def simulate_post_norm(
     seed:int=0,             # seed of the random weights
 )->list:                    # `n_layers + 1` tensors `(n, d)`
     "A random post-norm self-attention stack with similarity removal at the chosen place."
-    if where not in PLACEMENTS: raise ValueError(f"unknown placement {where!r}; expected one of {PLACEMENTS}")
+    check_choice(where, PLACEMENTS, 'placement')
     g = torch.Generator().manual_seed(seed)
     d = X.shape[-1]
     xs = [X]
