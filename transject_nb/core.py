@@ -325,8 +325,9 @@ def _read_presets(p:Path)->configparser.ConfigParser:
     cp = configparser.ConfigParser(default_section='')   # '' is no section a file can name: [DEFAULT] is read as a section of its own
     try: cp.read_string(p.read_text(encoding='utf-8'), source=str(p))
     except configparser.Error as e: raise ValueError(f"malformed presets file {p}: {e}") from None
-    if bad := [s for s in cp.sections() if s not in ('DEFAULT',) + PRESET_SECTIONS]:
-        raise ValueError(f"presets file {p} has unknown section(s) {bad}; valid sections are [DEFAULT] and: {', '.join(PRESET_SECTIONS)}")
+    try:
+        for s in cp.sections(): check_choice(s, ('DEFAULT',) + PRESET_SECTIONS, 'section')
+    except ValueError as e: raise ValueError(f"presets file {p}: {e}") from None
     return cp
 
 def load_preset(
