@@ -31,8 +31,10 @@ def test_convert_field_types_by_annotation():
 
 
 def test_field_owners_first_wins():
-    assert field_owners([TrainConfig, DataConfig])['eps'] is TrainConfig
-    assert preset_configs()[:2] == (TrainConfig, DataConfig)               # a preset's `eps` is Adam's, not TransJect's guard
+    assert field_owners([_Cfg, EncoderConfig])['n'] is _Cfg and field_owners([EncoderConfig, TrainConfig])['d_model'] is EncoderConfig
+    owners = field_owners([TrainConfig, DataConfig])
+    assert owners['eps'] is TrainConfig and owners['n_train'] is DataConfig and 'd_model' not in owners
+    assert preset_configs()[:2] == (TrainConfig, DataConfig)
 
 
 def test_split_choices():

@@ -261,7 +261,7 @@ def valid_fields(variant:str)->dict:
     return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
 
 def preset_configs()->tuple:
-    "The dataclasses a preset's values feed, for `core.load_preset`: `TrainConfig` first (a preset's `eps` is Adam's), `DataConfig`, every variant's config."
+    "The dataclasses a preset's values feed, for `core.load_preset`: `TrainConfig`, `DataConfig` and every variant's config, in that order (a name in several is typed by the first)."
     return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
 
 def _preset_kind(preset:str)->str:
