@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 
 from transject_nb.core import (PRESET_KINDS, PRESET_SECTIONS, TASKS, EncoderConfig, convert_field, field_owners, load_preset,
-                               preset_section, split_choices)
+                               preset_section, split_choices, variant_spec)
 from transject_nb.learner import DataConfig, TrainConfig, preset_configs
 
 
@@ -31,7 +31,9 @@ def test_convert_field_types_by_annotation():
 
 
 def test_field_owners_first_wins():
-    assert field_owners([_Cfg, EncoderConfig])['n'] is _Cfg and field_owners([EncoderConfig, TrainConfig])['d_model'] is EncoderConfig
+    tj, sm = variant_spec('transject').config_cls, variant_spec('transformer').config_cls      # both have d_model
+    assert field_owners([tj, sm])['d_model'] is tj and field_owners([sm, tj])['d_model'] is sm
+    assert field_owners([tj, sm])['n_heads'] is sm                          # only the second has it
     owners = field_owners([TrainConfig, DataConfig])
     assert owners['eps'] is TrainConfig and owners['n_train'] is DataConfig and 'd_model' not in owners
     assert preset_configs()[:2] == (TrainConfig, DataConfig)
