@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from transject_nb import transject as tj, fused
-from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, bench_command, bench_table, crossover, flop_count, inverse_flops,
+from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
                                 interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops,
-                                peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder, register_cli,
+                                peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder,
                                 train_briefly, transject_flops, unfused_transject_, uses_fused)
 from transject_nb.models import VARIANTS, create_model
 
@@ -202,23 +202,24 @@ def test_cli(capsys):
     assert '--batch: expected a positive integer' in capsys.readouterr().err
     with pytest.raises(SystemExit): main(['--n', '4', '--d_model', '3.5'])     # typed as the config field is: an int
     assert "--d_model: expected int, got '3.5'" in capsys.readouterr().err
-    got = {}
-    def command(name, help):
-        def deco(run): got[name] = (help, run); return run
-        return deco
-    register_cli(command)
-    assert got['bench'][0] == BENCH_HELP
-    p = argparse.ArgumentParser(); got['bench'][1].add_args(p)
+    with pytest.raises(SystemExit): main(['--n', '4', '--lr', '0.1'])
+    assert "unknown model config field 'lr'; valid model config fields are: " in capsys.readouterr().err
+    p = argparse.ArgumentParser(); add_bench_args(p)
     a = p.parse_args(['--n', '5', '--batch', '1', '--reps', '1', '--no-memory'])
-    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject (readable)', 'transject (fused)', REFERENCE}
+    assert set(bench_command(a, {'d_model': 8, 'd_ff': 16}).model) == {'transject (readable)', 'transject (fused)', REFERENCE}
     a = p.parse_args(['--n', '5', '--batch', '1', '--reps', '1', '--no-memory', '--kernels', 'fused', '--variants', 'transject,transformer'])
-    assert set(got['bench'][1](a, {'d_model': 8, 'd_ff': 16}).model) == {'transject (fused)', 'transformer', REFERENCE}
+    assert set(bench_command(a, {'d_model': '8', 'd_ff': '16'}).model) == {'transject (fused)', 'transformer', REFERENCE}   # text typed by the fields
     with pytest.raises(SystemExit): main(['--n', '4', '--kernels', 'fast'])
-    assert "--kernels: expected 'readable', 'fused' or both" in capsys.readouterr().err
+    assert "unknown kernel 'fast'; valid kernels are: readable, fused" in capsys.readouterr().err
     with pytest.raises(ValueError, match='drop --kernel'): bench_command(argparse.Namespace(variants='transject', n='4', threads=None), {'kernel': 'fused'})
 
 
-def test_console_script_registers_bench():
+def test_console_script_offers_bench():
+    "`cli` imports `bench` and offers it; `bench` does not import `cli` (the import goes one way)."
+    import ast, inspect, transject_nb.bench as bench
     from transject_nb.cli import make_parser, COMMANDS
     help = make_parser().format_help()
-    assert 'bench' in COMMANDS and 'bench' in help
+    assert 'bench' in COMMANDS and 'bench' in help and COMMANDS['bench'][1] is add_bench_args
+    tree = ast.parse(inspect.getsource(bench))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.endswith('cli') for m in imported), imported

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from transject_nb.cli import DEMO, convert_value, main, parse_overrides, run_command
+from transject_nb.cli import DEMO, field_configs, main, parse_overrides, run_command
 from transject_nb.models import VARIANTS
 
 TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
@@ -18,10 +18,15 @@ def _err(argv, capsys):
     return capsys.readouterr().err
 
 
-def test_convert_value():
-    assert convert_value('a', '3', 'int') == 3 and convert_value('a', '1e-3', 'float') == 1e-3
-    assert convert_value('a', 'None', 'int|None') is None and convert_value('a', 'yes', 'bool') is True
-    with pytest.raises(ValueError, match='expected int'): convert_value('a', '2.5', 'int')
+def test_values_typed_by_the_fields_annotation():
+    "One conversion, `core.convert_field`, from the dataclass that declares each field."
+    from transject_nb.learner import DataConfig, TrainConfig
+    assert parse_overrides(['--epochs', '3', '--lr', '1', '--n_train', 'none', '--source', 'data'], ['transject']) == dict(epochs=3, lr=1.0, n_train=None, source='data')
+    assert type(parse_overrides(['--lr', '1'], ['transject'])['lr']) is float
+    owners = field_configs(['transject'])
+    assert owners['epochs'] is TrainConfig and owners['n_train'] is DataConfig and owners['d_model'].__name__ == 'TransJectConfig'
+    with pytest.raises(ValueError, match=r"--epochs: expected int, got '2\.5'"): parse_overrides(['--epochs', '2.5'], ['transject'])
+    with pytest.raises(ValueError, match=r"--n_train: expected int\|None, got 'all'"): parse_overrides(['--n_train', 'all'], ['transject'])
 
 
 def test_parse_overrides():
@@ -35,9 +40,9 @@ def test_errors_list_the_valid_choices(capsys):
     assert "invalid choice: 'sst2'" in _err(['train', '--task', 'sst2', '--variant', 'transject'], capsys)
     assert 'transject' in _err(['train', '--task', 'listops', '--variant', 'nope'], capsys)
     e = _err(['train', '--task', 'listops', '--variant', 'transject', '--d_modle', '3'], capsys)
-    assert 'valid fields are: model: d_model' in e and 'training: lr' in e and 'data: n_train' in e
-    assert 'valid variants are: all, ' + ', '.join(VARIANTS) in _err(['compare', '--variants', 'transject,bert'], capsys)
-    assert 'unknown field --n_heads' in _err(['compare', '--task', 'listops', '--variants', 'transject', '--n_heads', '2'], capsys)
+    assert "unknown field 'd_modle'; valid fields are: d_model" in e and 'lr' in e and 'n_train' in e
+    assert "unknown variant 'bert'; valid variants are: " + ', '.join(VARIANTS) in _err(['compare', '--variants', 'transject,bert'], capsys)
+    assert "unknown field 'n_heads'" in _err(['compare', '--task', 'listops', '--variants', 'transject', '--n_heads', '2'], capsys)
     assert '--seeds: expected comma-separated integers' in _err(['compare', '--seeds', 'a,b'], capsys)
 
 

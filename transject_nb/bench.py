@@ -6,15 +6,16 @@ Docs: https://transject-nb.github.io/transject_nb/bench.html.md"""
 
 # %% ../nbs/10_bench.ipynb #56d56db7
 from __future__ import annotations
-import argparse, contextlib, json, math, operator, os, platform, statistics, sys, tempfile, time, types
-from dataclasses import dataclass
+import argparse, contextlib, json, math, operator, os, platform, statistics, tempfile, time, types
+from dataclasses import dataclass, fields
 
 # %% auto #0
-__all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'machine_info', 'time_fn', 'matmul_peak', 'copy_bandwidth',
-           'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops', 'transject_flops',
-           'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops', 'interleaved_times',
-           'peak_memory', 'train_briefly', 'bench_table', 'gc_collect', 'crossover', 'plot_throughput', 'plot_memory',
-           'unfused_transject_', 'profile_step', 'add_bench_args', 'bench_command', 'register_cli', 'main']
+__all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_KERNELS', 'machine_info', 'time_fn', 'matmul_peak',
+           'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
+           'transject_flops', 'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops',
+           'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_table', 'crossover',
+           'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step', 'add_bench_args', 'bench_command',
+           'main']
 
 # %% ../nbs/10_bench.ipynb #cc4436b0
 import pandas as pd
@@ -23,12 +24,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from . import transject as _tj
-from .core import PAD_ID, EncoderConfig, EncoderClassifier, progress_iter, sinusoidal_pe
+from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice, convert_field, field_owners, progress_iter,
+                               sinusoidal_pe, split_choices, split_fields, variant_spec)
 from .models import VARIANTS, create_model
 from . import fused as _fused
 from .transject import TransJect, TransJectConfig, INV_LEAF
 from .baselines import SoftmaxEncoder
-from .cli import split_fields, convert_value, _type_name
 
 # %% ../nbs/10_bench.ipynb #70ecc6dc
 def machine_info(
@@ -61,6 +62,7 @@ def time_fn(
         t0 = time.perf_counter(); fn(); _sync(device); ts.append(time.perf_counter() - t0)
     return ts
 
+# %% ../nbs/10_bench.ipynb #70ecc6de
 PEAK_SHAPES = ((8192, 256, 1024), (512, 256, 1024), (2048, 2048, 2048))
 
 def matmul_peak(
@@ -236,7 +238,7 @@ def measured_flops(
     train:bool=True,          # forward+backward, or inference forward
 )->int:                       # FLOPs counted by `FlopCounterMode`
     "FLOPs that torch's `FlopCounterMode` counts in one step, on one thread, with SDPA's math backend and without `nn.TransformerEncoderLayer`'s fused inference path, so that every product is visible."
-    from torch.nn.attention import sdpa_kernel, SDPBackend
+    from torch.nn.attention import SDPBackend
     step = make_step(model, x, train=train, sdpa=SDPBackend.MATH)
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
@@ -310,6 +312,57 @@ def train_briefly(
 # %% ../nbs/10_bench.ipynb #775c6c6e
 def _oom(e): return any(s in str(e).lower() for s in ('out of memory', "can't allocate", 'not enough memory'))
 
+def gc_collect(device='cpu'):
+    "Free what can be freed between measurements."
+    import gc; gc.collect()
+    if torch.device(device).type == 'cuda': torch.cuda.empty_cache()
+
+def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->list:
+    "The lengths `ns` as ints, once every argument of `bench_table` is checked; else a ValueError saying what was expected."
+    if not models: raise ValueError("bench_table needs at least one model")
+    try: ns = [operator.index(n) for n in ns]                            # ints, numpy ints; not floats or strings
+    except TypeError: raise ValueError(f"ns must be positive integer lengths, got {ns}") from None
+    if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
+    if B < 1 or reps < 1 or warmup < 0: raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
+    if torch.device(device).type == 'cuda' and not torch.cuda.is_available(): raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
+        raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} (build them with max_len >= {max(ns)})")
+    return ns
+
+# %% ../nbs/10_bench.ipynb #775c6c70
+_PROBE = (8192, 256, 1024)   # (m, k, n) of the product timed beside the models in every round
+
+def _matmul_probe(dtype, device)->dict:
+    "Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 in-cache row blocks; the faster is the round's matmul peak."
+    m, k, n = _PROBE
+    pa, pb = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    pout = torch.empty(m, n, device=device, dtype=dtype)
+    def blocks():
+        for i in range(0, m, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
+    return {'_matmul': lambda: torch.mm(pa, pb, out=pout), '_matmul_blocks': blocks}
+
+def _time_rounds(steps:dict, reps:int, warmup:int, device, slow:set)->dict:
+    "`interleaved_times` of `steps`; out of memory, one step at a time, and a step still out of memory gets None and joins `slow`."
+    try: return interleaved_times(steps, reps, warmup, device)
+    except RuntimeError as e:
+        if not _oom(e): raise
+    ts = {}
+    for k, f in steps.items():
+        try: ts[k] = interleaved_times({k: f}, reps, warmup, device)[k]
+        except RuntimeError as e:
+            if not _oom(e): raise
+            ts[k] = None; slow.add(k)
+        finally: gc_collect(device)
+    return ts
+
+def _peak_mib(step, device)->float:
+    "`peak_memory` of `step`, nan when it runs out of memory."
+    try: return peak_memory(step, device)
+    except RuntimeError as e:
+        if not _oom(e): raise
+        return float('nan')
+
+# %% ../nbs/10_bench.ipynb #775c6c73
 def bench_table(
     models:dict,             # name -> model (same vocabulary); the reference's name is `reference`
     ns,                      # sequence lengths
@@ -328,68 +381,33 @@ def bench_table(
     progress:bool|None=None, # progress over the lengths (a bar in a notebook or terminal, a line per length in a log); None: unless run as a test by `nbdev-test` (`IN_TEST` set)
 )->pd.DataFrame:             # one row per (n, model)
     "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
-    if not models: raise ValueError("bench_table needs at least one model")
-    try: ns = [operator.index(n) for n in ns]                            # ints, numpy ints; not floats or strings
-    except TypeError: raise ValueError(f"ns must be positive integer lengths, got {ns}") from None
-    if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
-    if B < 1 or reps < 1 or warmup < 0: raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
-    if torch.device(device).type == 'cuda' and not torch.cuda.is_available(): raise ValueError(f"device {device!r} asked for, but CUDA is not available")
-    if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
-        raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} (build them with max_len >= {max(ns)})")
+    ns = _check_bench_args(models, ns, B, reps, warmup, device)
     rows, slow = [], set()
     vocab = min(m.cfg.vocab_sz for m in models.values())
-    pdt = dtype or torch.float32
-    pa, pb = torch.randn(8192, 256, device=device).to(pdt), torch.randn(256, 1024, device=device).to(pdt)
-    pout = torch.empty(8192, 1024, device=device, dtype=pdt)
-    def blocks():                                                        # the same product as 16 in-cache row blocks
-        for i in range(0, 8192, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
+    probe = _matmul_probe(dtype or torch.float32, device)
     compiled = {k: torch.compile(m) for k, m in models.items()} if compile else {}
     if progress is None: progress = not os.environ.get('IN_TEST')
     for n in progress_iter(ns, 'length', show=progress and len(ns) > 1):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randint(1, vocab, (B, n), generator=g).to(device)
-        y = torch.randint(0, 2, (B,), generator=g).to(device)
+        x = torch.randint(1, vocab, (B, n), generator=g).to(device)     # (B, n)
+        y = torch.randint(0, 2, (B,), generator=g).to(device)           # (B,)
         steps = {k: make_step(m, x, y, train, dtype, compiled.get(k), sdpa if not isinstance(m, TransJect) else None)
-                 for k, m in models.items() if k not in slow}
-        steps['_matmul'] = lambda: torch.mm(pa, pb, out=pout)
-        steps['_matmul_blocks'] = blocks
-        try: ts = interleaved_times(steps, reps, warmup, device)
-        except RuntimeError as e:                                        # out of memory: run them one by one
-            if not _oom(e): raise
-            ts = {}
-            for k, f in steps.items():
-                try: ts[k] = interleaved_times({k: f}, reps, warmup, device)[k]
-                except RuntimeError as e2:
-                    if not _oom(e2): raise
-                    ts[k] = None; slow.add(k)
-                finally: gc_collect(device)
-        peak = 2 * 8192 * 256 * 1024 / min(statistics.median(ts.pop('_matmul')), statistics.median(ts.pop('_matmul_blocks'))) / 1e9
+                 for k, m in models.items() if k not in slow} | probe
+        ts = _time_rounds(steps, reps, warmup, device, slow)
+        peak = 2 * math.prod(_PROBE) / min(statistics.median(ts.pop('_matmul')), statistics.median(ts.pop('_matmul_blocks'))) / 1e9
         load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan')
         for k, t in ts.items():
-            m = models[k]
             if t is None: rows.append(dict(n=n, model=k)); continue
-            med = statistics.median(t)
-            fl = flop_count(m, B, n, train)['total']
-            mem = float('nan')
-            if memory:
-                try: mem = peak_memory(steps[k], device)
-                except RuntimeError as e:
-                    if not _oom(e): raise
+            med, fl = statistics.median(t), flop_count(models[k], B, n, train)['total']
+            mem = _peak_mib(steps[k], device) if memory else float('nan')
             rows.append(dict(n=n, model=k, tokens_per_s=B * n / med, tok_s_min=B * n / max(t), tok_s_max=B * n / min(t),
                              step_ms=1e3 * med, gflop=fl / 1e9, gflops_per_s=fl / med / 1e9, peak_gflops_per_s=peak,
                              frac_peak=fl / med / 1e9 / peak, peak_mib=mem, load=round(load, 2), threads=torch.get_num_threads()))
             if med > max_step_s: slow.add(k)
         gc_collect(device)
     df = pd.DataFrame(rows)
-    if reference in models and 'tokens_per_s' in df:
-        refs = df[df.model == reference].set_index('n').tokens_per_s
-        df['ratio'] = df.tokens_per_s / df.n.map(refs)
+    if reference in models and 'tokens_per_s' in df: df['ratio'] = df.tokens_per_s / df.n.map(df[df.model == reference].set_index('n').tokens_per_s)
     return df
-
-def gc_collect(device='cpu'):
-    "Free what can be freed between measurements."
-    import gc; gc.collect()
-    if torch.device(device).type == 'cuda': torch.cuda.empty_cache()
 
 # %% ../nbs/10_bench.ipynb #ab4de674
 def crossover(
@@ -406,6 +424,7 @@ def crossover(
         if r0 <= 0 < r1: return float(math.exp(math.log(n0) + (math.log(n1) - math.log(n0)) * -r0 / (r1 - r0)))
     return float('nan')
 
+# %% ../nbs/10_bench.ipynb #ab4de675
 def plot_throughput(
     df:pd.DataFrame,        # a `bench_table`
     ax=None,                # matplotlib Axes; a new (6, 3.5) figure if None
@@ -509,45 +528,67 @@ def add_bench_args(
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
 
 # %% ../nbs/10_bench.ipynb #e0c85ae4
-def _parse_fields(words:list)->dict: return dict(split_fields(words))   # values stay strings until the models' fields are known
+BENCH_KERNELS = ('readable', 'fused')   # TransJect's layer: the equations as written, or the fused CPU kernel
 
-def bench_command(
-    a:argparse.Namespace,  # parsed `add_bench_args` options
-    overrides:dict=None,   # model config fields, applied to every model that has them
-)->pd.DataFrame:           # the table printed
-    "Build the models, run `bench_table`, print it."
-    from dataclasses import fields as dc_fields
-    from transject_nb.core import variant_spec
-    if getattr(a, 'threads', None): torch.set_num_threads(a.threads)
-    vs = list(VARIANTS) if a.variants in (None, 'all') else [v.strip() for v in a.variants.split(',')] if isinstance(a.variants, str) else list(a.variants)
-    if bad := [v for v in vs if v not in VARIANTS]: raise ValueError(f"unknown variant(s) {bad}; valid variants are: all, {', '.join(VARIANTS)}")
+def _bench_lists(a)->tuple:
+    "The variants, lengths and kernels that the options `a` name, checked."
+    vs = split_choices(a.variants, VARIANTS, 'variant')
     try: ns = [int(n) for n in str(a.n).split(',') if n.strip()]
     except ValueError: raise ValueError(f"--n: expected comma-separated integers, got {a.n!r}") from None
     if not ns or min(ns) < 1: raise ValueError(f"--n: expected positive lengths, got {a.n!r}")
-    for k in ('batch', 'reps'):
-        if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
-    kernels = [k.strip() for k in str(getattr(a, 'kernels', 'readable,fused')).split(',') if k.strip()]
-    if not kernels or (bad := [k for k in kernels if k not in ('readable', 'fused')]): raise ValueError(f"--kernels: expected 'readable', 'fused' or both, comma-separated; got {getattr(a, 'kernels', None)!r}")
-    if 'kernel' in (overrides or {}): raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); drop --kernel")
-    if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
-    types = {f.name: _type_name(f.type) for cls in [variant_spec(v).config_cls for v in vs] + [TorchEncoderConfig] for f in dc_fields(cls)}
-    if bad := sorted(set(overrides or {}) - set(types)): raise ValueError(f"bench takes model config fields only; unknown: {bad}")
-    overrides = {k: convert_value(k, v, types[k]) if isinstance(v, str) else v for k, v in (overrides or {}).items()}   # typed on the command line
-    cfg = BENCH_DEFAULTS | overrides | dict(max_len=max(ns))
-    if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
-    pick = lambda cls: {k: v for k, v in cfg.items() if k in {f.name for f in dc_fields(cls)} and k not in ('vocab_sz', 'n_classes')}
+    return vs, ns, split_choices(getattr(a, 'kernels', ','.join(BENCH_KERNELS)), BENCH_KERNELS, 'kernel')
+
+def _bench_fields(
+    variants:list,   # the variants benchmarked
+    overrides:dict,  # model config field -> value: text from the command line, or already typed
+)->dict:             # the overrides, typed
+    "Check that every override is a field of a benchmarked model's config (the reference's included), and type the text ones by its annotation."
+    if 'kernel' in overrides: raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); drop --kernel")
+    owners = field_owners([*(variant_spec(v).config_cls for v in variants), TorchEncoderConfig])
+    for k in overrides: check_choice(k, owners, 'model config field')
+    return {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v for k, v in overrides.items()}
+
+# %% ../nbs/10_bench.ipynb #e0c85ae7
+def _bench_models(
+    vs:list,             # the variants
+    kernels:list,        # TransJect's kernels, the first one trained if `train_steps`
+    cfg:dict,            # model config fields, each given to the models whose config has it
+    device='cpu',        # where the models go
+    train_steps:int=0,   # train the TransJect models this many Adam steps on random data first
+)->dict:                 # name -> model
+    "The models benchmarked: each variant (a TransJect one once per kernel, with the same weights) and the reference."
+    pick = lambda cls: {k: v for k, v in cfg.items() if k in {f.name for f in fields(cls)} and k not in ('vocab_sz', 'n_classes')}
     torch.manual_seed(0)
-    build = lambda v, **kw: create_model(v, 30522, 2, **{k: x for k, x in pick(variant_spec(v).config_cls).items() if k not in variant_spec(v).fixed}, **kw).to(a.device)
+    def build(v, **kw):
+        spec = variant_spec(v)
+        return create_model(v, 30522, 2, **{k: x for k, x in pick(spec.config_cls).items() if k not in spec.fixed}, **kw).to(device)
     models = {}
     for v in vs:
         if not issubclass(variant_spec(v).config_cls, TransJectConfig): models[v] = build(v); continue
         m = build(v, kernel=kernels[0])
-        if a.train_steps: train_briefly(m, a.train_steps)
+        if train_steps: train_briefly(m, train_steps)
         models[f'{v} ({kernels[0]})'] = m
         for k in kernels[1:]:                                               # the same weights, the other kernel
             models[f'{v} ({k})'] = build(v, kernel=k); models[f'{v} ({k})'].load_state_dict(m.state_dict())
-    models[REFERENCE] = reference_encoder(30522, 2, **pick(TorchEncoderConfig)).to(a.device)
+    models[REFERENCE] = reference_encoder(30522, 2, **pick(TorchEncoderConfig)).to(device)
+    return models
+
+# %% ../nbs/10_bench.ipynb #8017250f
+def bench_command(
+    a:argparse.Namespace,  # parsed `add_bench_args` options
+    overrides:dict=None,   # model config fields (text as typed, or values), applied to every model that has them
+)->pd.DataFrame:           # the table printed
+    "Build the models, run `bench_table`, print it."
+    if getattr(a, 'threads', None): torch.set_num_threads(a.threads)
+    vs, ns, kernels = _bench_lists(a)
+    for k in ('batch', 'reps'):
+        if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
+    if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
+    overrides = _bench_fields(vs, overrides or {})
+    cfg = BENCH_DEFAULTS | overrides | dict(max_len=max(ns))
+    if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
+    models = _bench_models(vs, kernels, cfg, a.device, a.train_steps)
     dtype = None if a.dtype == 'float32' else getattr(torch, a.dtype)
     df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype, memory=not a.no_memory, compile=a.compile, device=a.device)
     info = machine_info(a.device)
@@ -564,15 +605,6 @@ def bench_command(
     if a.csv: df.to_csv(a.csv, index=False)
     return df
 
-# %% ../nbs/10_bench.ipynb #8017250f
-def register_cli(
-    command,   # `transject_nb.cli.command`, the CLI's decorator that registers a subcommand
-):
-    "Add `bench` to the `transject-nb` command line through its registration hook."
-    def run(a, overrides): return bench_command(a, overrides)
-    run.add_args, run.parse_overrides = add_bench_args, _parse_fields
-    return command('bench', BENCH_HELP)(run)
-
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 )->pd.DataFrame:          # the table printed
@@ -580,9 +612,5 @@ def main(
     p = argparse.ArgumentParser(prog='transject-nb bench', description=BENCH_HELP)
     add_bench_args(p)
     a, rest = p.parse_known_args(argv)
-    try: return bench_command(a, _parse_fields(rest))
+    try: return bench_command(a, dict(split_fields(rest)))
     except ValueError as e: p.error(str(e))
-
-# %% ../nbs/10_bench.ipynb #24643035
-from . import cli as _cli
-register_cli(_cli.command)   # importing this module (as `transject-nb` does, through `cli.PLUGINS`) adds `bench`

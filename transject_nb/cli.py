@@ -6,25 +6,24 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, contextlib, dataclasses, io, json, os, sys, time
-from dataclasses import fields
+import argparse, json, time
 from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'COMMANDS', 'PLUGINS', 'field_types', 'convert_value', 'split_fields', 'parse_overrides', 'run_one',
-           'to_markdown', 'compare', 'command', 'make_parser', 'run_command', 'main']
+__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'run_one', 'to_markdown', 'compare', 'make_parser',
+           'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
 import numpy as np
 import pandas as pd
-import torch
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import TASKS, settings_files, variant_spec
+from .core import TASKS, check_choice, convert_field, settings_files, split_choices, split_fields, variant_spec
 from .data import load_task
 from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
 from .models import VARIANTS
+from .bench import BENCH_HELP, add_bench_args, bench_command
 
 # %% ../nbs/08_cli.ipynb #7921553b
 DEMO = dict(
@@ -34,67 +33,24 @@ DEMO = dict(
 )
 
 # %% ../nbs/08_cli.ipynb #c05fa3fa
-def _type_name(t)->str: return t if isinstance(t, str) else getattr(t, '__name__', str(t))
-
-def field_types(variants)->dict:
-    "Field name -> type name (e.g. 'int', 'float|None') for every field a run of `variants` accepts."
-    out = {f.name: _type_name(f.type) for cls in (TrainConfig, DataConfig) for f in fields(cls)}
+def field_configs(
+    variants,   # the variants that will be run
+)->dict:        # field name -> the config dataclass whose annotation types it
+    "The dataclass of every field a run of `variants` accepts: each variant's config for its model fields, `TrainConfig`, `DataConfig`."
+    out = {}
     for v in variants:
-        spec = variant_spec(v)
-        for f in fields(spec.config_cls):
-            if f.name in valid_fields(v)['model']: out.setdefault(f.name, _type_name(f.type))
-    return out
-
-_TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
-
-def convert_value(
-    name:str,   # the field's name (for the error message)
-    s:str,      # the value as typed
-    typ:str,    # the field's type name: 'int', 'float', 'str', 'bool', or a union such as 'int|None'
-):              # the value, converted
-    "Convert a command-line string to a config field's type, or raise a ValueError that says what was expected."
-    opts = [o.strip() for o in typ.replace('Optional[', '').replace(']', '').split('|')]
-    if s.lower() in ('none', 'null') and 'None' in opts: return None
-    for o in opts:
-        if o == 'bool':
-            if s.lower() in _TRUE: return True
-            if s.lower() in _FALSE: return False
-        elif o == 'int':
-            try: return int(s)
-            except ValueError: pass
-        elif o == 'float':
-            try: return float(s)
-            except ValueError: pass
-        elif o == 'str': return s
-    raise ValueError(f"--{name}: expected {typ}, got {s!r}")
-
-def split_fields(
-    args:list,       # command-line words, e.g. ['--d-model', '32', '--lr=1e-3']
-)->list:             # `(field, value as typed)` pairs, dashes in names turned into underscores
-    "Split `--field value` and `--field=value` words into pairs, or raise a ValueError naming the word that is neither."
-    out, i = [], 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith('--') or len(a) < 3: raise ValueError(f"expected --field value, got {a!r}")
-        k, eq, v = a[2:].partition('=')
-        if not eq:
-            if i + 1 >= len(args): raise ValueError(f"--{k}: missing value")
-            v, i = args[i + 1], i + 1
-        out.append((k.replace('-', '_'), v))
-        i += 1
-    return out
+        for k in valid_fields(v)['model']: out.setdefault(k, variant_spec(v).config_cls)
+    return out | {k: TrainConfig for k in TRAIN_FIELDS} | {k: DataConfig for k in DATA_FIELDS}
 
 def parse_overrides(
     args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
     variants,        # the variants that will be run
-)->dict:             # field -> converted value
-    "Parse `--field value` pairs against the fields a run of `variants` accepts."
-    types, out = field_types(variants), {}
+)->dict:             # field -> typed value
+    "Parse `--field value` words against the fields a run of `variants` accepts, each typed by its dataclass's annotation."
+    owners, out = field_configs(variants), {}
     for k, v in split_fields(args):
-        if k not in types:
-            model = sorted({f for var in variants for f in valid_fields(var)['model']})
-            raise ValueError(f"unknown field --{k}; valid fields are: model: {', '.join(model)}; training: {', '.join(TRAIN_FIELDS)}; data: {', '.join(DATA_FIELDS)}")
-        out[k] = convert_value(k, v, types[k])
+        check_choice(k, owners, 'field')
+        out[k] = convert_field(owners[k], k, v, where=f'--{k}')
     return out
 
 # %% ../nbs/08_cli.ipynb #c9bb48b5
@@ -109,17 +65,16 @@ def _check_fresh(path:Path, resume:bool):
     if not resume and (path/'models'/'checkpoint.pth').exists():
         raise FileExistsError(f"{path} already holds a run; pass --resume to continue it, or another --out")
 
-def _jsonable(o):
-    if isinstance(o, dict): return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)): return [_jsonable(v) for v in o]
-    if isinstance(o, (np.integer,)): return int(o)
-    if isinstance(o, (np.floating,)): return float(o)
+def _json_default(o):
+    "What `json.dump` does not write itself: numpy scalars become Python numbers, paths text."
+    if isinstance(o, np.generic): return o.item()
     if isinstance(o, Path): return str(o)
-    return o
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
 def _say_presets(section:str):
     print(f"presets [{section}] from {' + '.join(map(str, settings_files()))}", flush=True)
 
+# %% ../nbs/08_cli.ipynb #c9bb48b6
 def run_one(
     task:str,               # one of `TASKS`
     variant:str,            # one of `VARIANTS`
@@ -141,7 +96,8 @@ def run_one(
     if _rank0():
         if export: learn.export('export.pkl')
         h = history(learn)
-        json.dump(_jsonable(dict(results=res, config=learn.config, presets=settings_files(), history=h.reset_index().to_dict('list'))), open(path/'results.json', 'w'), indent=1)
+        with open(path/'results.json', 'w') as f:
+            json.dump(dict(results=res, config=learn.config, presets=settings_files(), history=h.reset_index().to_dict('list')), f, indent=1, default=_json_default)
     return learn, res
 
 # %% ../nbs/08_cli.ipynb #80d5f8b7
@@ -153,13 +109,7 @@ def to_markdown(df:pd.DataFrame)->str:
     line = lambda r: '| ' + ' | '.join(x.ljust(w[j]) if j == 0 else x.rjust(w[j]) for j, x in enumerate(r)) + ' |'
     return '\n'.join([line(cols), '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':' for j in range(len(cols))) + '|'] + [line(r) for r in rows])
 
-def _variants(variants)->list:
-    if variants in (None, 'all'): return list(VARIANTS)
-    vs = [v.strip() for v in variants.split(',')] if isinstance(variants, str) else list(variants)
-    if bad := [v for v in vs if v not in VARIANTS]: raise ValueError(f"unknown variant(s) {bad}; valid variants are: all, {', '.join(VARIANTS)}")
-    if not vs: raise ValueError("no variants given")
-    return vs
-
+# %% ../nbs/08_cli.ipynb #80d5f8ba
 def _seeds(seeds)->list:
     if isinstance(seeds, str):
         try: seeds = [int(s) for s in seeds.split(',') if s.strip()]
@@ -168,6 +118,23 @@ def _seeds(seeds)->list:
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds): raise ValueError(f"seeds must be non-negative integers, got {seeds}")
     return seeds
 
+def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list, summary:pd.DataFrame, hists:dict, wall:float)->str:
+    "Write `compare`'s tables, curves and JSON into `out`; return the Markdown table."
+    pd.DataFrame(results).to_csv(out/'results.csv', index=False)
+    results_table(results).to_csv(out/'summary.csv')
+    md = to_markdown(summary)
+    (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over seeds; "
+                                  f"majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
+    ax = plot_curves(hists, 'accuracy', title=f'{task}: validation accuracy')
+    ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
+    ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
+    import matplotlib.pyplot as plt; plt.close(ax.figure)
+    with open(out/'results.json', 'w') as f:
+        json.dump(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1),
+                       data=data.summary().reset_index().to_dict('list'), results=results), f, indent=1, default=_json_default)
+    return md
+
+# %% ../nbs/08_cli.ipynb #80d5f8bc
 def compare(
     task:str|None=None,     # one of `TASKS`; None: the embedded `DEMO`
     variants='all',         # 'all', a comma-separated string or a list of variant names
@@ -182,8 +149,8 @@ def compare(
 )->pd.DataFrame:            # the formatted summary: one row per variant, mean ± std over seeds
     "Train each variant for each seed on the same data, print and save a results table and the learning curves."
     if task is None: task, preset, seeds, overrides = DEMO['task'], preset or DEMO['preset'], seeds or DEMO['seeds'], DEMO['overrides'] | overrides
-    if task not in TASKS: raise ValueError(f"unknown task {task!r}; valid tasks are: {', '.join(TASKS)}")
-    vs, seeds, preset = _variants(variants), _seeds(seeds or (42,)), preset or 'auto'
+    check_choice(task, TASKS, 'task')
+    vs, seeds, preset = split_choices(variants, VARIANTS, 'variant'), _seeds(seeds or (42,)), preset or 'auto'
     per = {v: {k: x for k, x in overrides.items() if k in set(valid_fields(v)['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS)} for v in vs}
     if unused := sorted(set(overrides) - {k for p in per.values() for k in p}):
         raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
@@ -205,36 +172,13 @@ def compare(
     summary = results_table(results, fmt=True)
     if _rank0():
         wall = time.perf_counter() - t0
-        pd.DataFrame(results).to_csv(out/'results.csv', index=False)
-        results_table(results).to_csv(out/'summary.csv')
-        md = to_markdown(summary)
-        (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over seeds; "
-                                      f"majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
-        ax = plot_curves(hists, 'accuracy', title=f'{task}: validation accuracy')
-        ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
-        ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
-        import matplotlib.pyplot as plt; plt.close(ax.figure)
-        json.dump(_jsonable(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1),
-                                 data=data.summary().reset_index().to_dict('list'), results=results)), open(out/'results.json', 'w'), indent=1)
+        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall)
         print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; the majority class scores {100 * results[0]['majority']:.1f}%", flush=True)
         print(md, flush=True)
         print(f"\n{len(results)} runs in {wall:.0f} s; tables, curves and models in {out}", flush=True)
     return summary
 
 # %% ../nbs/08_cli.ipynb #1091e3c9
-COMMANDS = {}
-PLUGINS = ['transject_nb.bench']   # modules imported before the parser is built: they register their own subcommands
-
-def command(
-    name:str,   # the subcommand
-    help:str,   # its one-line help
-):
-    "Register a subcommand: decorate `run(args, overrides)`; its `add_args(parser)` is given as `run.add_args`, and an optional `run.parse_overrides(words)` replaces the config-field parsing."
-    def deco(run):
-        COMMANDS[name] = (help, run)
-        return run
-    return deco
-
 def _common(p):
     p.add_argument('--preset', choices=PRESETS, default=None, help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), or auto (CPU unless CUDA)")
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
@@ -250,19 +194,19 @@ def _train_args(p):
     p.add_argument('--no-export', action='store_true', help='do not write export.pkl')
     _common(p)
 
-@command('train', 'train one variant, evaluate it on the test set, save the model and a JSON of the results')
-def _train(a, overrides):
+def _train(a, words):
+    overrides = parse_overrides(words, [a.variant])
     out = _out_dir(a.out, a.task)
     if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **overrides)['preset'])
     learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export, cache_dir=_cache(a),
                          progress=not a.quiet, **overrides)
     if _rank0():
         print(history(learn).to_string(), flush=True)
-        print(json.dumps(_jsonable(res), indent=1), flush=True)
+        print(json.dumps(res, indent=1, default=_json_default), flush=True)
         print(f"model, history and results in {out}", flush=True)
     return res
-_train.add_args = _train_args
 
+# %% ../nbs/08_cli.ipynb #1091e3cc
 def _compare_args(p):
     p.add_argument('--task', default=None, choices=TASKS, help='the task (default: the embedded ListOps demo, DEMO)')
     p.add_argument('--variants', default='all', help=f"'all' or a comma-separated list of: {', '.join(VARIANTS)}")
@@ -270,36 +214,35 @@ def _compare_args(p):
     p.add_argument('--export', action='store_true', help='also write export.pkl for every run')
     _common(p)
 
-@command('compare', 'train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot')
-def _compare(a, overrides):
+def _compare(a, words):
+    overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
     return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a), export=a.export, quiet=a.quiet, **overrides)
-_compare.add_args = _compare_args
 
+def _bench(a, words): return bench_command(a, dict(split_fields(words)))   # `bench` types the values: it knows the models' config classes
+
+COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it on the parsed options and the remaining words)
+    train=('train one variant, evaluate it on the test set, save the model and a JSON of the results', _train_args, _train),
+    compare=('train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot', _compare_args, _compare),
+    bench=(BENCH_HELP, add_bench_args, _bench),
+)
+
+# %% ../nbs/08_cli.ipynb #1091e3ce
 def make_parser()->argparse.ArgumentParser:
-    "The `transject-nb` argument parser, one subparser per registered command."
+    "The `transject-nb` argument parser, one subparser per command of `COMMANDS`."
     p = argparse.ArgumentParser(prog='transject-nb', description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer encoders.',
                                 epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 --lr 1e-3).')
-    import importlib
-    for mod in PLUGINS: importlib.import_module(mod)
     sub = p.add_subparsers(dest='cmd', required=True, metavar='{' + ','.join(COMMANDS) + '}')
-    for name, (help, run) in COMMANDS.items(): run.add_args(sub.add_parser(name, help=help, description=help))
+    for name, (help, add_args, _) in COMMANDS.items(): add_args(sub.add_parser(name, help=help, description=help))
     return p
 
 def run_command(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
-):                        # what the command returned (a results dict for `train`, the summary table for `compare`)
+):                        # what the command returned (a results dict for `train`, the summary table for `compare` and `bench`)
     "Parse `argv` and run the subcommand; bad arguments exit with status 2 and a message listing the valid ones."
     p = make_parser()
-    a, rest = p.parse_known_args(argv)
-    try:
-        run = COMMANDS[a.cmd][1]
-        if hasattr(run, 'parse_overrides'): overrides = run.parse_overrides(rest)
-        else:
-            variants = [a.variant] if getattr(a, 'variant', None) else (_variants(a.variants) if getattr(a, 'variants', None) else list(VARIANTS))
-            overrides = parse_overrides(rest, variants)
-        return run(a, overrides)
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as e:
-        p.error(str(e))
+    a, words = p.parse_known_args(argv)
+    try: return COMMANDS[a.cmd][2](a, words)
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as e: p.error(str(e))
 
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
@@ -308,5 +251,4 @@ def main(
     run_command(argv)
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
-if __name__ == '__main__' and '__file__' in globals():   # run the module proper, `transject_nb.cli`, where the plugins register their subcommands
-    import importlib; importlib.import_module('transject_nb.cli').main()
+if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`; not when this notebook runs

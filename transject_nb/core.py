@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, importlib.resources, math, os, re, sys, tempfile, time
+import configparser, importlib.resources, math, os, re, sys, tempfile, time, types, typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -15,8 +15,8 @@ from typing import NamedTuple
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
            'EncoderConfig', 'EncoderClassifier', 'unwrap', 'check_choice', 'VariantSpec', 'register_variant',
            'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save', 'preset_section',
-           'packaged_settings', 'is_presets_file', 'settings_files', 'load_preset', 'in_notebook', 'interactive_output',
-           'progress_iter']
+           'packaged_settings', 'is_presets_file', 'settings_files', 'field_owners', 'convert_field', 'split_fields',
+           'split_choices', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -263,6 +263,8 @@ def preset_section(
     return task if kind == 'paper' else f'{task}-{kind}'
 
 PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # the sections a presets file may have
+
+# %% ../nbs/00_core.ipynb #a7c41e02
 _TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header that starts with a task's name
 
 def packaged_settings()->Path:
@@ -288,35 +290,108 @@ def settings_files()->list:
         user = next((d/'settings.ini' for d in [cwd, *cwd.parents] if is_presets_file(d/'settings.ini')), None)
     return [base] if user is None or user.resolve() == base.resolve() else [base, user]
 
-def _convert(v:str):
-    for f in (int, float):
-        try: return f(v)
-        except ValueError: pass
-    if v.lower() in ('true', 'false'): return v.lower() == 'true'
-    return v
+# %% ../nbs/00_core.ipynb #c0d3f1e1
+def field_owners(
+    configs,   # config dataclasses, in the order to look in them
+)->dict:       # field name -> the first of `configs` that has that field
+    "Which dataclass types each field name: the first of `configs` that declares it."
+    out = {}
+    for cls in configs:
+        for f in fields(cls): out.setdefault(f.name, cls)
+    return out
 
+_TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
+_TEXT_TYPES = (int, float, bool, str, type(None))   # the annotations text converts to
+
+def _options(t)->tuple: return typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+
+def convert_field(
+    cfg_cls:type,   # a dataclass, e.g. a variant's config or `learner.TrainConfig`
+    name:str,       # one of its fields
+    text:str,       # the value as written
+    where:str='',   # how an error names the value: '--d_model', 'settings.ini [imdb] bs' (default: the field's name)
+):                  # `text` as the field's type: int, float, bool or str, or None where the annotation allows it
+    "`text` converted to the annotated type of `cfg_cls.name` (`typing.get_type_hints`), or a ValueError naming the value, the text and the type expected."
+    hints = typing.get_type_hints(cfg_cls)
+    try: check_choice(name, [f.name for f in fields(cfg_cls)], 'field')
+    except ValueError as e: raise ValueError(f"{where or cfg_cls.__name__}: {e}") from None
+    opts, s = _options(hints[name]), text.strip()
+    if any(o not in _TEXT_TYPES for o in opts): raise TypeError(f"{cfg_cls.__name__}.{name} is annotated {hints[name]}, which text does not convert to")
+    if type(None) in opts and s.lower() in ('none', 'null'): return None
+    for o in opts:
+        if o is bool and s.lower() in _TRUE + _FALSE: return s.lower() in _TRUE
+        if o in (int, float):
+            try: return o(s)
+            except ValueError: pass
+        if o is str: return s
+    expected = '|'.join('None' if o is type(None) else o.__name__ for o in opts)
+    raise ValueError(f"{where or name}: expected {expected}, got {text!r}")
+
+# %% ../nbs/00_core.ipynb #c0d3f1e4
+def split_fields(
+    args:list,       # command-line words, e.g. ['--d-model', '32', '--lr=1e-3']
+)->list:             # `(field, value as typed)` pairs, dashes in names turned into underscores
+    "Split `--field value` and `--field=value` words into pairs, or raise a ValueError naming the word that is neither."
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith('--') or len(a) < 3: raise ValueError(f"expected --field value, got {a!r}")
+        k, eq, v = a[2:].partition('=')
+        if not eq:
+            if i + 1 >= len(args): raise ValueError(f"--{k}: missing value")
+            v, i = args[i + 1], i + 1
+        out.append((k.replace('-', '_'), v))
+        i += 1
+    return out
+
+def split_choices(
+    text,          # 'a,b', a list of names, or 'all' (or None) for every valid name
+    valid,         # the names allowed, in their order
+    what:str,      # the kind of name, singular: 'variant', 'kernel', ...
+)->list:           # the names, each one of `valid`
+    "The names in a comma-separated `text`, each checked by `check_choice`; 'all': every valid name."
+    valid = list(valid)
+    if text is None or text == 'all': return valid
+    names = [s.strip() for s in text.split(',') if s.strip()] if isinstance(text, str) else list(text)
+    if not names: raise ValueError(f"no {what} given; valid {what}s are: all, {', '.join(valid)}")
+    return [check_choice(n, valid, what) for n in names]
+
+# %% ../nbs/00_core.ipynb #6b7d9c85
 def _read_presets(p:Path)->configparser.ConfigParser:
-    cp = configparser.ConfigParser()
+    cp = configparser.ConfigParser(default_section='')   # '' is no section a file can name: [DEFAULT] is read as a section of its own
     try: cp.read_string(p.read_text(encoding='utf-8'), source=str(p))
     except configparser.Error as e: raise ValueError(f"malformed presets file {p}: {e}") from None
-    if bad := [s for s in cp.sections() if s not in PRESET_SECTIONS]:
-        raise ValueError(f"presets file {p} has unknown section(s) {bad}; valid sections are [DEFAULT] and: {', '.join(PRESET_SECTIONS)}")
+    try:
+        for s in cp.sections(): check_choice(s, ('DEFAULT',) + PRESET_SECTIONS, 'section')
+    except ValueError as e: raise ValueError(f"presets file {p}: {e}") from None
     return cp
 
 def load_preset(
-    task:str,         # one of `TASKS`
-    kind:str='paper', # one of `PRESET_KINDS`: the paper's (`[task]`), the small CPU one (`[task-cpu]`), the reproduction's (`[task-repro]`)
-    path=None,        # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
-)->dict:              # field -> typed value, `[DEFAULT]` included
-    "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file."
+    task:str,          # one of `TASKS`
+    kind:str='paper',  # one of `PRESET_KINDS`: the paper's (`[task]`), the small CPU one (`[task-cpu]`), the reproduction's (`[task-repro]`)
+    path=None,         # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
+    *,
+    configs,           # the dataclasses the preset feeds (`learner.preset_configs()`); each value is typed by the first that has its key
+    strict:bool=True,  # a key none of `configs` has is an error; False: such keys are left out (they feed other dataclasses)
+)->dict:               # field -> typed value, `[DEFAULT]` included
+    "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file, each value typed by the field it sets."
     check_choice(task, TASKS, 'task')
     files = settings_files() if path is None else [packaged_settings(), Path(path)]
     if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
-    sec, vals = preset_section(task, kind), {}
-    shipped, *user = [_read_presets(p) for p in files]
-    if not shipped.has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
-    for cp in [shipped, *user]: vals |= dict(cp[sec]) if cp.has_section(sec) else dict(cp.defaults())   # a file's section includes its [DEFAULT]
-    return {k: _convert(v) for k, v in vals.items()}
+    sec, vals, owners = preset_section(task, kind), {}, field_owners(configs)
+    parsed = [_read_presets(p) for p in files]
+    if not parsed[0].has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
+    for p, cp in zip(files, parsed):                       # later files win; within a file, the section beats its [DEFAULT]
+        for s in ('DEFAULT', sec):
+            if cp.has_section(s): vals |= {k: (text, f'{p} [{s}]') for k, text in cp[s].items()}
+    out = {}
+    for k, (text, where) in vals.items():
+        if k not in owners:
+            if not strict: continue
+            try: check_choice(k, owners, 'key')
+            except ValueError as e: raise ValueError(f"{where}: {e}") from None
+        out[k] = convert_field(owners[k], k, text, where=f'{where} {k}')
+    return out
 
 # %% ../nbs/00_core.ipynb #3b47be8c
 def in_notebook()->bool:

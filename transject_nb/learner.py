@@ -14,10 +14,10 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'BucketDL', 'TokenDataLoaders',
-           'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'resolve_config', 'AuxLoss',
-           'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV', 'load_checkpoint',
-           'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner', 'load_weights', 'history',
-           'evaluate', 'plot_curves', 'load_trained', 'results_table']
+           'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'preset_configs', 'resolve_config',
+           'AuxLoss', 'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV',
+           'load_checkpoint', 'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner',
+           'load_weights', 'history', 'evaluate', 'plot_curves', 'load_trained', 'results_table']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -260,6 +260,10 @@ def valid_fields(variant:str)->dict:
     "The names `get_learner` accepts for `variant`, by group."
     return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
 
+def preset_configs()->tuple:
+    "The dataclasses a preset's values feed, for `core.load_preset`: `TrainConfig`, `DataConfig` and every variant's config, in that order (a name in several is typed by the first)."
+    return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
+
 def _preset_kind(preset:str)->str:
     check_choice(preset, PRESETS, 'preset')
     return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
@@ -282,7 +286,7 @@ def resolve_config(
                         f"training: {', '.join(TRAIN_FIELDS)}; data: {', '.join(DATA_FIELDS)}")
     if clash := {k: v for k, v in overrides.items() if k in spec.fixed and v != spec.fixed[k]}:
         raise ValueError(f"variant {variant!r} fixes {spec.fixed}; got contradicting {clash}")
-    vals = load_preset(task, kind) | {k: v for k, v in overrides.items() if k not in spec.fixed}
+    vals = load_preset(task, kind, configs=preset_configs()) | {k: v for k, v in overrides.items() if k not in spec.fixed}
     model = {k: vals[k] for k in vf['model'] if k in vals}
     train = TrainConfig(**{k: vals[k] for k in TRAIN_FIELDS if k in vals})
     data = DataConfig(**{k: vals[k] for k in DATA_FIELDS if k in vals})

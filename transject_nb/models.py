@@ -70,7 +70,7 @@ def preset_config(
     "The fields of a task preset that `variant`'s config takes."
     spec = variant_spec(variant)
     keep = set(config_fields(spec.config_cls)) - {'vocab_sz', 'n_classes'} - set(spec.fixed)
-    return {k: v for k, v in load_preset(task, kind).items() if k in keep}
+    return {k: v for k, v in load_preset(task, kind, configs=[spec.config_cls], strict=False).items() if k in keep}
 
 # %% ../nbs/05_models.ipynb #64cc7efe
 def n_params(model:nn.Module)->int:
