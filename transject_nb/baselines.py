@@ -172,7 +172,7 @@ class NeuTRENOBlock(SoftmaxBlock):
         return o + self.cfg.lam * (ctx['v0'] - v)
 
 class SimilarityRemovalBlock(SoftmaxBlock):
-    "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output, before the residual add."
+    "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output; we place it before the residual add (the paper does not say where)."
     def correct(self, a, mask, ctx):
         "$(I-\\tau\\Pi_{\\mathbf 1})a$, with the mean over real tokens."
         return remove_similarity(a, mask, self.cfg.tau)
