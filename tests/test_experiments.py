@@ -1,0 +1,136 @@
+"""`transject_nb.experiments`: baselines with known answers on tiny data, the results files' columns, tables built from run files, and a run loaded back."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from transject_nb.data import TaskData, TokenSplit
+from transject_nb.experiments import (BASELINE_COLUMNS, RESULT_COLUMNS, check_orderings, collect_runs, format_table, linear_baselines,
+                                      load_run, majority_class, missing_runs, results_table, tfidf_logreg)
+
+ROOT = Path(__file__).resolve().parent.parent
+REPRO = ROOT/'nbs'/'results'/'repro'
+
+
+def _task(train, valid, test, task='imdb', key='k'):
+    "A hand-made TaskData from lists of (token ids, label)."
+    mk = lambda xs: TokenSplit.from_lists([x for x, _ in xs], [y for _, y in xs])
+    n = 1 + max(int(y) for _, y in train + valid + test)
+    return TaskData(task, mk(train), mk(valid), mk(test), vocab_sz=1 + max(max(x) for x, _ in train + valid + test), n_classes=n,
+                    classes=tuple(map(str, range(n))), tokenizer=None, max_len=8, source='hand-made', cache_key=key)
+
+
+def _separable(labels):
+    "Label 0 carries token 5, label 1 token 6, between fillers that do not depend on the label."
+    return [([1 + i % 4, 5 + y, 1 + (i + 1) % 4], y) for i, y in enumerate(labels)]
+
+
+def test_majority_of_an_imbalanced_set():
+    d = _task(_separable([0] * 7 + [1] * 3), _separable([0, 1, 1]), _separable([0, 0, 0, 0, 1]))
+    r = majority_class(d.train, d.valid, d.test)
+    assert r['test_acc'] == pytest.approx(0.8) and r['valid_acc'] == pytest.approx(1 / 3)
+    d1 = _task(_separable([1] * 6 + [0] * 4), _separable([0, 1, 1]), _separable([0, 0, 0, 0, 1]))     # the majority is class 1 now
+    assert majority_class(d1.train, d1.valid, d1.test)['test_acc'] == pytest.approx(0.2)
+
+
+def test_separable_tokens_give_100_percent():
+    d = _task(_separable([0] * 7 + [1] * 3), _separable([0, 0, 1]), _separable([0, 0, 0, 0, 1]))
+    b = linear_baselines(d, min_df=1)
+    assert list(b.columns) == list(BASELINE_COLUMNS)
+    assert b.set_index('model').test_acc.to_dict() == {'majority class': 0.8, 'tfidf-lr unigrams': 1.0, 'tfidf-lr uni+bigrams': 1.0}
+    assert (b.data_key == 'k').all()
+    assert tfidf_logreg(d.train, d.valid, d.test, Cs=(0.1,))['test_acc'] == pytest.approx(0.8)   # strong regularisation: the majority class
+
+
+def test_bigrams_see_order_and_bytes_task_has_its_features():
+    order = lambda labels: [([1, 2, 3] if y else [2, 1, 3], y) for y in labels]
+    d = _task(order([0, 1] * 4), order([0, 1]), order([0, 1, 1, 0]), task='charimdb')
+    assert linear_baselines(d, min_df=1).model.tolist() == ['majority class', 'tfidf-lr byte 1-4-grams']
+    b = linear_baselines(d, min_df=1, features=[('uni', (1, 1)), ('bi', (1, 2))]).set_index('model').test_acc
+    assert b['uni'] == 0.5 and b['bi'] == 1.0
+
+
+def test_bad_input_is_named():
+    d = _task(_separable([0] * 4), _separable([0, 1]), _separable([0, 1]))
+    with pytest.raises(ValueError, match='single class'): tfidf_logreg(d.train, d.valid, d.test)
+    with pytest.raises(TypeError, match='TaskData'): linear_baselines('imdb')
+
+
+def _write_run(root, task, variant, seed, test_acc, valid_acc=0.5, key='key1'):
+    d = root/task/variant/f'seed{seed}'
+    d.mkdir(parents=True)
+    res = dict(task=task, variant=variant, seed=seed, test_acc=test_acc, test_loss=0.7, valid_acc=valid_acc, valid_loss=0.7, majority=0.5,
+               params=1000, epochs=3, best_epoch=2, train_secs=10.0)
+    cfg = dict(task=task, variant=variant, preset=f'{task}-repro', model={}, train={}, data={}, data_key=key)
+    (d/'results.json').write_text(json.dumps(dict(results=res, config=cfg, presets=[], history={})))
+
+
+@pytest.fixture
+def runs_tree(tmp_path):
+    for s, (a, b) in enumerate([(0.80, 0.70), (0.82, 0.74), (0.84, 0.72)], 1):
+        _write_run(tmp_path, 'imdb', 'transject', s, a)
+        _write_run(tmp_path, 'imdb', 'transformer', s, b)
+    _write_run(tmp_path, 'agnews', 'neutreno', 1, 0.6, key='key2')
+    (tmp_path/'imdb'/'transformer'/'seed4').mkdir()                        # a run still training: no results.json yet
+    (tmp_path/'imdb'/'results.json').write_text(json.dumps(dict(task='imdb', results=[])))   # a compare summary: not a run
+    return tmp_path
+
+
+def test_results_files_have_result_columns(runs_tree, tmp_path):
+    df = collect_runs(runs_tree)
+    assert list(df.columns) == list(RESULT_COLUMNS)
+    assert df[['task', 'variant', 'seed']].values.tolist()[:2] == [['imdb', 'transject', 1], ['imdb', 'transject', 2]]   # tasks and variants in package order
+    assert len(df) == 7
+    df.to_csv(tmp_path/'runs.csv', index=False)
+    assert list(pd.read_csv(tmp_path/'runs.csv').columns) == list(RESULT_COLUMNS)
+
+
+def test_committed_results_files_have_their_columns():
+    "The files the experiments notebook renders its tables from."
+    runs, base = pd.read_csv(REPRO/'runs.csv'), pd.read_csv(REPRO/'baselines.csv')
+    assert list(runs.columns) == list(RESULT_COLUMNS) and len(runs)
+    assert list(base.columns) == list(BASELINE_COLUMNS) and len(base)
+    assert runs.groupby('task').data_key.nunique().max() == 1
+    results_table(runs, base)      # runs and baselines of a task share their splits
+
+
+def test_results_table_from_files(runs_tree):
+    runs = collect_runs(runs_tree)
+    base = pd.DataFrame([dict(task='imdb', model='majority class', valid_acc=0.5, test_acc=0.5, secs=0.0, C=np.nan, data_key='key1')])
+    t = results_table(runs, base)
+    row = t.loc[('imdb', 'transject')]
+    assert row.n == 3 and row.test_acc == pytest.approx(0.82) and row.test_std == pytest.approx(0.02)
+    assert t.loc[('imdb', 'transformer'), 'test_acc'] == pytest.approx(0.72)
+    assert t.loc[('imdb', 'majority class'), 'kind'] == 'baseline' and np.isnan(t.loc[('imdb', 'majority class'), 'test_std'])
+    assert t.index.tolist() == [('imdb', 'transject'), ('imdb', 'transformer'), ('imdb', 'majority class'), ('agnews', 'neutreno')]
+    assert t.paper.isna().all()
+    wide = format_table(t)
+    assert wide.loc['transject', 'imdb'] == '82.0 ± 2.0' and wide.loc['neutreno', 'agnews'] == '60.0 (n=1)'
+    o = check_orderings(t).set_index(['task', 'better', 'worse'])
+    assert o.loc[('imdb', 'transject', 'transformer'), 'verdict'] == 'holds'
+    miss = missing_runs(runs, tasks=('imdb',), variants=('transject', 'transformer'), seeds=(1, 2, 3, 4))
+    assert miss.values.tolist() == [['imdb', 'transject', 4], ['imdb', 'transformer', 4]]
+
+
+def test_results_table_refuses_mixed_splits(runs_tree):
+    _write_run(runs_tree, 'imdb', 'neutreno', 1, 0.8, key='other')
+    with pytest.raises(ValueError, match='different splits'): results_table(collect_runs(runs_tree))
+    runs = collect_runs(runs_tree)
+    runs = runs[runs.variant != 'neutreno']
+    base = pd.DataFrame([dict(task='imdb', model='majority class', valid_acc=0.5, test_acc=0.5, secs=0.0, C=np.nan, data_key='nope')])
+    with pytest.raises(ValueError, match='other splits'): results_table(runs, base)
+    with pytest.raises(ValueError, match='lacks the columns'): results_table(runs.drop(columns='data_key'))
+
+
+def test_load_run_gives_back_the_trained_model(tmp_path):
+    from transject_nb.cli import run_one
+    tiny = dict(n_train=64, n_valid=32, n_test=32, max_len=16, min_length=4, max_length=16, max_depth=2, max_args=3, d_model=16, n_layers=1, epochs=1)
+    learn, res = run_one('listops', 'transject', tmp_path/'run', preset='cpu', cache_dir=False, progress=False, export=False, seed=3, **tiny)
+    back = load_run(tmp_path/'run', cache_dir=False)
+    assert back.results == json.loads((tmp_path/'run'/'results.json').read_text())['results']
+    x = learn.dls.test.one_batch()[0].cpu()
+    assert (back.predict_proba(x) - learn.predict_proba(x)).abs().max() < 1e-6
+    assert len(back.recorder.values) == res['epochs']
+    with pytest.raises(FileNotFoundError, match='no results.json'): load_run(tmp_path)
