@@ -32,7 +32,8 @@ from .learner import DataConfig, TaskLearner, get_learner, load_checkpoint, trai
 from .bounds import layer_bounds, transject_bounds, worst_ratio
 from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, activation_bounds, expert_weights, isomap_layers, layer_entropy, layer_measures,
                                    plot_activation_bounds, plot_expert_weights, plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights,
-                                   token_pair_stats, unwrap)
+                                   token_pair_stats)
+from .core import unwrap
 
 # %% ../nbs/11_experiments.ipynb #32831896
 BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')   # one row of `linear_baselines`
@@ -324,7 +325,7 @@ def plot_entropy_data(
     return plot_layer_curves({v: g.set_index('layer')[estimator] for v, g in df.groupby('variant', sort=False)}, ylabel=f'entropy (nats, {estimator})', ax=ax)
 
 # %% ../nbs/11_experiments.ipynb #c2fa297c
-def _has_experts(m)->bool: return hasattr(unwrap(m)[0], 'alphas')
+def _has_experts(m)->bool: return hasattr(unwrap(m), 'alphas')
 
 def expert_weight_data(
     learners:dict,   # name -> trained learner (or model); only the TransJect variants are used
@@ -350,8 +351,8 @@ def bound_data(
     "TransJect Fig. 5c: measured min/max token distance ratio per layer beside the bounds from each model's own α."
     def one(m):
         df = activation_bounds(m, data, progress=False)
-        a, L = residual_weights(m), unwrap(m)[0].cfg.n_layers
-        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m)[0], 'alphas') else [np.nan] * L)
+        a, L = residual_weights(m), unwrap(m).cfg.n_layers
+        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m), 'alphas') else [np.nan] * L)
         df['worst_lo'], df['worst_hi'] = transject_bounds(L) if _has_experts(m) else (np.nan, np.nan)
         return df
     return _per_model(learners, one)
@@ -371,7 +372,7 @@ def token_map(
     layers:int|None=None, # apply the first `layers` blocks (default: all)
 ):                        # a map `(..., d) -> (..., d)` acting on every token separately
     "The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`."
-    m = unwrap(model)[0]
+    m = unwrap(model)
     def f(t):
         h, ctx = t.reshape(1, -1, t.shape[-1]), dict(sigma=sigma.reshape(1, -1).to(t.dtype))   # (1, N, d), (1, d)
         for blk in m.blocks[:layers]: h = blk(h, None, ctx)
@@ -389,7 +390,7 @@ def certified_ratios(
     rows = []
     for v, lm in learners.items():
         if not _has_experts(lm): continue
-        m = unwrap(lm)[0]
+        m = unwrap(lm)
         was = m.training; m.eval()
         try:
             x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)     # (b, n)
