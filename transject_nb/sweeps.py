@@ -167,7 +167,7 @@ def run_grid(
             el = time.perf_counter() - t0
             left = el / trained * sum(1 for v2, c2, s2 in todo[i:] if not (out/v2/cell_key(c2)/f'seed{s2}'/'record.json').exists()) if trained else 0
             print(f"{i}/{len(todo)} {v} {cell_key(c)} seed {s}: test acc {100 * rec['test_acc']:.1f}%"
-                  f"{' DIVERGED' if rec['diverged'] else ''}, {rec['wall_secs']:.0f} s; about {left / 60:.0f} min left", flush=True)
+                  f"{' DIVERGED' if rec['diverged'] else ''}, {rec['wall_secs']:.0f} s" + (f"; about {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
     return grid_frame(records)
 
 # %% ../nbs/12_sweeps.ipynb #e7676824
