@@ -275,6 +275,22 @@ def test_imdb_csv_with_vocab(tmp_path):
     assert len(sub.train) == 10 and sub.train.label_counts().tolist() == [5, 5] and len(sub.test) == 6
 
 
+def test_cache_key_follows_contents_not_paths_or_times(tmp_path):
+    "A data set copied elsewhere (new paths, new times) keeps its key, so its cache and its runs' checkpoints; changed contents change it."
+    import os, shutil
+    src = write_imdb_csv(tmp_path / 'imdb'); vocab = tiny_vocab(tmp_path / 'vocab.txt')
+    key = load_task('imdb', src, max_len=8, vocab=vocab, cache_dir=False, seed=0).cache_key
+    copy = tmp_path / 'elsewhere' / 'imdb'; shutil.copytree(src, copy)
+    for f in copy.iterdir(): os.utime(f, (1, 1))
+    assert load_task('imdb', copy, max_len=8, vocab=vocab, cache_dir=False, seed=0).cache_key == key
+    acl = write_aclimdb(tmp_path / 'aclImdb'); acl2 = tmp_path / 'moved' / 'aclImdb'; shutil.copytree(acl, acl2)
+    k1, k2 = (load_task('charimdb', a, max_len=20, cache_dir=False).cache_key for a in (acl, acl2))
+    assert k1 == k2
+    f = next((copy).glob('train.csv*')); data = f.read_bytes()
+    f.write_bytes(gzip.compress(gzip.decompress(data).replace(b'great', b'GREAT')) if f.suffix == '.gz' else data.replace(b'great', b'GREAT'))
+    assert load_task('imdb', copy, max_len=8, vocab=vocab, cache_dir=False, seed=0).cache_key != key
+
+
 def test_vocab_found_beside_the_source(tmp_path):
     src = write_imdb_csv(tmp_path / 'data' / 'imdb')
     (tmp_path / 'data' / 'bert-base-uncased').mkdir()

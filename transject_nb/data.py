@@ -699,19 +699,15 @@ def default_cache_dir()->Path:
     return Path(os.environ.get('TRANSJECT_CACHE') or '~/.cache/transject_nb').expanduser()
 
 def _fingerprint(paths)->list:
-    "(path, size, mtime) of every file given, or inside every folder given (one level deep for aclImdb's neg/pos)."
+    "What every file given holds: (name, size, sha256) of a file; (name, hash of its files' names and sizes) of a folder, one level deep for aclImdb's neg/pos. No paths, no times, so a moved or re-copied data set keeps its cache and its runs."
     out = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            for sub in sorted(q for q in p.iterdir() if q.name != 'unsup'):
-                if sub.is_dir():
-                    with os.scandir(sub) as it:
-                        ents = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it if e.is_file())
-                    out.append((str(sub.resolve()), hashlib.sha256(repr(ents).encode()).hexdigest()))
-                elif sub.is_file(): st = sub.stat(); out.append((str(sub.resolve()), st.st_size, st.st_mtime_ns))
-        else:
-            st = p.stat(); out.append((str(p.resolve()), st.st_size, st.st_mtime_ns))
+    for p in map(Path, paths):
+        subs = sorted(q for q in p.iterdir() if q.name != 'unsup') if p.is_dir() else [p]
+        for sub in subs:
+            if sub.is_dir():
+                with os.scandir(sub) as it: ents = sorted((e.name, e.stat().st_size) for e in it if e.is_file())
+                out.append((sub.name, hashlib.sha256(repr(ents).encode()).hexdigest()))
+            elif sub.is_file(): out.append((sub.name, sub.stat().st_size, _sha256(sub)))
     return out
 
 def _sha256(p:Path)->str: return hashlib.sha256(Path(p).read_bytes()).hexdigest()
@@ -921,7 +917,7 @@ def load_task(
         vkind, vpath = _resolve_vocab(vocab, src)
         vid = _sha256(vpath) if vkind == 'file' else f"train:{task_kwargs.get('vocab_size', 30522)}"
     else: vkind, vpath, vid = task, None, task
-    key = cache_key(task=task, source=src_desc, files=_fingerprint(files.values()), vocab=vid, max_len=max_len,   # ... names the cache file
+    key = cache_key(task=task, source=None if files else src_desc, files=_fingerprint(files.values()), vocab=vid, max_len=max_len,   # ... names the cache file
                     n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed, valid_pct=valid_pct,
                     kwargs={k: v for k, v in task_kwargs.items() if k != 'vocab_size'})
     cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
