@@ -7,6 +7,7 @@ Docs: https://transject-nb.github.io/transject_nb/sweeps.html.md"""
 # %% ../nbs/12_sweeps.ipynb #9d8ef6d5
 from __future__ import annotations
 import itertools, json, re, time
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import pandas as pd
@@ -19,18 +20,35 @@ from .similarity import token_similarity
 from .learner import get_learner, train_learner, evaluate, history
 
 # %% auto #0
-__all__ = ['GRID_SCALARS', 'grid_cells', 'cell_key', 'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame',
-           'run_grid', 'grid_summary', 'best_cells', 'plot_grid', 'plot_layers', 'init_sweep']
+__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'ROBUSTNESS_STUDY', 'grid_cells', 'axis_cells', 'cell_key', 'depth_measures',
+           'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'grid_summary', 'best_cells',
+           'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
-    grid:dict,   # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}`; `{}`: one cell, no overrides
-)->list:         # one dict per cell, the cartesian product in the grid's order (last field fastest)
-    "The cells of a grid: every combination of the fields' values."
+    grid,        # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}` (`{}`: one cell, no overrides); or a list of cells (dicts), taken as given
+)->list:         # one dict per cell: the cartesian product in the grid's order (last field fastest), or the given cells
+    "The cells of a grid: every combination of the fields' values, or an explicit list of cells."
+    if isinstance(grid, (list, tuple)):
+        if not grid: raise ValueError("an empty list of cells: give at least one")
+        if bad := [c for c in grid if not isinstance(c, dict)]: raise TypeError(f"a list of cells must hold dicts (field -> value), got {bad[0]!r}")
+        if len(set(map(cell_key, grid))) < len(grid): raise ValueError(f"repeated cells in {grid}")
+        return [dict(c) for c in grid]
+    if not isinstance(grid, dict): raise TypeError(f"grid must be a dict (field -> values) or a list of cells, got {type(grid).__name__}")
     for k, vs in grid.items():
         if isinstance(vs, (str, bytes)) or not hasattr(vs, '__iter__'): raise TypeError(f"grid[{k!r}] must be a list of values, got {vs!r}")
         if not list(vs): raise ValueError(f"grid[{k!r}] is empty: give at least one value")
     return [dict(zip(grid, vs)) for vs in itertools.product(*map(list, grid.values()))]
+
+def axis_cells(
+    base:dict,   # field -> value: the centre every axis passes through
+    axes:dict,   # field -> values: each field varied alone, the others at `base`
+)->list:         # the cells, every one with all of `base`'s fields; the centre once
+    "One axis at a time around a centre (a robustness figure's grid): fewer cells than the full product."
+    if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in base {base}")
+    grid_cells(axes)                                                    # the same checks of each axis's values
+    cells = [base | {k: v} for k, vs in axes.items() for v in vs]
+    return list({cell_key(c): c for c in [dict(base), *cells]}.values())
 
 def cell_key(
     cell:dict,   # field -> value
@@ -127,48 +145,98 @@ def run_cell(
     return rec
 
 # %% ../nbs/12_sweeps.ipynb #722cc5be
-GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'epochs', 'params', 'train_secs', 'wall_secs',
+GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen', 'epochs', 'params', 'train_secs', 'wall_secs',
                 'valid_loss_init', 'cosine_init', 'share_init', 'grad_norm_first_init', 'cosine_final', 'share_final', 'grad_norm_first_final')
 
 def grid_frame(
     records:list,   # records from `run_cell`
-)->pd.DataFrame:    # one row per record: the grid's fields and `GRID_SCALARS` (the per-layer lists and histories stay in the JSON)
+)->pd.DataFrame:    # one row per record: the grid's fields (tuned ones included) and `GRID_SCALARS` (the per-layer lists and histories stay in the JSON)
     "The records as a table of scalars."
     fields = list(dict.fromkeys(k for r in records for k in r.get('fields', ())))
-    return pd.DataFrame([{k: r.get(k) for k in (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])} for r in records])
+    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])} for r in records])
+
+def _pick(recs:list)->dict:
+    "The tuned run to keep: the best validation accuracy among those that did not diverge (the first on ties)."
+    ok = [r for r in recs if not r['diverged']] or recs
+    return max(ok, key=lambda r: r['valid_acc'])
 
 def run_grid(
     task:str,               # one of `TASKS`
-    grid:dict,              # field -> values (see `grid_cells`)
+    grid,                   # field -> values, or a list of cells (see `grid_cells`, `axis_cells`)
     variants=None,          # variant names (default: all of `VARIANTS`)
     seeds=(1, 2),           # training seeds
     out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
     preset:str='repro',     # a `learner.PRESETS` name
+    tune:dict|None=None,    # field -> values chosen per (variant, cell) on validation accuracy with the first seed; the other seeds run the choice only
     progress:bool=True,     # one line per finished run, with the time left
     cache_dir=None,         # `load_task`'s cache
     **fixed,                # fields every cell shares
-)->pd.DataFrame:            # `grid_frame` of every run, finished ones read back
+)->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
     "Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, interrupted ones continue."
     variants = [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]
+    seeds, tune = list(seeds), dict(tune or {})
     if not seeds: raise ValueError("no seeds given")
-    if clash := sorted(set(grid) & set(fixed)): raise ValueError(f"fields {clash} are both grid fields and fixed fields")
-    out, cells = Path(out), grid_cells(grid)
-    todo = [(v, c, s) for v in variants for c in cells for s in seeds]
-    records, t0, trained = [], time.perf_counter(), 0
-    for i, (v, c, s) in enumerate(todo, 1):
-        p = out/v/cell_key(c)/f'seed{s}'
-        if (p/'record.json').exists(): rec = json.loads((p/'record.json').read_text())
-        else:
-            rec = run_cell(task, v, c, s, p, preset=preset, progress=False, cache_dir=cache_dir, **fixed); trained += 1
-        rec['fields'] = list(grid)
-        records.append(rec)
+    if len(set(seeds)) < len(seeds): raise ValueError(f"repeated seeds in {seeds}")
+    out, cells, trials = Path(out), grid_cells(grid), grid_cells(tune)
+    fields = list(dict.fromkeys([k for c in cells for k in c] + list(tune)))
+    if clash := sorted(set(fields) & set(fixed)): raise ValueError(f"fields {clash} are both grid (or tuned) fields and fixed fields")
+    if clash := sorted(set(tune) & {k for c in cells for k in c}): raise ValueError(f"fields {clash} are both grid fields and tuned fields")
+    done = lambda v, c, s: (out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
+    def left_runs(k:int)->int:                                          # runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed
+        return sum(sum(not done(v, c | t, seeds[0]) for t in trials) + sum(not any(done(v, c | t, s) for t in trials) for s in seeds[1:])
+                   for v, c in units[k:])
+    units, records, t0, trained, n = [(v, c) for v in variants for c in cells], [], time.perf_counter(), 0, 0
+    total = len(units) * (len(trials) + len(seeds) - 1)
+    def one(v, c, s, k, chosen):
+        nonlocal trained, n
+        p, n = out/v/cell_key(c)/f'seed{s}', n + 1
+        was = (p/'record.json').exists()
+        rec = json.loads((p/'record.json').read_text()) if was else run_cell(task, v, c, s, p, preset=preset, progress=False, cache_dir=cache_dir, **fixed)
+        trained += not was
+        rec |= dict(fields=fields, chosen=chosen)
+        if progress:
+            left = (time.perf_counter() - t0) / trained * left_runs(k) if trained else 0
+            print(f"{n}/{total} {v} {cell_key(c)} seed {s}: test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
+                  f"{rec['wall_secs']:.0f} s" + (f"; about {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
+        return rec
+    for k, (v, c) in enumerate(units):
+        first = [one(v, c | t, seeds[0], k, False) for t in trials]
+        best = _pick(first); best['chosen'] = True
+        choice = {f: best[f] if f in best else c[f] for f in tune} if tune else {}
+        records += first + [one(v, c | choice, s, k, True) for s in seeds[1:]]
         _dump(records, out/'grid.json'); grid_frame(records).to_csv(out/'grid.csv', index=False)
-        if progress and (p/'record.json').exists():
-            el = time.perf_counter() - t0
-            left = el / trained * sum(1 for v2, c2, s2 in todo[i:] if not (out/v2/cell_key(c2)/f'seed{s2}'/'record.json').exists()) if trained else 0
-            print(f"{i}/{len(todo)} {v} {cell_key(c)} seed {s}: test acc {100 * rec['test_acc']:.1f}%"
-                  f"{' DIVERGED' if rec['diverged'] else ''}, {rec['wall_secs']:.0f} s" + (f"; about {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
     return grid_frame(records)
+
+# %% ../nbs/12_sweeps.ipynb #c6ff074d
+@dataclass(frozen=True)
+class Study:
+    "A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields every run shares."
+    task:str                    # one of `TASKS`
+    grid:object                 # field -> values, or a list of cells (see `grid_cells`)
+    tune:dict                   # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
+    seeds:tuple = (1, 2)        # training seeds
+    variants:tuple|None = None  # variant names (None: all of `VARIANTS`)
+    preset:str = 'repro'        # the `settings.ini` preset under the fixed fields
+    fixed:dict = field(default_factory=dict)   # fields every run shares
+
+    @property
+    def n_runs(self)->int:
+        "Runs a full sweep trains: per (variant, cell), every tuned value with the first seed, then one run per further seed."
+        return len(self.variants or VARIANTS) * len(grid_cells(self.grid)) * (len(grid_cells(self.tune)) + len(self.seeds) - 1)
+
+    def run(self,
+            out,                # the sweep's folder (see `run_grid`)
+            **kw,               # more fixed fields (e.g. `source=` the data's folder) or `run_grid` options (`progress`, `cache_dir`, `variants`)
+           )->pd.DataFrame:     # `run_grid`'s table
+        "Run (or resume, or read back) the study."
+        kw = dict(variants=self.variants) | kw
+        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune, **(self.fixed | kw))
+
+_CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
+_LRS = dict(lr=[1e-3, 3e-3, 1e-2])
+DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE)
+ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
+                         _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2))
 
 # %% ../nbs/12_sweeps.ipynb #e7676824
 def grid_summary(
@@ -176,7 +244,8 @@ def grid_summary(
     by=None,                # grid fields to group by with the variant (default: every column between 'cell' and 'test_acc')
     value:str='test_acc',   # the column summarised
 )->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
-    "Mean and standard deviation over seeds of `value` per variant and cell."
+    "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
+    if 'chosen' in df: df = df[df['chosen'].astype(bool)]                # a tuned grid: only the runs kept
     cols = list(df.columns)
     by = list(by) if by is not None else cols[cols.index('cell') + 1:cols.index('test_acc')]
     if miss := [c for c in [value, *by] if c not in df]: raise KeyError(f"columns {miss} not in the grid table; it has {cols}")
@@ -224,7 +293,7 @@ def plot_layers(
     check_choice(key, ('share', 'cosine'), 'key'); check_choice(when, ('init', 'final'), 'stage')
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     groups = {}
-    for r in records: groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
+    for r in (r for r in records if r.get('chosen', True)): groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
     for (v, c), ls in groups.items():
         ax.plot(np.mean(ls, 0), marker='.', lw=1, label=f'{v} {c}')
     ax.set_xlabel('layer (0: embedding)'); ax.set_ylabel(key); ax.legend(fontsize=6)
