@@ -60,3 +60,42 @@ def test_init_sweep_identity_at_init():
     tj = df[df.variant == 'transject'].share.tolist()
     assert abs(tj[0] - tj[1]) < 1e-6                                      # TransJect's layers are the identity at initialisation
     with pytest.raises(ValueError, match="unknown variant"): init_sweep(x, y, 50, 2, variants=['nope'])
+
+
+def test_axis_cells_share_the_centre_and_carry_every_field():
+    from transject_nb.sweeps import axis_cells
+    cells = axis_cells({'d_model': 64, 'n_train': 200}, {'d_model': [32, 64], 'n_train': [100, 200, 400]})
+    assert cells[0] == {'d_model': 64, 'n_train': 200} and len(cells) == 4      # the centre once, then 32, then 100 and 400
+    assert all(set(c) == {'d_model', 'n_train'} for c in cells)
+    with pytest.raises(ValueError, match='repeated cells'): grid_cells([{'a': 1}, {'a': 1}])
+
+
+def test_tuning_chooses_on_validation_and_later_seeds_follow(tmp_path, monkeypatch):
+    "The choice uses validation accuracy only (not test), skips diverged runs, and seed 2 reuses it; a resume trains nothing."
+    import transject_nb.sweeps as S
+    fake = {1e-3: dict(valid_acc=0.6, test_acc=0.9, diverged=False), 1e-2: dict(valid_acc=0.7, test_acc=0.1, diverged=False),
+            1e-1: dict(valid_acc=0.9, test_acc=0.9, diverged=True)}
+    calls = []
+    def run_cell(task, v, cell, seed, path, **kw):
+        calls.append((cell['lr'], seed)); path.mkdir(parents=True)
+        rec = dict(task=task, variant=v, seed=seed, **cell, **fake[cell['lr']], wall_secs=0.0)
+        (path/'record.json').write_text(json.dumps(rec)); return rec
+    monkeypatch.setattr(S, 'run_cell', run_cell)
+    df = run_grid('listops', {'n_layers': [1]}, ['transformer'], seeds=(1, 2), out=tmp_path, tune={'lr': [1e-3, 1e-2, 1e-1]}, progress=False)
+    assert calls == [(1e-3, 1), (1e-2, 1), (1e-1, 1), (1e-2, 2)]
+    assert df[df.chosen].lr.tolist() == [1e-2, 1e-2]
+    assert grid_summary(df)['seeds'].tolist() == [2]
+    calls.clear()
+    again = run_grid('listops', {'n_layers': [1]}, ['transformer'], seeds=(1, 2), out=tmp_path, tune={'lr': [1e-3, 1e-2, 1e-1]}, progress=False)
+    assert calls == [] and again.equals(df)
+    with pytest.raises(ValueError, match='both grid fields and tuned fields'):
+        run_grid('listops', {'lr': [1e-3]}, ['transformer'], out=tmp_path/'x', tune={'lr': [1e-3]})
+
+
+def test_export_and_load_grid(tmp_path):
+    from transject_nb.sweeps import export_grid, load_grid, LAYER_KEYS
+    run_grid('listops', {'n_layers': [1]}, ['transformer'], seeds=(1,), out=tmp_path/'g', preset='cpu', progress=False, **TINY)
+    t = export_grid(tmp_path/'g', tmp_path/'res')
+    t2, recs = load_grid(tmp_path/'res')
+    assert t2.shape == t.shape and len(recs) == 1 and all(len(recs[0][k]) == 2 for k in LAYER_KEYS)
+    with pytest.raises(FileNotFoundError, match='run the sweep'): export_grid(tmp_path/'none', tmp_path/'res2')

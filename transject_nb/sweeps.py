@@ -20,9 +20,9 @@ from .similarity import token_similarity
 from .learner import get_learner, train_learner, evaluate, history
 
 # %% auto #0
-__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'ROBUSTNESS_STUDY', 'grid_cells', 'axis_cells', 'cell_key', 'depth_measures',
-           'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'grid_summary', 'best_cells',
-           'plot_grid', 'plot_layers', 'init_sweep']
+__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
+           'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
+           'load_grid', 'grid_summary', 'best_cells', 'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -237,6 +237,31 @@ _LRS = dict(lr=[1e-3, 3e-3, 1e-2])
 DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE)
 ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2))
+
+# %% ../nbs/12_sweeps.ipynb #81631023
+LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final', 'share_layers_final')
+
+def export_grid(
+    src,             # a sweep's folder (holds `grid.json` from `run_grid`)
+    dest,            # where to write `grid.csv` and `layers.json` (created)
+)->pd.DataFrame:     # the table written
+    "Write the small files an experiments notebook renders from: every run's scalars, and the chosen runs' per-layer similarity."
+    f = Path(src)/'grid.json'
+    if not f.is_file(): raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into {src} first")
+    records = json.loads(f.read_text())
+    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
+    df = grid_frame(records); df.to_csv(dest/'grid.csv', index=False)
+    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()), *LAYER_KEYS)} for r in records if r.get('chosen', True)]
+    _dump(keep, dest/'layers.json')
+    return df
+
+def load_grid(
+    dest,            # a folder written by `export_grid`
+)->tuple:            # `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (for `plot_layers`)
+    "Read back what `export_grid` wrote."
+    dest = Path(dest)
+    if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]: raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
+    return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
 
 # %% ../nbs/12_sweeps.ipynb #e7676824
 def grid_summary(
