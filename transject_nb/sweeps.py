@@ -300,6 +300,7 @@ def plot_grid(
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     s = grid_summary(df, [x], y).reset_index()
     for v, t in s.groupby('variant', sort=False):
+        t = t.sort_values(x)                                            # cells come in any order (`axis_cells` puts the centre first): draw left to right
         ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
         bad = t[t['diverged'] > 0]
         if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
