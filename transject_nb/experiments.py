@@ -226,7 +226,7 @@ def check_orderings(
             A, B = table.loc[(task, a)], table.loc[(task, b)]
             diff = A.test_acc - B.test_acc
             se = math.sqrt(A.test_std ** 2 / A.n + B.test_std ** 2 / B.n) if A.n > 1 and B.n > 1 else float('nan')
-            verdict = 'within noise' if not se > 0 or abs(diff) <= z * se else 'holds' if diff > 0 else 'fails'
+            verdict = 'one seed' if math.isnan(se) else 'within noise' if not se > 0 or abs(diff) <= z * se else 'holds' if diff > 0 else 'fails'
             rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc, worse_acc=B.test_acc, diff=diff, se=se, verdict=verdict, claim=claim))
     return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc', 'diff', 'se', 'verdict', 'claim'])
 
