@@ -181,12 +181,12 @@ def run_grid(
     fields = list(dict.fromkeys([k for c in cells for k in c] + list(tune)))
     if clash := sorted(set(fields) & set(fixed)): raise ValueError(f"fields {clash} are both grid (or tuned) fields and fixed fields")
     if clash := sorted(set(tune) & {k for c in cells for k in c}): raise ValueError(f"fields {clash} are both grid fields and tuned fields")
+    units, records, t0, trained, n = [(v, c) for v in variants for c in cells], [], time.perf_counter(), 0, 0
+    total = len(units) * (len(trials) + len(seeds) - 1)
     done = lambda v, c, s: (out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
     def left_runs(k:int)->int:                                          # runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed
         return sum(sum(not done(v, c | t, seeds[0]) for t in trials) + sum(not any(done(v, c | t, s) for t in trials) for s in seeds[1:])
                    for v, c in units[k:])
-    units, records, t0, trained, n = [(v, c) for v in variants for c in cells], [], time.perf_counter(), 0, 0
-    total = len(units) * (len(trials) + len(seeds) - 1)
     def one(v, c, s, k, chosen):
         nonlocal trained, n
         p, n = out/v/cell_key(c)/f'seed{s}', n + 1
@@ -202,7 +202,7 @@ def run_grid(
     for k, (v, c) in enumerate(units):
         first = [one(v, c | t, seeds[0], k, False) for t in trials]
         best = _pick(first); best['chosen'] = True
-        choice = {f: best[f] if f in best else c[f] for f in tune} if tune else {}
+        choice = {f: best[f] for f in tune}                              # {} without tuning
         records += first + [one(v, c | choice, s, k, True) for s in seeds[1:]]
         _dump(records, out/'grid.json'); grid_frame(records).to_csv(out/'grid.csv', index=False)
     return grid_frame(records)
