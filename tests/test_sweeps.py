@@ -99,3 +99,43 @@ def test_export_and_load_grid(tmp_path):
     t2, recs = load_grid(tmp_path/'res')
     assert t2.shape == t.shape and len(recs) == 1 and all(len(recs[0][k]) == 2 for k in LAYER_KEYS)
     with pytest.raises(FileNotFoundError, match='run the sweep'): export_grid(tmp_path/'none', tmp_path/'res2')
+
+
+def _fake_runs(monkeypatch, valid):
+    "Replace `run_cell` by one that writes a record with the given validation accuracy per lr; returns the list of (lr, seed) trained."
+    import transject_nb.sweeps as S
+    calls = []
+    def run_cell(task, v, cell, seed, path, **kw):
+        calls.append((cell['lr'], seed)); path.mkdir(parents=True)
+        rec = dict(task=task, variant=v, seed=seed, **cell, valid_acc=valid[cell['lr']], test_acc=0.5, diverged=False, wall_secs=0.0)
+        (path/'record.json').write_text(json.dumps(rec)); return rec
+    monkeypatch.setattr(S, 'run_cell', run_cell)
+    return calls
+
+
+def test_run_grid_extends_the_grid_at_the_edge_the_choice_sits_at(monkeypatch, tmp_path):
+    # validation accuracy rises with lr up to 3e-2: the grid {1e-3, 1e-2} is extended upward twice, then stops
+    calls = _fake_runs(monkeypatch, {1e-4: 0.1, 1e-3: 0.6, 1e-2: 0.7, 3e-2: 0.8, 1e-1: 0.75, 3e-1: 0.9})
+    kw = dict(seeds=(1, 2), tune={'lr': [1e-3, 1e-2]}, extend={'lr': [1e-4, 3e-2, 1e-1, 3e-1]}, progress=False)
+    df = run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path/'up', **kw)
+    assert calls == [(1e-3, 1), (1e-2, 1), (3e-2, 1), (1e-1, 1), (3e-2, 2)]     # 3e-1 is never reached: 1e-1 did worse than 3e-2
+    assert df[df.chosen].lr.tolist() == [3e-2, 3e-2]
+    calls.clear()
+    again = run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path/'up', **kw)
+    assert calls == [] and again.equals(df)                                      # resumed: every run, the extension's too, read back
+
+
+def test_run_grid_extends_downward_once_when_every_rate_fails(monkeypatch, tmp_path):
+    # a collapsed model: every rate gives the majority class; the tie goes to the smallest, so one step down is tried, and the tie keeps the grid's value
+    calls = _fake_runs(monkeypatch, {1e-4: 0.5, 3e-4: 0.5, 1e-3: 0.5, 1e-2: 0.5})
+    df = run_grid('listops', {'n_layers': [1]}, ['transformer'], seeds=(1,), out=tmp_path, tune={'lr': [1e-3, 1e-2]}, extend={'lr': [3e-4, 1e-4]}, progress=False)
+    assert calls == [(1e-3, 1), (1e-2, 1), (3e-4, 1)]
+    assert df[df.chosen].lr.tolist() == [1e-3]
+
+
+def test_run_grid_extend_checks(tmp_path):
+    grid = lambda **kw: run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path, progress=False, **kw)
+    with pytest.raises(ValueError, match='lie within the tuned values'): grid(tune={'lr': [1e-3, 1e-2]}, extend={'lr': [3e-3]})
+    with pytest.raises(ValueError, match='must name the one tuned field'): grid(tune={'lr': [1e-3]}, extend={'wd': [0.1]})
+    with pytest.raises(ValueError, match='must name the one tuned field'): grid(extend={'lr': [0.1]})
+    with pytest.raises(ValueError, match='repeated extend values'): grid(tune={'lr': [1e-3]}, extend={'lr': [0.1, 0.1]})

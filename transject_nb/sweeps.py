@@ -160,6 +160,31 @@ def _pick(recs:list)->dict:
     ok = [r for r in recs if not r['diverged']] or recs
     return max(ok, key=lambda r: r['valid_acc'])
 
+def _edges(
+    tune:dict,      # the tuned field -> its values
+    extend:dict,    # the same field -> values outside those, to try at the grid's edges
+)->tuple:           # (field, values below, nearest first; values above, nearest first), or (None, [], []) without `extend`
+    "Check `extend` against `tune` and split its values by the edge they extend."
+    if not extend: return None, [], []
+    if len(extend) != 1 or len(tune) != 1 or set(extend) != set(tune):
+        raise ValueError(f"`extend` must name the one tuned field; got extend fields {sorted(extend)} with tuned fields {sorted(tune)}")
+    (f, extra), vals = next(iter(extend.items())), tune[next(iter(tune))]
+    if inside := [x for x in extra if min(vals) <= x <= max(vals)]:
+        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values {sorted(vals)}: extension values must be below or above them all")
+    if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
+    return f, sorted((x for x in extra if x < min(vals)), reverse=True), sorted(x for x in extra if x > max(vals))
+
+def _step_out(
+    recs:list,      # the first seed's runs of one (variant, cell) so far
+    f:str,          # the tuned field
+    lo:list,        # values left below the grid, nearest first (popped)
+    hi:list,        # values left above the grid, nearest first (popped)
+):                  # the next value to try, or None
+    "One step beyond the edge the current choice sits at; None when it is inside the values tried or that edge has no values left."
+    x, tried = _pick(recs)[f], [r[f] for r in recs]
+    side = hi if x == max(tried) else lo if x == min(tried) else []
+    return side.pop(0) if side else None
+
 def run_grid(
     task:str,               # one of `TASKS`
     grid,                   # field -> values, or a list of cells (see `grid_cells`, `axis_cells`)
@@ -168,6 +193,7 @@ def run_grid(
     out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
     preset:str='repro',     # a `learner.PRESETS` name
     tune:dict|None=None,    # field -> values chosen per (variant, cell) on validation accuracy with the first seed; the other seeds run the choice only
+    extend:dict|None=None,  # the tuned field -> values beyond its grid, tried one at a time outward while the first seed's choice sits at that edge of the values tried
     progress:bool=True,     # one line per finished run, with the time left
     cache_dir=None,         # `load_task`'s cache
     **fixed,                # fields every cell shares
@@ -181,13 +207,14 @@ def run_grid(
     fields = list(dict.fromkeys([k for c in cells for k in c] + list(tune)))
     if clash := sorted(set(fields) & set(fixed)): raise ValueError(f"fields {clash} are both grid (or tuned) fields and fixed fields")
     if clash := sorted(set(tune) & {k for c in cells for k in c}): raise ValueError(f"fields {clash} are both grid fields and tuned fields")
+    ef, below, above = _edges(tune, dict(extend or {}))
     units, records, t0, trained, n = [(v, c) for v in variants for c in cells], [], time.perf_counter(), 0, 0
     total = len(units) * (len(trials) + len(seeds) - 1)
     done = lambda v, c, s: (out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
     def left_runs(k:int)->int:                                          # runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed
         return sum(sum(not done(v, c | t, seeds[0]) for t in trials) + sum(not any(done(v, c | t, s) for t in trials) for s in seeds[1:])
                    for v, c in units[k:])
-    def one(v, c, s, k, chosen):
+    def one(v, c, s, k, chosen, edge=False):
         nonlocal trained, n
         p, n = out/v/cell_key(c)/f'seed{s}', n + 1
         was = (p/'record.json').exists()
@@ -196,11 +223,13 @@ def run_grid(
         rec |= dict(fields=fields, chosen=chosen)
         if progress:
             left = (time.perf_counter() - t0) / trained * left_runs(k) if trained else 0
-            print(f"{n}/{total} {v} {cell_key(c)} seed {s}: test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
+            print(f"{n}/{total}{'+' if ef else ''} {v} {cell_key(c)} seed {s}{' (grid edge)' if edge else ''}: test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
                   f"{rec['wall_secs']:.0f} s" + (f"; about {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
         return rec
     for k, (v, c) in enumerate(units):
-        first = [one(v, c | t, seeds[0], k, False) for t in trials]
+        first, lo, hi = [one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
+        while ef and (x := _step_out(first, ef, lo, hi)) is not None:
+            first.append(one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # the choice sits at an edge of what was tried: one step beyond it
         best = _pick(first); best['chosen'] = True
         choice = {f: best[f] for f in tune}                              # {} without tuning
         records += first + [one(v, c | choice, s, k, True) for s in seeds[1:]]
@@ -218,10 +247,11 @@ class Study:
     variants:tuple|None = None  # variant names (None: all of `VARIANTS`)
     preset:str = 'repro'        # the `settings.ini` preset under the fixed fields
     fixed:dict = field(default_factory=dict)   # fields every run shares
+    extend:dict = field(default_factory=dict)  # the tuned field -> values tried beyond its grid while the choice sits at an edge (see `run_grid`)
 
     @property
     def n_runs(self)->int:
-        "Runs a full sweep trains: per (variant, cell), every tuned value with the first seed, then one run per further seed."
+        "Runs a full sweep trains before any edge extension: per (variant, cell), every tuned value with the first seed, then one run per further seed."
         return len(self.variants or VARIANTS) * len(grid_cells(self.grid)) * (len(grid_cells(self.tune)) + len(self.seeds) - 1)
 
     def run(self,
@@ -230,11 +260,11 @@ class Study:
            )->pd.DataFrame:     # `run_grid`'s table
         "Run (or resume, or read back) the study."
         kw = dict(variants=self.variants) | kw
-        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune, **(self.fixed | kw))
+        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune, extend=self.extend, **(self.fixed | kw))
 
 _CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
 _LRS = dict(lr=[1e-3, 3e-3, 1e-2])
-DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE)
+DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE, extend=dict(lr=[1e-4, 3e-4, 3e-2, 1e-1]))
 ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2))
 
