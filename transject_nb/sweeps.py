@@ -263,7 +263,7 @@ class Study:
         return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune, extend=self.extend, **(self.fixed | kw))
 
 _CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
-_LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1])
+_LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1, 3e-1, 1.0])
 DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE, extend=_EDGES)
 ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2), extend=_EDGES)
