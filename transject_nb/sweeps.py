@@ -20,7 +20,7 @@ from .similarity import token_similarity
 from .learner import get_learner, train_learner, evaluate, history
 
 # %% auto #0
-__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
+__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
            'load_grid', 'grid_summary', 'best_cells', 'plot_grid', 'plot_layers', 'init_sweep']
 
@@ -265,6 +265,7 @@ class Study:
 _CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
 _LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1, 3e-1, 1.0])
 DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE, extend=_EDGES)
+LR_STUDY = Study('agnews', dict(lr=[5e-4, 3e-3, 3e-2, 1e-1]), {}, seeds=(1,), variants=('transformer', 'transformer-rezero', 'transject'))
 ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2), extend=_EDGES)
 
