@@ -194,7 +194,7 @@ def run_grid(
     preset:str='repro',     # a `learner.PRESETS` name
     tune:dict|None=None,    # field -> values chosen per (variant, cell) on validation accuracy with the first seed; the other seeds run the choice only
     extend:dict|None=None,  # the tuned field -> values beyond its grid, tried one at a time outward while the first seed's choice sits at that edge of the values tried
-    progress:bool=True,     # one line per finished run, with the time left
+    progress:bool=True,     # one line per finished run, with the time left (a lower bound with `extend`: the steps beyond the grid are not foreseen)
     cache_dir=None,         # `load_task`'s cache
     **fixed,                # fields every cell shares
 )->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
@@ -224,7 +224,7 @@ def run_grid(
         if progress:
             left = (time.perf_counter() - t0) / trained * left_runs(k) if trained else 0
             print(f"{n}/{total}{'+' if ef else ''} {v} {cell_key(c)} seed {s}{' (grid edge)' if edge else ''}: test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
-                  f"{rec['wall_secs']:.0f} s" + (f"; about {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
+                  f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if ef else 'about'} {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
         return rec
     for k, (v, c) in enumerate(units):
         first, lo, hi = [one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
