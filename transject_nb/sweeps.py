@@ -22,7 +22,7 @@ from .learner import get_learner, train_learner, evaluate, history
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'plot_grid', 'plot_layers', 'init_sweep']
+           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -316,6 +316,16 @@ def best_cells(
     "The best setting of one grid field per variant, by the seed-mean of `value`."
     s = grid_summary(df, [field], value).reset_index()
     return s.loc[s.groupby('variant', sort=False)['mean'].idxmax()].set_index('variant')
+
+def best_valid(
+    df:pd.DataFrame,        # `run_grid`'s table (any runs, e.g. one seed at several learning rates)
+    by=('variant',),        # columns whose groups each get their best run
+)->pd.DataFrame:            # the best run's row per group, indexed by `by`
+    "Per group, the run with the best validation accuracy among those that did not diverge (among all of them if every one diverged)."
+    ok = df[~df['diverged'].astype(bool)]
+    ok = pd.concat([ok, df[~df.set_index(list(by)).index.isin(ok.set_index(list(by)).index)]])   # groups with no sound run keep all theirs
+    return ok.loc[ok.groupby(list(by), sort=False)['valid_acc'].idxmax()].set_index(list(by))
+
 
 # %% ../nbs/12_sweeps.ipynb #9b98502e
 def plot_grid(
