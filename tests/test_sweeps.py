@@ -139,3 +139,13 @@ def test_run_grid_extend_checks(tmp_path):
     with pytest.raises(ValueError, match='must name the one tuned field'): grid(tune={'lr': [1e-3]}, extend={'wd': [0.1]})
     with pytest.raises(ValueError, match='must name the one tuned field'): grid(extend={'lr': [0.1]})
     with pytest.raises(ValueError, match='repeated extend values'): grid(tune={'lr': [1e-3]}, extend={'lr': [0.1, 0.1]})
+
+
+def test_best_valid_skips_diverged_runs_unless_all_diverged():
+    from transject_nb.sweeps import best_valid
+    df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[1e-3, 1e-2, 1e-1, 1e-3, 1e-2],
+                           valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.6, 0.7, 0.2, 0.5, 0.5], diverged=[False, False, True, True, True]))
+    b = best_valid(df)
+    assert b.loc['a', 'lr'] == 1e-2          # 1e-1 scores best but diverged
+    assert b.loc['b', 'lr'] == 1e-2          # every run of b diverged: the best of them
+    assert list(b.index) == ['a', 'b']
