@@ -149,3 +149,14 @@ def test_best_valid_skips_diverged_runs_unless_all_diverged():
     assert b.loc['a', 'lr'] == 1e-2          # 1e-1 scores best but diverged
     assert b.loc['b', 'lr'] == 1e-2          # every run of b diverged: the best of them
     assert list(b.index) == ['a', 'b']
+
+
+def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkeypatch, tmp_path):
+    calls = _fake_runs(monkeypatch, {1e-3: 0.6, 1e-2: 0.7, 3e-2: 0.8, 1e-1: 0.75})
+    kw = dict(seeds=(1, 2), tune={'lr': [1e-3, 1e-2]}, extend={'lr': [3e-2, 1e-1]}, progress=False)
+    run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path, **kw)
+    full = run_grid('listops', {'n_layers': [1, 2]}, ['transformer'], out=tmp_path, train=False, **kw)   # L=2 not started: nothing trained, nothing chosen
+    assert len(calls) == 5 and set(full.n_layers) == {1} and full.chosen.sum() == 2
+    (tmp_path/'transformer'/'n_layers=1,lr=0.1'/'seed1'/'record.json').unlink()                          # a step beyond the grid not finished yet
+    part = run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path, train=False, **kw)
+    assert len(calls) == 5 and len(part) == 3 and not part.chosen.any()                                   # the choice waits for it

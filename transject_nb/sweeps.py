@@ -196,6 +196,7 @@ def run_grid(
     extend:dict|None=None,  # the tuned field -> values beyond its grid, tried one at a time outward while the first seed's choice sits at that edge of the values tried
     progress:bool=True,     # one line per finished run, with the time left (a lower bound with `extend`: the steps beyond the grid are not foreseen)
     cache_dir=None,         # `load_task`'s cache
+    train:bool=True,        # False: only read back the finished runs (say, while other processes train), choosing where every run a choice needs has finished
     **fixed,                # fields every cell shares
 )->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
     "Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, interrupted ones continue."
@@ -218,6 +219,7 @@ def run_grid(
         nonlocal trained, n
         p, n = out/v/cell_key(c)/f'seed{s}', n + 1
         was = (p/'record.json').exists()
+        if not (was or train): return None                              # read-only: not finished yet
         rec = json.loads((p/'record.json').read_text()) if was else run_cell(task, v, c, s, p, preset=preset, progress=False, cache_dir=cache_dir, **fixed)
         trained += not was
         rec |= dict(fields=fields, chosen=chosen)
@@ -228,11 +230,12 @@ def run_grid(
         return rec
     for k, (v, c) in enumerate(units):
         first, lo, hi = [one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
-        while ef and (x := _step_out(first, ef, lo, hi)) is not None:
+        while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
             first.append(one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # the choice sits at an edge of what was tried: one step beyond it
+        if None in first: records += [r for r in first if r]; continue  # read-only, and the choice is still open
         best = _pick(first); best['chosen'] = True
         choice = {f: best[f] for f in tune}                              # {} without tuning
-        records += first + [one(v, c | choice, s, k, True) for s in seeds[1:]]
+        records += first + [r for s in seeds[1:] if (r := one(v, c | choice, s, k, True))]
         _dump(records, out/'grid.json'); grid_frame(records).to_csv(out/'grid.csv', index=False)
     return grid_frame(records)
 
