@@ -160,3 +160,4 @@ def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkey
     (tmp_path/'transformer'/'n_layers=1,lr=0.1'/'seed1'/'record.json').unlink()                          # a step beyond the grid not finished yet
     part = run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path, train=False, **kw)
     assert len(calls) == 5 and len(part) == 3 and not part.chosen.any()                                   # the choice waits for it
+    assert len(json.loads((tmp_path/'grid.json').read_text())) == 3                                       # and the unfinished unit is written too

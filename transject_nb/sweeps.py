@@ -232,10 +232,12 @@ def run_grid(
         first, lo, hi = [one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
         while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
             first.append(one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # the choice sits at an edge of what was tried: one step beyond it
-        if None in first: records += [r for r in first if r]; continue  # read-only, and the choice is still open
-        best = _pick(first); best['chosen'] = True
-        choice = {f: best[f] for f in tune}                              # {} without tuning
-        records += first + [r for s in seeds[1:] if (r := one(v, c | choice, s, k, True))]
+        runs = [r for r in first if r]
+        if None not in first:                                            # the choice is made (read-only: once every run it needs is on disk)
+            best = _pick(first); best['chosen'] = True
+            choice = {f: best[f] for f in tune}                          # {} without tuning
+            runs += [r for s in seeds[1:] if (r := one(v, c | choice, s, k, True))]
+        records += runs
         _dump(records, out/'grid.json'); grid_frame(records).to_csv(out/'grid.csv', index=False)
     return grid_frame(records)
 
