@@ -161,3 +161,14 @@ def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkey
     part = run_grid('listops', {'n_layers': [1]}, ['transformer'], out=tmp_path, train=False, **kw)
     assert len(calls) == 5 and len(part) == 3 and not part.chosen.any()                                   # the choice waits for it
     assert len(json.loads((tmp_path/'grid.json').read_text())) == 3                                       # and the unfinished unit is written too
+
+
+def test_versus_pools_the_seed_spread_and_says_where_a_variant_is_ahead():
+    from transject_nb.sweeps import versus, say_versus
+    df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['neutreno'] * 4, n_layers=[1, 1, 8, 8] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
+                           test_acc=[0.75, 0.75, 0.50, 0.52, 0.70, 0.72, 0.70, 0.70]))
+    gain, sure = versus(df, 'transformer', 'n_layers')
+    assert list(gain.index) == ['neutreno'] and gain.loc['neutreno', 8] == pytest.approx(19.0)
+    assert sure.loc['neutreno'].tolist() == [True, True]
+    assert say_versus(gain, sure, 'neutreno') == "ahead at L=8 (+19.0), behind at L=1 (-4.0)"
+    assert say_versus(gain, sure, 'transject') == "not run yet"

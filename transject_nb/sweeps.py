@@ -22,7 +22,8 @@ from .learner import get_learner, train_learner, evaluate, history
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'plot_grid', 'plot_layers', 'init_sweep']
+           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'versus', 'say_versus', 'plot_grid', 'plot_layers',
+           'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -330,6 +331,35 @@ def best_valid(
     ok = df[~df['diverged'].astype(bool)]
     ok = pd.concat([ok, df[~df.set_index(list(by)).index.isin(ok.set_index(list(by)).index)]])   # groups with no sound run keep all theirs
     return ok.loc[ok.groupby(list(by), sort=False)['valid_acc'].idxmax()].set_index(list(by))
+
+def versus(
+    df:pd.DataFrame,        # `run_grid`'s table
+    ref:str,                # the variant the others are measured against, e.g. 'transformer'
+    field:str,              # the grid field of the columns, e.g. 'n_layers'
+    value:str='test_acc',   # the column compared
+)->tuple:                   # `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref` in points, and whether it exceeds two standard errors
+    "Every variant against `ref`, cell by cell; each variant's seed spread is pooled over its cells, since two seeds per cell are too few alone."
+    s = grid_summary(df, [field], value).reset_index()
+    if ref not in set(s.variant): raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
+    m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
+    se = (1 / np.sqrt(n)).mul(np.sqrt((s['std'] ** 2).groupby(s.variant).mean()).reindex(n.index), axis=0)   # NaN for a variant with one seed everywhere
+    others = [v for v in VARIANTS if v != ref and v in m.index]
+    gain = 100 * (m.loc[others] - m.loc[ref])
+    return gain, gain.abs() > 200 * np.sqrt(se.loc[others] ** 2 + se.loc[ref] ** 2)
+
+def say_versus(
+    gain:pd.DataFrame,      # from `versus`
+    sure:pd.DataFrame,      # from `versus`
+    v:str,                  # the variant to describe
+    field:str='L',          # how the columns are named in the text
+)->str:                     # e.g. "ahead at L=16 (+9.8), level within noise elsewhere"
+    "Where `v` is ahead of or behind the reference by more than two standard errors, in words."
+    if v not in gain.index: return "not run yet"
+    pts = lambda xs: ', '.join(f"{field}={x} ({gain.loc[v, x]:+.1f})" for x in xs)
+    done = [x for x in gain.columns if pd.notna(gain.loc[v, x])]
+    up, down = ([x for x in done if sure.loc[v, x] and sign * gain.loc[v, x] > 0] for sign in (1, -1))
+    said = [f"ahead at {pts(up)}"] * bool(up) + [f"behind at {pts(down)}"] * bool(down)
+    return ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
 
 
 # %% ../nbs/12_sweeps.ipynb #9b98502e
