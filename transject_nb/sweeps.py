@@ -328,9 +328,7 @@ def best_valid(
     by=('variant',),        # columns whose groups each get their best run
 )->pd.DataFrame:            # the best run's row per group, indexed by `by`
     "Per group, the run with the best validation accuracy among those that did not diverge (among all of them if every one diverged)."
-    ok = df[~df['diverged'].astype(bool)]
-    ok = pd.concat([ok, df[~df.set_index(list(by)).index.isin(ok.set_index(list(by)).index)]])   # groups with no sound run keep all theirs
-    return ok.loc[ok.groupby(list(by), sort=False)['valid_acc'].idxmax()].set_index(list(by))
+    return pd.DataFrame([_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]).set_index(list(by))   # `run_grid`'s own rule
 
 def versus(
     df:pd.DataFrame,        # `run_grid`'s table
@@ -353,13 +351,14 @@ def say_versus(
     v:str,                  # the variant to describe
     field:str='L',          # how the columns are named in the text
 )->str:                     # e.g. "ahead at L=16 (+9.8), level within noise elsewhere"
-    "Where `v` is ahead of or behind the reference by more than two standard errors, in words."
+    "Where `v` is ahead of or behind the reference by more than two standard errors, in words; says how far `v` has run if not to every column."
     if v not in gain.index: return "not run yet"
     pts = lambda xs: ', '.join(f"{field}={x} ({gain.loc[v, x]:+.1f})" for x in xs)
     done = [x for x in gain.columns if pd.notna(gain.loc[v, x])]
     up, down = ([x for x in done if sure.loc[v, x] and sign * gain.loc[v, x] > 0] for sign in (1, -1))
     said = [f"ahead at {pts(up)}"] * bool(up) + [f"behind at {pts(down)}"] * bool(down)
-    return ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
+    text = ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
+    return text + ("" if not done or len(done) == len(gain.columns) else f" (run to {field}={max(done)} so far)")
 
 
 # %% ../nbs/12_sweeps.ipynb #9b98502e
