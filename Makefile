@@ -22,6 +22,7 @@ check-export:
 	@test -z "$$(git status --porcelain --untracked-files=all -- transject_nb)" || (git status --porcelain -- transject_nb && echo "nbdev-export created files that are not committed" && exit 1)
 
 readme:
+	$(BIN)/nbdev-clean --fname nbs/index.ipynb   # the README is read from the clean notebook, as committed
 	$(BIN)/python .ci/readme.py
 
 check-readme: readme

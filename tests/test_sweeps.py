@@ -151,6 +151,18 @@ def test_best_valid_skips_diverged_runs_unless_all_diverged():
     assert list(b.index) == ['a', 'b']
 
 
+
+def test_at_best_rate_puts_the_fixed_rate_beside_the_validation_choice():
+    from transject_nb.sweeps import at_best_rate
+    df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[5e-4, 1e-2, 1e-1, 5e-4, 1e-2],
+                           valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.61, 0.71, 0.2, 0.52, 0.5], diverged=[False, False, True, False, False]))
+    t = at_best_rate(df, 5e-4)
+    assert list(t.index) == ['a', 'b'] and list(t.columns) == ['test at fixed lr', 'best lr (valid)', 'test at best lr']
+    assert t.loc['a'].tolist() == [0.61, 1e-2, 0.71]      # 1e-1 scores best on validation but diverged
+    assert t.loc['b'].tolist() == [0.52, 1e-2, 0.5]       # the choice is made on validation, not test
+    with pytest.raises(ValueError, match=r"no run at lr=0.003 for \['a', 'b'\]"): at_best_rate(df, 3e-3)
+    with pytest.raises(ValueError, match="several runs share a"): at_best_rate(pd.concat([df, df]), 5e-4)
+
 def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkeypatch, tmp_path):
     calls = _fake_runs(monkeypatch, {1e-3: 0.6, 1e-2: 0.7, 3e-2: 0.8, 1e-1: 0.75})
     kw = dict(seeds=(1, 2), tune={'lr': [1e-3, 1e-2]}, extend={'lr': [3e-2, 1e-1]}, progress=False)

@@ -22,8 +22,8 @@ from .learner import get_learner, train_learner, evaluate, history
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'versus', 'say_versus', 'plot_grid', 'plot_layers',
-           'init_sweep']
+           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus', 'say_versus', 'plot_grid',
+           'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -329,6 +329,17 @@ def best_valid(
 )->pd.DataFrame:            # the best run's row per group, indexed by `by`
     "Per group, the run with the best validation accuracy among those that did not diverge (among all of them if every one diverged)."
     return pd.DataFrame([_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]).set_index(list(by))   # `run_grid`'s own rule
+
+def at_best_rate(
+    df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
+    fixed:float,            # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
+)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate the validation set prefers, and test accuracy there
+    "Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives (`best_valid`)."
+    if df.groupby(['variant', 'lr']).size().max() > 1: raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
+    at = df[np.isclose(df.lr, fixed)].set_index('variant').test_acc
+    if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]: raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
+    b = best_valid(df)
+    return pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc}).loc[list(dict.fromkeys(df.variant))]
 
 def versus(
     df:pd.DataFrame,        # `run_grid`'s table
