@@ -96,7 +96,6 @@ def test_committed_results_files_have_their_columns():
     results_table(runs, base)      # runs and baselines of a task share their splits
 
 
-
 def test_committed_gpu_run_is_compares_output_and_agrees_with_its_history():
     "The paper-size IMDb run on a GPU that the TransJect page and the README render: compare's results.csv, its history, its settings."
     gpu = ROOT/'nbs'/'results'/'imdb_paper_h100'
@@ -108,6 +107,7 @@ def test_committed_gpu_run_is_compares_output_and_agrees_with_its_history():
     assert np.allclose(kept.accuracy.values, res.valid_acc.values, atol=1e-7)            # the recorded validation accuracy is the kept epoch's
     assert np.allclose(kept.valid_loss.values, res.valid_loss.values, atol=1e-7)
     assert (kept.valid_loss.values == [hist[hist.variant == v].valid_loss.min() for v in res.variant]).all()   # kept: the lowest validation loss
+
 
 def test_results_table_from_files(runs_tree):
     runs = collect_runs(runs_tree)

@@ -8,6 +8,7 @@ from transject_nb.models import create_model
 
 TINY = dict(n_train=96, n_valid=32, n_test=32, max_len=32, min_length=4, max_length=32, max_depth=3, max_args=4, d_model=16, epochs=1, cache_dir=False)
 
+
 def test_cells_and_keys():
     cells = grid_cells({'n_layers': [1, 2, 4], 'lr': [1e-3]})
     assert [c['n_layers'] for c in cells] == [1, 2, 4] and all(c['lr'] == 1e-3 for c in cells)
@@ -24,6 +25,7 @@ def test_depth_measures_shapes(variant):
     assert r['cosine'] == r['cosine_layers'][-1] and 0 <= r['share'] <= 1 and r['grad_norm_first'] >= 0
     assert m.training and all(p.grad is None for p in m.parameters())     # mode kept, gradients cleared
 
+
 def test_divergence_detection():
     h = lambda tl, vl: pd.DataFrame(dict(train_loss=tl, valid_loss=vl))
     assert not diverged(h([2.0, 1.0], [1.5, 1.2]), 1.6)
@@ -31,9 +33,11 @@ def test_divergence_detection():
     assert diverged(h([2.0, 1.0], [float('nan'), float('nan')]), 1.6)
     assert diverged(h([2.0, 1.0], [1.7, 1.6]), 1.6)                        # never below the initial validation loss
 
+
 def test_a_run_with_a_huge_learning_rate_is_flagged(tmp_path):
     rec = run_cell('listops', 'transformer', {'lr': 1e3}, 1, tmp_path/'r', preset='cpu', **TINY | dict(epochs=2, grad_clip=0.0))
     assert rec['diverged'], rec['history']
+
 
 def test_grid_records_and_resume(tmp_path):
     args = ('listops', {'n_layers': [1, 2]})
@@ -52,6 +56,7 @@ def test_grid_records_and_resume(tmp_path):
     pd.testing.assert_series_equal(again['test_acc'], df['test_acc'])
     s = grid_summary(again)
     assert s['seeds'].tolist() == [1] * 4 and list(best_cells(again, 'n_layers').index) == ['random-transject', 'transformer']
+
 
 def test_init_sweep_identity_at_init():
     torch.manual_seed(0)
@@ -151,7 +156,6 @@ def test_best_valid_skips_diverged_runs_unless_all_diverged():
     assert list(b.index) == ['a', 'b']
 
 
-
 def test_at_best_rate_puts_the_fixed_rate_beside_the_validation_choice():
     from transject_nb.sweeps import at_best_rate
     df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[5e-4, 1e-2, 1e-1, 5e-4, 1e-2],
@@ -162,6 +166,7 @@ def test_at_best_rate_puts_the_fixed_rate_beside_the_validation_choice():
     assert t.loc['b'].tolist() == [0.52, 1e-2, 0.5]       # the choice is made on validation, not test
     with pytest.raises(ValueError, match=r"no run at lr=0.003 for \['a', 'b'\]"): at_best_rate(df, 3e-3)
     with pytest.raises(ValueError, match="several runs share a"): at_best_rate(pd.concat([df, df]), 5e-4)
+
 
 def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkeypatch, tmp_path):
     calls = _fake_runs(monkeypatch, {1e-3: 0.6, 1e-2: 0.7, 3e-2: 0.8, 1e-1: 0.75})
