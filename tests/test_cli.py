@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from transject_nb.cli import DEMO, field_configs, main, parse_overrides, run_command
 from transject_nb.models import VARIANTS
@@ -53,6 +54,7 @@ def test_train_writes_model_and_results(tmp_path, capsys):
     assert {'export.pkl', 'history.csv', 'results.json', 'models/best.pth', 'models/checkpoint.pth'} <= files
     js = json.loads((out/'results.json').read_text())
     assert js['results']['test_acc'] == res['test_acc'] and js['config']['model']['d_model'] == 16
+    assert js['env']['device'] == 'cpu' and js['env']['torch'] == torch.__version__ and 'commit' in js['env']     # where and with what it ran
     assert 'test_acc' in capsys.readouterr().out
     assert 'pass --resume to continue it' in _err(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(out), *TINY], capsys)
 

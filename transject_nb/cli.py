@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'run_one', 'to_markdown', 'compare', 'make_parser',
+__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'run_env', 'run_one', 'to_markdown', 'compare', 'make_parser',
            'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
@@ -74,6 +74,22 @@ def _json_default(o):
 def _say_presets(section:str):
     print(f"presets [{section}] from {' + '.join(map(str, settings_files()))}", flush=True)
 
+# %% ../nbs/08_cli.ipynb #73602e19
+def run_env(
+    device=None,   # the device the run used (a `torch.device` or its name); None: the CPU
+)->dict:           # package, commit, torch, python, device, device_name, threads, date
+    "Where and with what a run ran, for its results file."
+    import platform, subprocess, torch, transject_nb
+    try: commit = subprocess.run(['git', 'describe', '--always', '--dirty'], cwd=Path(transject_nb.__file__).parent,
+                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError): commit = None      # no git, or the package is not a checkout
+    dev = torch.device('cpu' if device is None else device)
+    try: cpu = next(l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('model name'))
+    except (OSError, StopIteration): cpu = platform.processor() or platform.machine()       # not Linux, or no model name
+    name = torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu
+    return dict(package=transject_nb.__version__, commit=commit, torch=torch.__version__, python=platform.python_version(),
+                device=str(dev), device_name=name, threads=torch.get_num_threads(), date=datetime.now().isoformat(timespec='seconds'))
+
 # %% ../nbs/08_cli.ipynb #c9bb48b6
 def run_one(
     task:str,               # one of `TASKS`
@@ -97,7 +113,7 @@ def run_one(
         if export: learn.export('export.pkl')
         h = history(learn)
         with open(path/'results.json', 'w') as f:
-            json.dump(dict(results=res, config=learn.config, presets=settings_files(), history=h.reset_index().to_dict('list')), f, indent=1, default=_json_default)
+            json.dump(dict(results=res, config=learn.config, presets=settings_files(), env=run_env(learn.dls.device), history=h.reset_index().to_dict('list')), f, indent=1, default=_json_default)
     return learn, res
 
 # %% ../nbs/08_cli.ipynb #80d5f8b7
@@ -118,7 +134,7 @@ def _seeds(seeds)->list:
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds): raise ValueError(f"seeds must be non-negative integers, got {seeds}")
     return seeds
 
-def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list, summary:pd.DataFrame, hists:dict, wall:float)->str:
+def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
     "Write `compare`'s tables, curves and JSON into `out`; return the Markdown table."
     pd.DataFrame(results).to_csv(out/'results.csv', index=False)
     results_table(results).to_csv(out/'summary.csv')
@@ -130,7 +146,7 @@ def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overri
     ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
     import matplotlib.pyplot as plt; plt.close(ax.figure)
     with open(out/'results.json', 'w') as f:
-        json.dump(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1),
+        json.dump(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1), env=run_env(device),
                        data=data.summary().reset_index().to_dict('list'), results=results), f, indent=1, default=_json_default)
     return md
 
@@ -172,7 +188,7 @@ def compare(
     summary = results_table(results, fmt=True)
     if _rank0():
         wall = time.perf_counter() - t0
-        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall)
+        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall, learn.dls.device)
         print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; the majority class scores {100 * results[0]['majority']:.1f}%", flush=True)
         print(md, flush=True)
         print(f"\n{len(results)} runs in {wall:.0f} s; tables, curves and models in {out}", flush=True)
