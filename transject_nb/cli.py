@@ -23,7 +23,7 @@ from .data import load_task
 from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
 from .models import VARIANTS
-from .bench import BENCH_HELP, add_bench_args, bench_command
+from .bench import BENCH_HELP, add_bench_args, bench_command, machine_info
 
 # %% ../nbs/08_cli.ipynb #7921553b
 DEMO = dict(
@@ -77,18 +77,15 @@ def _say_presets(section:str):
 # %% ../nbs/08_cli.ipynb #73602e19
 def run_env(
     device=None,   # the device the run used (a `torch.device` or its name); None: the CPU
-)->dict:           # package, commit, torch, python, device, device_name, threads, date
+)->dict:           # package, commit, python, device, date, and `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
     "Where and with what a run ran, for its results file."
-    import platform, subprocess, torch, transject_nb
+    import platform, subprocess, transject_nb
     try: commit = subprocess.run(['git', 'describe', '--always', '--dirty'], cwd=Path(transject_nb.__file__).parent,
                                  capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError): commit = None      # no git, or the package is not a checkout
-    dev = torch.device('cpu' if device is None else device)
-    try: cpu = next(l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('model name'))
-    except (OSError, StopIteration): cpu = platform.processor() or platform.machine()       # not Linux, or no model name
-    name = torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu
-    return dict(package=transject_nb.__version__, commit=commit, torch=torch.__version__, python=platform.python_version(),
-                device=str(dev), device_name=name, threads=torch.get_num_threads(), date=datetime.now().isoformat(timespec='seconds'))
+    dev = 'cpu' if device is None else str(device)
+    return dict(package=transject_nb.__version__, commit=commit, python=platform.python_version(), device=dev,
+                date=datetime.now().isoformat(timespec='seconds')) | machine_info(dev)
 
 # %% ../nbs/08_cli.ipynb #c9bb48b6
 def run_one(
