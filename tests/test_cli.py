@@ -106,3 +106,14 @@ def test_bench_log_is_plain_lines(tmp_path):
     text = _log_to_file(['bench', '--n', '8,16', '--reps', '1', '--warmup', '0', '--batch', '2', '--no-memory', '--d_model', '16', '--n_layers', '1'], tmp_path)
     assert [l.split(' (')[0] for l in text.split('\n') if l.startswith('length ')] == ['length 8 done', 'length 16 done']
     assert 'tokens_per_s' in text
+
+
+def test_run_env_claims_no_commit_outside_its_checkout(tmp_path, monkeypatch):
+    import transject_nb
+    from transject_nb.cli import run_env
+    assert run_env()['device'] == 'cpu'
+    (tmp_path/'other.txt').write_text('tracked'); (tmp_path/'__init__.py').write_text('')
+    for a in (['init', '-q'], ['add', 'other.txt'], ['-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'other']):
+        subprocess.run(['git', *a], cwd=tmp_path, check=True)            # a repo with a commit that does not track the package
+    monkeypatch.setattr(transject_nb, '__file__', str(tmp_path/'__init__.py'))
+    assert run_env()['commit'] is None

@@ -80,9 +80,11 @@ def run_env(
 )->dict:           # package, commit, python, device, date, and `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
     "Where and with what a run ran, for its results file."
     import platform, subprocess, transject_nb
-    try: commit = subprocess.run(['git', 'describe', '--always', '--dirty'], cwd=Path(transject_nb.__file__).parent,
-                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError): commit = None      # no git, or the package is not a checkout
+    git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent, capture_output=True, text=True, timeout=10)
+    try:
+        tracked = git('ls-files', '--error-unmatch', '__init__.py').returncode == 0    # a checkout that tracks this very file, not an install inside some repo
+        commit = (git('describe', '--always', '--dirty').stdout.strip() or None) if tracked else None
+    except (OSError, subprocess.SubprocessError): commit = None      # no git
     dev = 'cpu' if device is None else str(device)
     return dict(package=transject_nb.__version__, commit=commit, python=platform.python_version(), device=dev,
                 date=datetime.now().isoformat(timespec='seconds')) | machine_info(dev)
