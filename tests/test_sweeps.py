@@ -3,7 +3,7 @@ import json, math
 import pandas as pd
 import pytest
 import torch
-from transject_nb.sweeps import grid_cells, cell_key, depth_measures, diverged, run_cell, run_grid, grid_summary, best_cells, init_sweep, GRID_SCALARS
+from transject_nb.sweeps import grid_cells, cell_key, depth_answer, depth_measures, diverged, run_cell, run_grid, grid_summary, best_cells, init_sweep, GRID_SCALARS
 from transject_nb.models import create_model
 
 TINY = dict(n_train=96, n_valid=32, n_test=32, max_len=32, min_length=4, max_length=32, max_depth=3, max_args=4, d_model=16, epochs=1, cache_dir=False)
@@ -189,3 +189,13 @@ def test_versus_pools_the_seed_spread_and_says_where_a_variant_is_ahead():
     assert sure.loc['neutreno'].tolist() == [True, True]
     assert say_versus(gain, sure, 'neutreno') == "ahead at L=8 (+19.0), behind at L=1 (-4.0)"
     assert say_versus(gain, sure, 'transject') == "not run yet"
+
+
+def test_depth_answer_verdicts():
+    acc = {'transject': [0.75, 0.76, 0.76, 0.75, 0.75, 0.74], 'transformer': [0.75, 0.75, 0.70, 0.71, 0.50, 0.50], 'neutreno': [0.76, 0.76, 0.72, 0.72, 0.65, 0.66]}
+    df = pd.DataFrame([dict(variant=v, n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a)
+                       for v, accs in acc.items() for (L, s), a in zip([(1, 1), (1, 2), (4, 1), (4, 2), (16, 1), (16, 2)], accs)])
+    ans = depth_answer(df, [1, 4, 16])
+    assert ans.verdict.to_dict() == {'transject': 'keeps training', 'transformer': 'collapses', 'neutreno': 'degrades'}
+    assert ans.loc['transject', 'preference'] == 'flat within noise' and ans.loc['neutreno', 'preference'] == 'prefers shallow'
+    assert depth_answer(df, [1, 4, 16, 32]).verdict.eq('incomplete').all()           # a planned depth with no run

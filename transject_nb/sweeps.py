@@ -22,8 +22,8 @@ from .learner import get_learner, train_learner, evaluate, history
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus', 'say_versus', 'plot_grid',
-           'plot_layers', 'init_sweep']
+           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus', 'say_versus',
+           'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -371,6 +371,28 @@ def say_versus(
     text = ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
     return text + ("" if not done or len(done) == len(gain.columns) else f" (run to {field}={max(done)} so far)")
 
+
+# %% ../nbs/12_sweeps.ipynb #52310c50
+def depth_answer(
+    df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
+    depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
+    field:str='n_layers',   # the depth field
+)->pd.DataFrame:            # per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop, noise, preference
+    "Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, and whether it prefers shallow models."
+    s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
+    rows = {}
+    for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
+        g, k = s[s.variant == v].set_index(field), kept[kept.variant == v]
+        best, deep = g['mean'].idxmax(), g.index.max()
+        sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
+        r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep, acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
+                 **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
+        r['verdict'] = ('incomplete' if set(g.index) != set(depths) else 'collapses' if r['acc_deepest'] <= 0.55 or k[k[field] == deep].diverged.any()
+                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= 0.03 and not r['diverged'] else 'degrades')
+        r['drop'], r['noise'] = r['best_acc'] - r['acc_deepest'], 2 * g['std'].mean()       # best over deepest; twice the typical seed spread
+        r['preference'] = 'flat within noise' if r['drop'] <= r['noise'] else 'prefers shallow' if best <= 2 else 'prefers a middle depth'
+        rows[v] = r
+    return pd.DataFrame(rows).T.infer_objects()
 
 # %% ../nbs/12_sweeps.ipynb #9b98502e
 def plot_grid(
