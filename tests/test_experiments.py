@@ -8,7 +8,7 @@ import pytest
 
 from transject_nb.data import TaskData, TokenSplit
 from transject_nb.experiments import (BASELINE_COLUMNS, RESULT_COLUMNS, check_orderings, collect_runs, format_table, linear_baselines,
-                                      load_run, majority_class, missing_runs, results_table, tfidf_logreg)
+                                      load_run, majority_class, missing_runs, paused_runs, results_table, tfidf_logreg)
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT/'nbs'/'results'/'repro'
@@ -147,3 +147,10 @@ def test_load_run_gives_back_the_trained_model(tmp_path):
     assert (back.predict_proba(x) - learn.predict_proba(x)).abs().max() < 1e-6
     assert len(back.recorder.values) == res['epochs']
     with pytest.raises(FileNotFoundError, match='no results.json'): load_run(tmp_path)
+
+
+def test_paused_runs_names_the_slow_and_nets_their_excess():
+    df = pd.DataFrame(dict(task='imdb', variant=['transject'] * 3 + ['transformer'] * 3, train_secs=[100, 110, 500, 200, 210, 190]))
+    slow, total = paused_runs(df, ['task', 'variant'])
+    assert slow.index.tolist() == [2] and total == pytest.approx(df.train_secs.sum() - 390)
+    with pytest.raises(ValueError, match='wall_secs'): paused_runs(df, ['task'], 'wall_secs')

@@ -12,7 +12,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['BASELINE_COLUMNS', 'C_GRID', 'FEATURES', 'RESULT_COLUMNS', 'PAPER_RESULTS', 'PAPER_CLAIMS', 'token_docs',
            'majority_class', 'tfidf_logreg', 'linear_baselines', 'read_run', 'collect_runs', 'results_table',
-           'format_table', 'missing_runs', 'check_orderings', 'run_data', 'load_run', 'figure_sample',
+           'format_table', 'missing_runs', 'paused_runs', 'check_orderings', 'run_data', 'load_run', 'figure_sample',
            'pair_distance_data', 'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data',
            'plot_expert_data', 'bound_data', 'plot_bound_data', 'token_map', 'certified_ratios', 'similarity_data',
            'plot_similarity_data', 'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data',
@@ -203,6 +203,18 @@ def missing_runs(
     _check_columns(runs, ('task', 'variant', 'seed'), 'runs')
     have = set(zip(runs.task, runs.variant, runs.seed.astype(int)))
     return pd.DataFrame([(t, v, s) for t in tasks for v in variants for s in seeds if (t, v, s) not in have], columns=['task', 'variant', 'seed'])
+
+# %% ../nbs/11_experiments.ipynb #0bfd1fe9
+def paused_runs(
+    df:pd.DataFrame,        # one row per run
+    by,                     # the columns whose groups are alike, e.g. ['task', 'variant']
+    col:str='train_secs',   # the run's time
+)->tuple:                   # (the runs slower than twice their group's median, the total time without their excess)
+    "Runs whose time is more than twice the median of their group, and the total time less their excess over that median."
+    _check_columns(df, (*by, col), 'runs')
+    med = df.groupby(list(by))[col].transform('median')
+    slow = df[col] > 2 * med
+    return df[slow], float(df[col].sum() - (df[col] - med)[slow].sum())
 
 # %% ../nbs/11_experiments.ipynb #20377e19
 PAPER_CLAIMS = (   # (better, worse, claim): the orderings the papers report on their classification tasks
