@@ -6,7 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from transject_nb.cli import DEMO, field_configs, main, parse_overrides, run_command
+import transject_nb
+
+from transject_nb.cli import DEMO, field_configs, main, parse_overrides, run_command, run_env
 from transject_nb.models import VARIANTS
 
 TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
@@ -109,8 +111,6 @@ def test_bench_log_is_plain_lines(tmp_path):
 
 
 def test_run_env_claims_no_commit_outside_its_checkout(tmp_path, monkeypatch):
-    import transject_nb
-    from transject_nb.cli import run_env
     assert run_env()['device'] == 'cpu'
     (tmp_path/'other.txt').write_text('tracked'); (tmp_path/'__init__.py').write_text('')
     for a in (['init', '-q'], ['add', 'other.txt'], ['-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'other']):

@@ -199,3 +199,4 @@ def test_depth_answer_verdicts():
     assert ans.verdict.to_dict() == {'transject': 'keeps training', 'transformer': 'collapses', 'neutreno': 'degrades'}
     assert ans.loc['transject', 'preference'] == 'flat within noise' and ans.loc['neutreno', 'preference'] == 'prefers shallow'
     assert depth_answer(df, [1, 4, 16, 32]).verdict.eq('incomplete').all()           # a planned depth with no run
+    assert depth_answer(df, [1, 4, 16], keep_within=0.0).loc['transject', 'verdict'] == 'degrades'

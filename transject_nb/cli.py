@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, json, time
+import argparse, json, platform, subprocess, time
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from .data import load_task
 from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
 from .models import VARIANTS
+import transject_nb
 from .bench import BENCH_HELP, add_bench_args, bench_command, machine_info
 
 # %% ../nbs/08_cli.ipynb #7921553b
@@ -79,7 +80,6 @@ def run_env(
     device=None,   # the device the run used (a `torch.device` or its name); None: the CPU
 )->dict:           # package, commit, python, device, date, and `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
     "Where and with what a run ran, for its results file."
-    import platform, subprocess, transject_nb
     git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent, capture_output=True, text=True, timeout=10)
     try:
         tracked = git('ls-files', '--error-unmatch', '__init__.py').returncode == 0    # a checkout that tracks this very file, not an install inside some repo

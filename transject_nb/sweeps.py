@@ -377,6 +377,9 @@ def depth_answer(
     df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
     depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
     field:str='n_layers',   # the depth field
+    collapse_at:float=0.55, # a deepest cell at or below this accuracy collapsed (5 points above chance on a balanced binary task)
+    keep_within:float=0.03, # a deepest cell within this of the best kept training
+    shallow_at:int=2,       # a best depth at or below this is shallow
 )->pd.DataFrame:            # per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop, noise, preference
     "Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, and whether it prefers shallow models."
     s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
@@ -387,10 +390,10 @@ def depth_answer(
         sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
         r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep, acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['verdict'] = ('incomplete' if set(g.index) != set(depths) else 'collapses' if r['acc_deepest'] <= 0.55 or k[k[field] == deep].diverged.any()
-                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= 0.03 and not r['diverged'] else 'degrades')
+        r['verdict'] = ('incomplete' if set(g.index) != set(depths) else 'collapses' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
+                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged'] else 'degrades')
         r['drop'], r['noise'] = r['best_acc'] - r['acc_deepest'], 2 * g['std'].mean()       # best over deepest; twice the typical seed spread
-        r['preference'] = 'flat within noise' if r['drop'] <= r['noise'] else 'prefers shallow' if best <= 2 else 'prefers a middle depth'
+        r['preference'] = 'flat within noise' if r['drop'] <= r['noise'] else 'prefers shallow' if best <= shallow_at else 'prefers a middle depth'
         rows[v] = r
     return pd.DataFrame(rows).T.infer_objects()
 
