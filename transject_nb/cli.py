@@ -25,6 +25,7 @@ from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELD
 from .models import VARIANTS
 import transject_nb
 from .bench import BENCH_HELP, add_bench_args, bench_command, machine_info
+from .protocol import STUDY_HELP, add_study_args, study_command
 
 # %% ../nbs/08_cli.ipynb #7921553b
 DEMO = dict(
@@ -239,6 +240,7 @@ COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it 
     train=('train one variant, evaluate it on the test set, save the model and a JSON of the results', _train_args, _train),
     compare=('train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot', _compare_args, _compare),
     bench=(BENCH_HELP, add_bench_args, _bench),
+    study=(STUDY_HELP, add_study_args, study_command),
 )
 
 # %% ../nbs/08_cli.ipynb #1091e3ce

@@ -1,0 +1,150 @@
+"""The comparison protocol (`transject_nb.protocol`) at tiny sizes: the search's edge rule, early stopping, two workers
+sharing one storage, a worker killed mid-trial, the dashboard and the `study` command. No timing is asserted."""
+import os, signal, subprocess, sys, textwrap, time, warnings
+from pathlib import Path
+import pandas as pd
+import pytest
+warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
+from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
+                                   study_runs, study_trials, plan_cost, work)
+from transject_nb.cli import run_command
+
+TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4, d_model=16, n_layers=1)
+PLAN = """
+from transject_nb.protocol import Protocol, StudyPlan
+TINY = {tiny!r}
+plan = StudyPlan('tiny', 'listops', {arms!r}, preset='cpu', fixed=TINY | {extra!r}, protocol=Protocol(lrs={lrs!r}, below=(), above=(), seeds={seeds!r}, epochs={epochs}, patience={patience}))
+"""
+
+
+def row(lr, value, state='COMPLETE', phase='search', seed=0): return dict(phase=phase, lr=lr, seed=seed, state=state, value=value)
+
+
+def test_search_extends_past_an_edge_while_the_best_sits_there():
+    p = Protocol(lrs=(1e-3, 1e-2), below=(1e-4, 1e-5), above=(3e-2, 1e-1), seeds=(1, 2, 3))
+    assert [t['lr'] for t in next_trials([], p)] == [1e-3, 1e-2]
+    rows = [row(1e-3, .4), row(1e-2, .5)]
+    assert next_trials(rows, p) == [dict(phase='search', lr=3e-2, seed=0)]
+    rows.append(row(3e-2, .6))
+    assert next_trials(rows, p) == [dict(phase='search', lr=1e-1, seed=0)]
+    rows.append(row(1e-1, .7))                      # still the best at the last rate allowed: the seeds run there
+    assert next_trials(rows, p) == [dict(phase='seed', lr=1e-1, seed=s) for s in (1, 2, 3)]
+    low = [row(1e-3, .6), row(1e-2, .5), row(1e-4, .7), row(1e-5, .65)]
+    assert chosen_rate(low) == 1e-4 and next_trials(low, p)[0] == dict(phase='seed', lr=1e-4, seed=1)
+
+
+def test_the_search_never_looks_at_a_pruned_or_running_run():
+    p = Protocol(lrs=(1e-3, 1e-2), below=(1e-4,), above=(3e-2,), seeds=(1,))
+    assert next_trials([row(1e-3, .4), row(1e-2, None, 'RUNNING')], p) == []
+    assert chosen_rate([row(1e-3, .4), row(1e-2, .9, 'PRUNED')]) == 1e-3
+    assert next_trials([row(1e-3, .4), row(1e-2, .9, 'PRUNED'), row(1e-4, .3)], p) == [dict(phase='seed', lr=1e-3, seed=1)]
+
+
+def test_bad_plans_are_refused_with_what_was_expected():
+    with pytest.raises(ValueError, match="is one of the seeds"): Protocol(search_seed=1)
+    with pytest.raises(ValueError, match="not above the grid's highest rate"): Protocol(above=(1e-3,))
+    with pytest.raises(ValueError, match="which the protocol sets"): StudyPlan('x', 'listops', ('transject',), fixed=dict(epochs=3))
+    with pytest.raises(ValueError, match="repeated arm labels"): StudyPlan('x', 'listops', ('transject', Arm('transject')))
+    with pytest.raises(ValueError, match="fair-imdb"): study_plan('imdb')
+
+
+def test_declared_plans_cover_every_task_and_variant():
+    from transject_nb.core import TASKS
+    from transject_nb.models import VARIANTS
+    assert {p.task for p in STUDIES.values()} == set(TASKS)
+    for p in STUDIES.values():
+        assert set(VARIANTS) <= {a.label for a in p.arms}
+        assert len(p.protocol.seeds) >= 3
+
+
+def test_a_worker_runs_a_plan_and_early_stopping_fires(tmp_path):
+    plan = StudyPlan('tiny', 'listops', ('transformer', 'transject'), preset='cpu', fixed=TINY,
+                     protocol=Protocol(lrs=(1e-3, 3e-2), below=(), above=(), seeds=(1, 2), epochs=12, patience=1))
+    st = open_storage(tmp_path/'s.db')
+    n = work(plan, st, out=tmp_path/'runs', cache_dir=False, poll=0.2, progress=False)
+    t = study_trials(plan, st)
+    assert n == len(t) == 8
+    assert set(arm_status(t, plan).state) == {'done'}
+    fin = t[t.state == 'COMPLETE']
+    assert (fin.epochs < 12).mean() >= 0.5                                  # the budget is not what stopped them
+    runs = study_runs(t, plan)
+    assert len(runs) == 4 and runs.test_acc.notna().all() and set(runs.seed) == {1, 2}
+    assert t[t.phase == 'search'].test_acc.isna().all()                     # the search never touches the test set
+    assert plan_cost(plan, t).runs_left.sum() == 0
+
+
+def _spawn(script:str, *args)->subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    return subprocess.Popen([sys.executable, '-c', script, *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_workers_sharing_one_storage_never_run_the_same_trial_twice(tmp_path):
+    plan_src = PLAN.format(tiny=TINY, arms=('transformer', 'transject'), extra={}, lrs=(1e-3, 3e-3, 1e-2), seeds=(1, 2, 3), epochs=3, patience=2)
+    script = plan_src + textwrap.dedent("""
+        import sys
+        from transject_nb.protocol import open_storage, work
+        work(plan, open_storage(sys.argv[1], heartbeat=2), out=sys.argv[2], cache_dir=False, poll=0.2, name=sys.argv[3])
+        """)
+    ps = [_spawn(script, tmp_path/'s.db', tmp_path/'runs', f'w{i}') for i in (1, 2)]
+    logs = [p.communicate(timeout=600)[0] for p in ps]
+    assert [p.returncode for p in ps] == [0, 0], logs
+    ns = {}; exec(plan_src, ns); plan = ns['plan']
+    t = study_trials(plan, tmp_path/'s.db')
+    assert all('[w1]' in logs[0] for _ in [0]) and '[w2]' in logs[1]       # both workers ran trials
+    done = t[t.state.isin(['COMPLETE', 'PRUNED'])]
+    assert not done.duplicated(['arm', 'lr', 'seed']).any()
+    assert len(done) == 2 * (3 + 3)
+    assert set(arm_status(t, plan).state) == {'done'}
+
+
+def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
+    plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2, 3e-2), seeds=(1,), epochs=6, patience=5)
+    script = plan_src + textwrap.dedent("""
+        import sys
+        from transject_nb.protocol import open_storage, work
+        work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2)
+        """)
+    p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
+    ns = {}; exec(plan_src, ns); plan = ns['plan']
+    hist = lambda: [f for f in (tmp_path/'runs').rglob('history.csv') if len(f.read_text().splitlines()) >= 3]   # header and two epochs
+    t0 = time.time()
+    while not hist() and time.time() - t0 < 300 and p.poll() is None: time.sleep(0.2)
+    assert p.poll() is None, p.communicate()[0]                              # still training when killed
+    p.send_signal(signal.SIGKILL); p.wait()
+    t = study_trials(plan, tmp_path/'s.db')
+    killed = t[t.state == 'RUNNING']
+    assert len(killed) == 1
+    time.sleep(4)                                                           # past the grace period: the trial is stale
+    work(plan, open_storage(tmp_path/'s.db', heartbeat=1, grace=3), out=tmp_path/'runs', cache_dir=False, poll=0.2, progress=False)
+    t = study_trials(plan, tmp_path/'s.db').set_index('number')
+    k = int(killed.number.iloc[0])
+    assert t.loc[k, 'state'] == 'FAIL'
+    retry = t[t.retry_of == k]
+    assert len(retry) == 1 and retry.state.iloc[0] == 'COMPLETE'
+    assert (retry.lr.iloc[0], retry.seed.iloc[0]) == (killed.lr.iloc[0], killed.seed.iloc[0])
+    from transject_nb.protocol import arm_study
+    tr = [x for x in arm_study(plan, plan.arms[0], open_storage(tmp_path/'s.db')).trials if x.number == int(retry.index[0])][0]
+    assert tr.user_attrs['resumed_at'] >= 2                                 # went on from the killed run's checkpoint
+    assert set(arm_status(study_trials(plan, tmp_path/'s.db'), plan).state) == {'done'}
+
+
+def test_the_dashboard_serves_the_studies(tmp_path):
+    pytest.importorskip('optuna_dashboard')
+    from optuna_dashboard import wsgi
+    from wsgiref.util import setup_testing_defaults
+    plan = StudyPlan('tiny', 'listops', ('transject',), preset='cpu', fixed=TINY, protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=2, patience=1))
+    st = open_storage(tmp_path/'s.db')
+    from transject_nb.protocol import queue_next
+    queue_next(plan, plan.arms[0], st)
+    env = {'PATH_INFO': '/api/studies', 'REQUEST_METHOD': 'GET'}; setup_testing_defaults(env)
+    out = {}
+    body = b''.join(wsgi(st)(env, lambda status, headers, exc_info=None: out.setdefault('status', status)))
+    assert out['status'].startswith('200') and b'tiny/transject' in body
+
+
+def test_the_study_command_says_where_a_plan_stands(tmp_path, capsys):
+    st = run_command(['study', 'fair-listops', '--status', '--storage', str(tmp_path/'s.db')])
+    assert set(st.state) == {'not started'} and len(st) == len(STUDIES['fair-listops'].arms)
+    assert 'fair-listops: listops' in capsys.readouterr().out
+    with pytest.raises(SystemExit): run_command(['study', 'fair-listops', '--lr', '1e-3'])
+    with pytest.raises(SystemExit): run_command(['study', 'fair-mnist'])
