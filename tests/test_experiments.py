@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 
 from transject_nb.data import TaskData, TokenSplit
-from transject_nb.experiments import (BASELINE_COLUMNS, RESULT_COLUMNS, check_orderings, collect_runs, format_table, linear_baselines,
-                                      load_run, majority_class, missing_runs, paused_runs, results_table, tfidf_logreg)
+from transject_nb.experiments import (BASELINE_COLUMNS, PAPER_RESULTS, PAPER_SETUP, RESULT_COLUMNS, TRANSJECT_CLAIMS, check_orderings, collect_runs,
+                                      format_table, linear_baselines, load_run, majority_class, missing_runs, paper_table, paused_runs, results_table,
+                                      spread_claim, tfidf_logreg)
+from transject_nb.stats import welch
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT/'nbs'/'results'/'repro'
@@ -118,11 +120,14 @@ def test_results_table_from_files(runs_tree):
     assert t.loc[('imdb', 'transformer'), 'test_acc'] == pytest.approx(0.72)
     assert t.loc[('imdb', 'majority class'), 'kind'] == 'baseline' and np.isnan(t.loc[('imdb', 'majority class'), 'test_std'])
     assert t.index.tolist() == [('imdb', 'transject'), ('imdb', 'transformer'), ('imdb', 'majority class'), ('agnews', 'neutreno')]
-    assert t.paper.isna().all()
+    assert t.loc[('imdb', 'transject'), 'paper'] == pytest.approx(0.881) and t.loc[('imdb', 'transformer'), 'paper'] == pytest.approx(0.813)   # Table 2
+    assert t.paper[[('imdb', 'majority class'), ('agnews', 'neutreno')]].isna().all()                                   # not in the paper's tables
     wide = format_table(t)
     assert wide.loc['transject', 'imdb'] == '82.0 ± 2.0' and wide.loc['neutreno', 'agnews'] == '60.0 (n=1)'
     o = check_orderings(t).set_index(['task', 'better', 'worse'])
-    assert o.loc[('imdb', 'transject', 'transformer'), 'verdict'] == 'holds'
+    r = o.loc[('imdb', 'transject', 'transformer')]
+    assert r.verdict == 'holds' and (r.n_better, r.n_worse) == (3, 3)
+    assert r.p == pytest.approx(welch([0.80, 0.82, 0.84], [0.70, 0.74, 0.72])['p']) and r.df == pytest.approx(4.0)   # Welch on the runs' own values
     miss = missing_runs(runs, tasks=('imdb',), variants=('transject', 'transformer'), seeds=(1, 2, 3, 4))
     assert miss.values.tolist() == [['imdb', 'transject', 4], ['imdb', 'transformer', 4]]
 
@@ -154,3 +159,79 @@ def test_paused_runs_names_the_slow_and_nets_their_excess():
     slow, total = paused_runs(df, ['task', 'variant'])
     assert slow.index.tolist() == [2] and total == pytest.approx(df.train_secs.sum() - 390)
     with pytest.raises(ValueError, match='wall_secs'): paused_runs(df, ['task'], 'wall_secs')
+
+
+def _fake(accs, stds, ns, keys):
+    return pd.DataFrame(dict(kind='neural', n=ns, test_acc=accs, test_std=stds), index=pd.MultiIndex.from_tuples(keys))
+
+
+def test_check_orderings_uses_welch_not_two_standard_errors():
+    keys = [('imdb', 'transject'), ('imdb', 'transformer'), ('imdb', 'transformer-rezero')]
+    t = _fake([0.80, 0.76, 0.70], [0.02, 0.02, np.nan], [3, 3, 1], keys)
+    o = check_orderings(t)
+    assert list(o.columns) == ['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse', 'diff', 'se', 'df', 'p', 'verdict', 'claim']
+    first = o.iloc[0]
+    assert first['diff'] > 2 * first.se and first.verdict == 'within noise' and first.p == pytest.approx(0.0705, abs=1e-4)   # 2 SE said holds
+    assert o.verdict.tolist() == ['within noise', 'one seed']
+    assert check_orderings(t.assign(test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['holds', 'one seed']
+    assert check_orderings(t.assign(test_acc=[0.70, 0.80, 0.7], test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['fails', 'one seed']
+
+
+def test_check_orderings_restricts_a_claim_to_its_tasks():
+    keys = [(task, v) for task in ('imdb', 'agnews') for v in ('transject', 'random-transject')]
+    t = _fake([0.80, 0.70, 0.70, 0.80], 0.01, 3, keys)
+    claims = [('random-transject', 'transject', 'random beats approximated on AG News', ('agnews',))]
+    o = check_orderings(t, claims)
+    assert o.task.tolist() == ['agnews'] and o.verdict.tolist() == ['holds']
+    assert check_orderings(t, [c[:3] for c in claims]).verdict.tolist() == ['fails', 'holds']     # a triple: every task
+    with pytest.raises(ValueError, match="tasks must be a tuple of task names"): check_orderings(t, [('a', 'b', 'c', 'agnews')])
+    with pytest.raises(ValueError, match='a claim is'): check_orderings(t, [('a', 'b')])
+
+
+PAPER_TABLES = {   # Tables 2 (IMDb, AG News) and 3 (ListOps, Char-IMDb) of the TransJect paper, in %: mean and the printed s.d. (TransJect rows)
+    'transformer':               ((81.3, None), (88.8, None), (36.4, None), (64.3, None)),
+    'transformer-rezero':        ((83.4, None), (89.6, None), (38.9, None), (65.6, None)),
+    'transject':                 ((88.1, 0.01), (88.8, 0.00), (48.3, 0.00), (68.8, 0.01)),
+    'entropic-transject':        ((87.5, 0.00), (89.1, 0.00), (40.7, 0.02), (64.7, 0.03)),
+    'random-transject':          ((86.5, 0.00), (90.2, 0.00), (43.9, 0.00), (68.8, 0.03)),
+    'random-entropic-transject': ((86.5, 0.02), (90.8, 0.00), (39.5, 0.01), (65.6, 0.01)),
+}
+
+
+def test_paper_results_hold_the_papers_numbers():
+    tasks = ('imdb', 'agnews', 'listops', 'charimdb')
+    acc, std = PAPER_RESULTS['test_acc'], PAPER_RESULTS['test_std']
+    assert PAPER_RESULTS['found'] and set(acc) == {(t, v) for v in PAPER_TABLES for t in tasks}
+    for v, cells in PAPER_TABLES.items():
+        for t, (a, s) in zip(tasks, cells):
+            assert acc[(t, v)] == pytest.approx(a / 100, abs=1e-9), (t, v)
+            assert (std.get((t, v)) is None) if s is None else std[(t, v)] == pytest.approx(s), (t, v)
+    assert PAPER_RESULTS['tables'] == dict(imdb='Table 2', agnews='Table 2', listops='Table 3', charimdb='Table 3')
+    assert PAPER_RESULTS['cited'] == {'transformer': 'Dutta et al. (2021)'} and PAPER_RESULTS['n_seeds'] == 3
+    assert {k: PAPER_SETUP[k] for k in ('epochs', 'patience', 'early_stopping_on', 'lr', 'beta1', 'beta2', 'eps', 'd_model', 'n_layers', 'n_experts', 'bs')} == dict(
+        epochs=30, patience=4, early_stopping_on='test loss', lr=5e-4, beta1=0.9, beta2=0.98, eps=1e-9, d_model=512, n_layers=6, n_experts=4, bs=32)
+
+
+def test_paper_table_and_the_papers_own_claims():
+    pt = paper_table()
+    assert pt.loc[('listops', 'transject')].tolist() == ['paper', 3, 0.483, 0.0]
+    assert pt.loc[('listops', 'transformer'), 'n'] == 1 and np.isnan(pt.loc[('listops', 'transformer'), 'test_std'])
+    assert paper_table(std_scale=0.01).loc[('imdb', 'random-entropic-transject'), 'test_std'] == pytest.approx(2e-4)
+    with pytest.raises(ValueError, match='std_scale'): paper_table(std_scale=-1)
+    o = check_orderings(pt, TRANSJECT_CLAIMS)
+    assert o[o['diff'] <= 0][['task', 'better', 'worse']].values.tolist() == [['agnews', 'transject', 'transformer-rezero']]   # the paper's own exception
+    assert set(o[o.task == 'agnews'].task) == {'agnews'} and len(o[o.task == 'agnews']) == 5     # the four AG News orderings and ReZero's
+    assert set(o[o.task.isin(['listops', 'charimdb']) & (o.worse != 'transformer-rezero')].worse) == {'entropic-transject', 'random-entropic-transject'}
+
+
+def test_spread_claim_on_synthetic_tables():
+    vs = ('transject', 'entropic-transject', 'random-transject', 'random-entropic-transject')
+    keys = [(t, v) for t in ('imdb', 'agnews', 'listops') for v in vs]
+    t = _fake(0.8, [0.02, 0.001, 0.02, 0.002] + [0.01] * 4 + [0.001, 0.03, 0.002, 0.03], 3, keys)
+    sc = spread_claim(t, tasks=None)
+    assert sc.verdict.tolist() == ['holds', 'within noise', 'fails']
+    assert sc.df_entropic.tolist() == [4.0] * 3 and sc.std_plain[0] == pytest.approx(0.02)
+    assert spread_claim(t).task.tolist() == ['imdb', 'agnews']                  # by default where the paper makes the claim
+    assert spread_claim(t.assign(n=1), tasks=None).verdict.eq('one seed').all()
+    assert spread_claim(t.drop(index=[('agnews', 'entropic-transject'), ('agnews', 'random-entropic-transject')]), tasks=None).task.tolist() == ['imdb', 'listops']
+    with pytest.raises(ValueError, match='no finite test_std'): spread_claim(t.assign(test_std=np.nan))

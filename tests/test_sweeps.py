@@ -191,6 +191,22 @@ def test_versus_pools_the_seed_spread_and_says_where_a_variant_is_ahead():
     assert say_versus(gain, sure, 'transject') == "not run yet"
 
 
+def test_versus_table_tests_with_pooled_variances():
+    from transject_nb.sweeps import versus, versus_table
+    from transject_nb.stats import welch_from_var
+    df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['transject'] * 4, n_layers=[1, 1, 2, 2] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
+                           test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.63, 0.65]))
+    t = versus_table(df, 'transformer', 'n_layers').set_index('n_layers')
+    assert list(t.columns) == ['variant', 'gain', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
+    ref = welch_from_var(0.03, 1e-4, 2, 2e-4, 2, df_a=2, df_b=2)          # pooled: transject 1e-4 on 2 df, transformer 2e-4 on 2 df
+    assert t.loc[2, 'p'] == pytest.approx(ref['p']) and t.loc[2, 'df'] == pytest.approx(3.6) and t.loc[2, 'se'] == pytest.approx(100 * ref['se'])
+    assert t.loc[2, 'gain'] > 2 * t.loc[2, 'se'] and t.loc[2, 'verdict'] == 'within noise'             # beyond two SEs, not significant
+    gain, sure = versus(df.assign(test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.70, 0.72]), 'transformer', 'n_layers')
+    assert sure.loc['transject'].tolist() == [False, True] and sure.dtypes.eq(bool).all()
+    one = versus(df[df.seed == 1], 'transformer', 'n_layers')[1]                                        # one seed everywhere: no spread, nothing sure
+    assert not one.values.any()
+
+
 def test_depth_answer_verdicts():
     acc = {'transject': [0.75, 0.76, 0.76, 0.75, 0.75, 0.74], 'transformer': [0.75, 0.75, 0.70, 0.71, 0.50, 0.50], 'neutreno': [0.76, 0.76, 0.72, 0.72, 0.65, 0.66]}
     df = pd.DataFrame([dict(variant=v, n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a)
@@ -200,3 +216,17 @@ def test_depth_answer_verdicts():
     assert ans.loc['transject', 'preference'] == 'flat within noise' and ans.loc['neutreno', 'preference'] == 'prefers shallow'
     assert depth_answer(df, [1, 4, 16, 32]).verdict.eq('incomplete').all()           # a planned depth with no run
     assert depth_answer(df, [1, 4, 16], keep_within=0.0).loc['transject', 'verdict'] == 'degrades'
+
+
+def test_depth_answer_prefers_shallow_only_when_the_test_rejects():
+    from transject_nb.stats import welch
+    acc = [0.7565, 0.7635, 0.7515, 0.7585, 0.7455, 0.7525]                  # a 1.1-point drop, seeds 0.7 points apart
+    df = pd.DataFrame([dict(variant='random-transject', n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a)
+                       for (L, s), a in zip([(1, 1), (1, 2), (4, 1), (4, 2), (16, 1), (16, 2)], acc)])
+    a = depth_answer(df, [1, 4, 16]).loc['random-transject']
+    assert a['drop'] > 2 * grid_summary(df, ['n_layers'])['std'].mean()     # the old rule: beyond twice the mean seed std, 'prefers shallow'
+    assert a['preference'] == 'flat within noise' and a['p'] == pytest.approx(welch(acc[:2], acc[4:])['p']) and a['drop'] < a['noise']
+    tight = df.assign(test_acc=[0.760, 0.761, 0.755, 0.756, 0.740, 0.741])                              # a 2-point drop, seeds 0.1 points apart
+    assert depth_answer(tight, [1, 4, 16]).loc['random-transject', 'preference'] == 'prefers shallow'
+    assert depth_answer(tight.assign(n_layers=tight.n_layers.replace({1: 8})), [4, 8, 16]).loc['random-transject', 'preference'] == 'prefers a middle depth'
+    assert depth_answer(tight, [1, 4, 16], alpha=1e-6).loc['random-transject', 'preference'] == 'flat within noise'

@@ -18,12 +18,13 @@ from .models import VARIANTS
 from .gradflow import mean_pairwise_cosine
 from .similarity import token_similarity
 from .learner import get_learner, train_learner, evaluate, history
+from .stats import ALPHA, welch, welch_from_var
 
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus', 'say_versus',
-           'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
+           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus',
+           'say_versus', 'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -341,28 +342,56 @@ def at_best_rate(
     b = best_valid(df)
     return pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc}).loc[list(dict.fromkeys(df.variant))]
 
+# %% ../nbs/12_sweeps.ipynb #b0b77bdd
+def versus_table(
+    df:pd.DataFrame,        # `run_grid`'s table
+    ref:str,                # the variant the others are measured against, e.g. 'transformer'
+    field:str,              # the grid field of the columns, e.g. 'n_layers'
+    value:str='test_acc',   # the column compared
+    alpha:float=ALPHA,      # the test's level
+)->pd.DataFrame:            # one row per (variant in `VARIANTS` order, value of `field`) where both ran: gain and se in points, df, p, verdict, sure, seeds of each side
+    "Every variant against `ref`, cell by cell, by Welch's t-test with each variant's seed variance pooled over its cells."
+    s = grid_summary(df, [field], value).reset_index()
+    if ref not in set(s.variant): raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
+    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2                          # squares about each cell's mean (none from a single seed)
+    g = s.groupby('variant')
+    nu = g['seeds'].sum() - g.size()                                             # pooled df: the sum of n - 1 over the variant's cells
+    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)                           # pooled variance (unused where nu is 0)
+    m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
+    cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
+    cols = ['variant', field, 'gain', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
+    if not cells: return pd.DataFrame(columns=cols)
+    vs, xs = [v for v, _ in cells], [x for _, x in cells]
+    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells], var[ref], [n.loc[ref, x] for x in xs],
+                       df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
+    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
+                         'sure': np.isin(r['verdict'], ('holds', 'fails')), 'seeds': r['n_a'], 'seeds_ref': r['n_b']}, columns=cols)
+
+# %% ../nbs/12_sweeps.ipynb #24ddbe9f
 def versus(
     df:pd.DataFrame,        # `run_grid`'s table
     ref:str,                # the variant the others are measured against, e.g. 'transformer'
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
-)->tuple:                   # `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref` in points, and whether it exceeds two standard errors
-    "Every variant against `ref`, cell by cell; each variant's seed spread is pooled over its cells, since two seeds per cell are too few alone."
+    alpha:float=ALPHA,      # the test's level
+)->tuple:                   # `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref` in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
+    "Every variant against `ref`, cell by cell, as two frames: the gain in points and whether the test (`versus_table`) finds it real."
+    t = versus_table(df, ref, field, value, alpha)
     s = grid_summary(df, [field], value).reset_index()
-    if ref not in set(s.variant): raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
-    m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
-    se = (1 / np.sqrt(n)).mul(np.sqrt((s['std'] ** 2).groupby(s.variant).mean()).reindex(n.index), axis=0)   # NaN for a variant with one seed everywhere
+    m = s.pivot(index='variant', columns=field, values='mean')
     others = [v for v in VARIANTS if v != ref and v in m.index]
     gain = 100 * (m.loc[others] - m.loc[ref])
-    return gain, gain.abs() > 200 * np.sqrt(se.loc[others] ** 2 + se.loc[ref] ** 2)
+    sure = t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns) if len(t) else gain * np.nan
+    return gain, sure.fillna(False).astype(bool)
 
+# %% ../nbs/12_sweeps.ipynb #b0948fa0
 def say_versus(
     gain:pd.DataFrame,      # from `versus`
     sure:pd.DataFrame,      # from `versus`
     v:str,                  # the variant to describe
     field:str='L',          # how the columns are named in the text
 )->str:                     # e.g. "ahead at L=16 (+9.8), level within noise elsewhere"
-    "Where `v` is ahead of or behind the reference by more than two standard errors, in words; says how far `v` has run if not to every column."
+    "Where `v` is ahead of or behind the reference by Welch's test at 5% (`versus`), in words; says how far `v` has run if not to every column."
     if v not in gain.index: return "not run yet"
     pts = lambda xs: ', '.join(f"{field}={x} ({gain.loc[v, x]:+.1f})" for x in xs)
     done = [x for x in gain.columns if pd.notna(gain.loc[v, x])]
@@ -370,7 +399,6 @@ def say_versus(
     said = [f"ahead at {pts(up)}"] * bool(up) + [f"behind at {pts(down)}"] * bool(down)
     text = ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
     return text + ("" if not done or len(done) == len(gain.columns) else f" (run to {field}={max(done)} so far)")
-
 
 # %% ../nbs/12_sweeps.ipynb #52310c50
 def depth_answer(
@@ -380,8 +408,9 @@ def depth_answer(
     collapse_at:float=0.55, # a deepest cell at or below this accuracy collapsed (5 points above chance on a balanced binary task)
     keep_within:float=0.03, # a deepest cell within this of the best kept training
     shallow_at:int=2,       # a best depth at or below this is shallow
-)->pd.DataFrame:            # per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop, noise, preference
-    "Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, and whether it prefers shallow models."
+    alpha:float=ALPHA,      # the level of the test of best depth against deepest
+)->pd.DataFrame:            # per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop, noise (the test's interval half-width), p, preference
+    "Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, and whether it prefers shallow models by Welch's test at `alpha`."
     s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
     rows = {}
     for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
@@ -392,8 +421,9 @@ def depth_answer(
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
         r['verdict'] = ('incomplete' if set(g.index) != set(depths) else 'collapses' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
                         else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged'] else 'degrades')
-        r['drop'], r['noise'] = r['best_acc'] - r['acc_deepest'], 2 * g['std'].mean()       # best over deepest; twice the typical seed spread
-        r['preference'] = 'flat within noise' if r['drop'] <= r['noise'] else 'prefers shallow' if best <= shallow_at else 'prefers a middle depth'
+        t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)   # best depth's seeds against the deepest's
+        r['drop'], r['noise'], r['p'] = t['diff'], t['hi'] - t['diff'], t['p']
+        r['preference'] = ('prefers shallow' if best <= shallow_at else 'prefers a middle depth') if t['verdict'] == 'holds' else 'flat within noise'
         rows[v] = r
     return pd.DataFrame(rows).T.infer_objects()
 
