@@ -1,4 +1,4 @@
-"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_fused.py`'s)."
+"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_fused.py`'s), and the authors' input-dependent expert gate (`gate='input'`)."
 import math
 import pytest
 import torch
@@ -6,11 +6,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from transject_nb.core import build_config, config_fields, variant_spec
-from transject_nb.bounds import layer_bounds, transject_bounds, residual_bounds
-from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
+from transject_nb.bounds import layer_bounds, transject_bounds, residual_bounds, worst_ratio
+from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, GATES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
                                     CayleyOrthogonal, LayerWeights, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
                                     orthogonal_ffn, transject_layer, orthogonality_error, reorthogonalize_, token_distance_ratios,
-                                    plot_distance_ratios, block_inverse, cayley_map, one_thread)
+                                    plot_distance_ratios, block_inverse, cayley_map, one_thread, input_gate)
 from transject_nb import transject as T
 from transject_nb.models import VARIANTS
 
@@ -379,3 +379,235 @@ def test_token_distance_ratios_skips_pairs_equal_at_layer_0():
     assert torch.allclose(lo, torch.tensor([1., 2.], dtype=torch.float64)) and torch.allclose(hi, lo)
     with pytest.raises(ValueError, match='equal at layer 0'):
         token_distance_ratios([torch.zeros(1, 3, 2)] * 2, torch.ones(1, 3, dtype=torch.bool))
+
+
+# --- the input-dependent expert gate (gate='input') -----------------------------------------------------------
+def gated(variant='transject', seed=0, gate_scale=1., **kw):
+    "A float64 model with the input gate and random parameters, in eval mode; `gate_scale` steepens the gate."
+    m = randomize_(make(variant, seed, double=True, gate='input', **kw), seed).eval()
+    with torch.no_grad():
+        for blk in m.blocks: blk.gate_w.mul_(gate_scale)
+    return m
+
+
+def test_gate_config_and_errors():
+    assert GATES == ('static', 'input') and TransJectConfig(10, 2).gate == 'static'
+    assert 'gate' in config_fields(TransJectConfig)
+    for v in VARIANTS4: assert build_config(v, 10, 2).gate == 'static' and build_config(v, 10, 2, gate='input').gate == 'input'
+    with pytest.raises(ValueError, match="unknown gate 'moe'; valid gates are: static, input"): TransJectConfig(10, 2, gate='moe')
+    with pytest.raises(ValueError, match="gate='input' runs on the readable layer only"): TransJectConfig(10, 2, gate='input', kernel='fused')
+    with pytest.raises(TypeError, match="gate='input': λ depends on the input"): make('transject', gate='input').blocks[0].expert_weights()
+
+
+def test_static_gate_takes_the_old_path():
+    "The default keeps the old parameters and computes exactly the old expressions: λ = softmax(logits), h + a Σ λ_e A_e."
+    m = randomize_(make('transject', 3, n_experts=3, kernel='readable'), 3).eval()
+    blk = m.blocks[0]
+    assert [k for k, _ in blk.named_parameters() if not k.startswith('bank')] == ['alpha_raw', 'gate_logits', 'b1', 'b2']
+    assert not hasattr(blk, 'gate_w') and blk.gate == 'static'
+    p = blk.weights()
+    assert torch.equal(p.lam, torch.softmax(blk.gate_logits, 0))
+    g = torch.Generator().manual_seed(0)
+    h, A = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 3, 8, generator=g)
+    lam, a, cases = p.lam.detach(), 0.3, torch.randint(0, 4, (3, 8), generator=g)
+    assert torch.equal(mix_experts(h, A, lam, a), h + a * (lam[:, None] * A).sum(-2))            # the old plain expression, bit for bit
+    coef = torch.tensor(ENTROPIC_CASES)[cases]
+    cx, cf = lam[:, None] * coef[..., 0], lam[:, None] * coef[..., 1]
+    assert torch.equal(mix_experts(h, A, lam, a, cases), h * cx.sum(0) + a * (cf * A).sum(-2))  # the old entropic one
+    x = tokens(1, 2, 7)
+    with torch.no_grad():                                                  # the layer's forward is transject_layer on these weights
+        h0 = m.embed(x, None); ctx = m.begin(h0, x != 0)
+        assert torch.equal(blk(h0, x != 0, dict(ctx)), transject_layer(h0, ctx['sigma'], blk.weights()))
+    for kernel, fused in (('auto', True), ('readable', False), ('fused', True)):
+        assert make('transject', kernel=kernel).blocks[0].uses_fused('cpu') == fused
+
+
+@pytest.mark.parametrize('variant', VARIANTS4)
+def test_input_gate_rows_sum_to_one_and_depend_on_the_input(variant):
+    m = gated(variant, 1, n_experts=3, n_layers=2)
+    x = tokens(1, 4, 9); x[:, 0] = torch.arange(1, 5)                    # four different sequences
+    with torch.no_grad(): _, _, ctx = m._run(x)
+    lams = ctx['expert_weights']
+    assert [w.shape for w in lams] == [(4, 3)] * 2 and all(w.dtype == torch.float64 for w in lams)
+    for w in lams:
+        assert torch.allclose(w.sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-12) and (w > 0).all()
+        assert (w[0] - w[1:]).abs().amax(-1).min() > 1e-6                  # every sequence has its own λ
+    x2 = x.clone(); x2[2, 0] = 7                                           # change sequence 2 only
+    with torch.no_grad(): lams2 = m._run(x2)[2]['expert_weights']
+    for w, w2 in zip(lams, lams2):
+        assert not torch.equal(w[2], w2[2])                                # its λ moves ...
+        assert torch.equal(w[[0, 1, 3]], w2[[0, 1, 3]])                    # ... the other sequences' do not
+
+
+def test_input_gate_formula_and_mask():
+    "λ_b = softmax_e(w · max over the real tokens of each expert's residual output), written out with a one-hot mixture; padding never wins the max."
+    g = torch.Generator().manual_seed(0)
+    B, n, E, d = 3, 6, 3, 8
+    h, A, w = torch.randn(B, n, d, generator=g, dtype=torch.float64), torch.randn(B, n, E, d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, n, dtype=torch.bool); mask[0, 4:] = False; mask[2, 1] = False
+    for cases in (None, torch.randint(0, 4, (E, d), generator=g)):
+        lam = input_gate(h, A, 0.4, w, mask, cases)
+        for b in range(B):
+            hb, Ab = h[b][mask[b]][None], A[b][mask[b]][None]
+            R = torch.stack([mix_experts(hb, Ab, torch.eye(E, dtype=h.dtype)[e], 0.4, cases)[0] for e in range(E)])   # (E, n_b, d)
+            assert torch.allclose(lam[b], torch.softmax(R.amax(1) @ w, 0), atol=1e-12)
+        hp, Ap = h.clone(), A.clone(); hp[~mask], Ap[~mask] = 1e6, 1e6      # huge values where the mask is False
+        assert torch.equal(input_gate(hp, Ap, 0.4, w, mask, cases), lam)
+        assert not torch.allclose(input_gate(hp, Ap, 0.4, w, None, cases), lam)   # without the mask they would win
+    with pytest.raises(ValueError, match=r'lam must have shape \(3,\) or \(3, 3\)'): mix_experts(h, A, lam[:2], 0.4)
+
+
+@FAST
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, B=st.integers(1, 3), n=st.integers(1, 10), pad=st.integers(1, 8),
+       pooling=st.sampled_from(['mean', 'max']), E=st.integers(1, 3))
+def test_input_gate_padding_changes_nothing(variant, seed, B, n, pad, pooling, E):
+    m = randomize_(make(variant, seed, pooling=pooling, n_experts=E, gate='input'), seed, scale=0.5).eval()
+    x = tokens(seed, B, n)
+    xp = torch.cat([x, x.new_zeros(B, pad)], 1)
+    with torch.no_grad(): (hs, _, ctx), (hsp, _, ctxp) = m._run(x), m._run(xp)
+    for w, wp in zip(ctx['expert_weights'], ctxp['expert_weights']): assert torch.allclose(w, wp, atol=1e-6)   # the gate ignores padding
+    for h, hp in zip(hs, hsp): assert torch.allclose(h, hp[:, :n], atol=1e-5, rtol=1e-5)
+    with torch.no_grad(): assert torch.allclose(m(x), m(xp), atol=1e-5, rtol=1e-5)
+
+
+def test_input_gate_gradients_flow():
+    g = torch.Generator().manual_seed(0)
+    h, A, w = torch.randn(2, 4, 6, generator=g, dtype=torch.float64), torch.randn(2, 4, 3, 6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    ps = [t.clone().requires_grad_() for t in (h, A, w)]
+    assert torch.autograd.gradcheck(lambda h_, A_, w_: input_gate(h_, A_, 0.3, w_, mask), ps)
+    m = make('transject', gate='input', n_experts=3).train()               # α = 0: every expert's output is h, λ uniform, no gradient to the gate yet
+    x, y = tokens(1, 3, 8), torch.tensor([0, 1, 2])
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for step in range(2):
+        opt.zero_grad(); (F.cross_entropy(m(x), y) + m.aux_loss).backward()
+        gate_grads = [blk.gate_w.grad.abs().sum().item() for blk in m.blocks]
+        if step == 0: assert gate_grads == [0., 0.]; opt.step()
+    assert min(gate_grads) > 0                                             # after one step the gate learns
+    dead = [k for k, p in m.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not dead, dead
+
+
+def test_input_gate_runs_the_readable_layer():
+    from transject_nb.fused import fused_layer
+    for kernel in ('auto', 'readable'):
+        blk = make('transject', gate='input', kernel=kernel).blocks[0]
+        assert not blk.uses_fused('cpu') and not blk.uses_fused(torch.device('cuda'))
+    a, r = gated('transject', 2, kernel='auto'), gated('transject', 2, kernel='readable')
+    x = tokens(2, 3, 7)
+    with torch.no_grad(): assert torch.equal(a(x), r(x))
+    blk = r.blocks[0]
+    p = blk.weights()._replace(lam=torch.full((3, 2), 0.5, dtype=torch.float64))   # a (B, E) λ: the fused kernel refuses it
+    with pytest.raises(ValueError, match='lam of shape'): fused_layer(torch.randn(3, 7, 8, dtype=torch.float64), torch.ones(3, 8, dtype=torch.float64), p)
+
+
+@pytest.mark.parametrize('variant', VARIANTS4)
+def test_input_gate_is_a_static_gate_within_each_sequence(variant):
+    "Each sequence runs through the static model whose logits are log λ(sequence): the token-pair argument of Theorem 2 applies to it."
+    m = gated(variant, 4, gate_scale=10., n_experts=3, n_layers=3)
+    m.train(False)
+    x = tokens(4, 3, 9); x[:, :2] = torch.tensor([3, 5])
+    with torch.no_grad(): hs, mask, ctx = m._run(x)
+    for b in range(3):
+        s = make(variant, 4, double=True, n_experts=3, n_layers=3)
+        sd = {k: v for k, v in m.state_dict().items() if 'gate_w' not in k}
+        s.load_state_dict(sd | {f'blocks.{l}.gate_logits': w[b].log() for l, w in enumerate(ctx['expert_weights'])})
+        with torch.no_grad(): hs_s = s.eval().encode(x[b:b + 1])
+        for h, hsb in zip(hs, hs_s): assert torch.allclose(h[b][mask[b]], hsb[0][mask[b]], atol=1e-12)
+
+
+@FAST
+@given(variant=st.sampled_from(VARIANTS4), seed=seeds, L=st.integers(1, 4), E=st.integers(1, 3), data=st.data(),
+       gate_scale=st.sampled_from([1., 30.]), B=st.integers(1, 3), n=st.integers(2, 12))
+def test_input_gate_keeps_theorem2_on_pairs_of_one_sequence(variant, seed, L, E, data, gate_scale, B, n):
+    alphas = data.draw(st.lists(st.floats(-50, 50), min_size=L, max_size=L), label='w')
+    m = randomize_(make(variant, seed, double=True, n_layers=L, n_experts=E, gate='input'), seed, alphas=alphas).eval()
+    with torch.no_grad():
+        for blk in m.blocks: blk.gate_w.mul_(gate_scale)
+    x = tokens(seed, B, n); x[0, :2] = torch.tensor([1, 1])
+    with torch.no_grad(): lo, hi = token_distance_ratios(m.encode(x), x != 0)
+    blo, bhi = layer_bounds(m.alphas(), L)
+    assert (lo >= blo * (1 - 1e-9)).all() and (hi <= bhi * (1 + 1e-9)).all()
+
+
+def test_input_gate_breaks_the_bound_between_sequences():
+    "With random Σ, one-token sequences: the static model is one map and stays within Theorem 2's bounds; a steep input gate leaves both."
+    found = {}
+    for gate, scale in (('static', 1.), ('input', 20.)):
+        m = randomize_(make('random-transject', 0, double=True, d_model=16, n_layers=3, n_experts=3, gate=gate), 0).eval()
+        with torch.no_grad():
+            for i, blk in enumerate(m.blocks):
+                blk.alpha_raw.fill_(50. if i % 2 == 0 else -50.)          # |α| = 1: the widest bounds
+                if gate == 'input': blk.gate_w.mul_(scale)
+        sig = T.random_sigma(m.sigma_param, m.cfg.sigma_eps)
+        def f(t):                                                          # (N, d): N one-token sequences
+            h, ctx = t[:, None], dict(sigma=sig.expand(len(t), -1))
+            for blk in m.blocks: h = blk(h, None, ctx)
+            return h[:, 0]
+        t0 = m.embed(tokens(0, 4, 8, vocab_sz=40), None).detach().reshape(-1, 16)[:24]
+        found[gate] = (worst_ratio(f, t0, minimize=True, steps=100)[0], worst_ratio(f, t0, steps=100)[0])
+        blo, bhi = layer_bounds(m.alphas(), 3)
+        lo_b, hi_b = blo[-1].item(), bhi[-1].item()
+    assert found['static'][0] >= lo_b * (1 - 1e-9) and found['static'][1] <= hi_b * (1 + 1e-9)
+    assert found['input'][1] > hi_b and found['input'][0] < lo_b, (found, lo_b, hi_b)
+
+
+def test_input_gate_without_mixing_is_bag_of_tokens_only_for_static():
+    "random Σ + static gate: no token reaches another before pooling; the input gate mixes through its max over the tokens."
+    x = tokens(0, 1, 8); x[0] = torch.randint(1, 40, (8,), generator=torch.Generator().manual_seed(0))
+    x2 = x.clone(); x2[0, 3] = (x[0, 3] % 39) + 1
+    keep = torch.arange(8) != 3
+    for gate, mixes in (('static', False), ('input', True)):
+        m = randomize_(make('random-transject', 0, gate=gate), 0).eval()
+        with torch.no_grad(): h, h2 = m.encode(x)[-1], m.encode(x2)[-1]
+        assert torch.equal(h[0, keep], h2[0, keep]) != mixes
+
+
+@pytest.mark.parametrize('variant', ['transject', 'random-entropic-transject'])
+def test_input_gate_under_autocast_bf16(variant):
+    m = randomize_(make(variant, 3, d_model=16, gate='input'), 3, scale=0.5).train()
+    x, y = tokens(3, 3, 10), torch.tensor([0, 1, 2])
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = m(x); loss = F.cross_entropy(out, y) + m.aux_loss
+    loss.backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_expert_weight_records_for_both_gates():
+    "`analysis.expert_weights` and `experiments.expert_weight_data`: static λ as before (no spread); the input gate's mean over the inputs, with its spread."
+    from transject_nb.analysis import expert_weights
+    from transject_nb.experiments import expert_weight_data
+    x = tokens(5, 6, 9); x[:, 0] = torch.arange(1, 7)
+    s = randomize_(make('transject', 5, n_experts=3), 5).eval()
+    i = randomize_(make('transject', 5, n_experts=3, gate='input'), 5).eval()
+    ws, wi = expert_weights(s, x, bs=4, progress=False), expert_weights(i, x, bs=4, progress=False)
+    cols = ['expert 1', 'expert 2', 'expert 3']
+    for l, blk in enumerate(s.blocks):
+        assert torch.allclose(torch.tensor(ws.loc[l + 1, cols].values.astype(float)), torch.softmax(blk.gate_logits.detach().double(), 0), atol=1e-6)
+    assert (ws.spread < 1e-12).all()
+    with torch.no_grad(): lam = torch.stack([w.double() for w in i._run(x)[2]['expert_weights']])   # (L, B, E)
+    assert torch.allclose(torch.tensor(wi[cols].values.astype(float)), lam.mean(1), atol=1e-6)        # the mean over the inputs
+    assert torch.allclose(torch.tensor(wi.spread.values.astype(float)), lam.std(1, unbiased=False).mean(-1), atol=1e-6)
+    assert (wi.spread > 1e-6).all() and torch.allclose(torch.tensor(wi[cols].values.astype(float)).sum(-1), torch.ones(2, dtype=torch.float64))
+    df = expert_weight_data({'static': s, 'input': i}, x)
+    assert list(df.variant.unique()) == ['static', 'input'] and len(df) == 4
+
+
+def test_gate_is_a_run_override(tmp_path):
+    "`get_learner(task, 'transject', gate='input')` and the CLI's `--gate input` reach the model without special code."
+    from transject_nb.cli import parse_overrides
+    from transject_nb.learner import get_learner, resolve_config, valid_fields
+    from transject_nb.data import load_task
+    assert 'gate' in valid_fields('transject')['model']
+    assert parse_overrides(['--gate', 'input'], ['transject']) == {'gate': 'input'}
+    assert parse_overrides(['--gate=static'], ['random-transject']) == {'gate': 'static'}
+    assert resolve_config('listops', 'transject', preset='cpu', gate='input')['model']['gate'] == 'input'
+    data = load_task('listops', max_len=32, n_train=32, n_valid=16, n_test=16, cache_dir=False, progress=False,
+                     min_length=4, max_length=32, max_depth=2, max_args=3)
+    learn = get_learner('listops', 'transject', preset='cpu', data=data, path=tmp_path/'run', device='cpu', d_model=16, n_layers=1, max_len=32, gate='input')
+    assert learn.model.cfg.gate == 'input' and hasattr(learn.model.blocks[0], 'gate_w')
+    xb, yb = learn.dls.one_batch()
+    with torch.no_grad(): assert learn.model(xb).shape == (len(yb), 10)
+    with pytest.raises(ValueError, match='unknown gate'):
+        get_learner('listops', 'transject', preset='cpu', data=data, path=tmp_path/'bad', device='cpu', gate='moe')

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'RESIDUALS', 'KERNELS', 'orthogonal_attention', 'one_thread',
-           'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values', 'OrthogonalBank', 'reorthogonalize_',
-           'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'orthogonal_ffn', 'LayerWeights',
-           'transject_layer', 'TransJectConfig', 'TransJectLayer', 'TransJect', 'token_distance_ratios',
-           'plot_distance_ratios']
+__all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'RESIDUALS', 'KERNELS', 'GATES', 'orthogonal_attention',
+           'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values', 'OrthogonalBank',
+           'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'input_gate',
+           'orthogonal_ffn', 'LayerWeights', 'transject_layer', 'TransJectConfig', 'TransJectLayer', 'TransJect',
+           'token_distance_ratios', 'plot_distance_ratios']
 
 # %% ../nbs/02_transject.ipynb #c149aaec
 import torch
@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import orthogonal
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID
+from .core import EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice
 from .bounds import layer_bounds, transject_bounds
 
 # %% ../nbs/02_transject.ipynb #53d039cf
@@ -230,15 +230,38 @@ ENTROPIC_CASES = ((1.5, 1.), (1.5, -1.), (0., 4.), (1., 0.))  # (coefficient of 
 def mix_experts(
     h:torch.Tensor,      # tokens `(B, n, d)`
     A:torch.Tensor,      # expert outputs `(B, n, E, d)` (from `orthogonal_attention`)
-    lam:torch.Tensor,    # expert weights `(E,)`, non-negative, summing to 1
+    lam:torch.Tensor,    # expert weights, non-negative, summing to 1: `(E,)` for the batch (static gate), or `(B, E)`, one row per sequence (input gate)
     a,                   # residual weight α/L (a 0-d tensor or float)
     cases=None,          # `(E, d)` ints in 0..3: the entropic case of each expert and channel; None: the plain residual
 )->torch.Tensor:         # `(B, n, d)`: $\sum_e \lambda_e R(h, a A_e)$
     "Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$ with $R$ the injective residual $h+F$ or, given `cases`, the entropic one."
-    if cases is None: return h + a * (lam.to(A.dtype)[:, None] * A).sum(-2)              # h + a Σ_e λ_e A_e
+    B, E = A.shape[0], A.shape[-2]
+    if lam.shape != (E,) and lam.shape != (B, E): raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} sequences, got {tuple(lam.shape)}")
+    if lam.ndim == 2: lam = lam[:, None]                                                   # (B, 1, E): one λ per sequence, the same for its tokens
+    if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)             # h + a Σ_e λ_e A_e
     coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]        # (E, d, 2)
-    cx, cf = lam[:, None] * coef[..., 0], lam[:, None] * coef[..., 1]                     # (E, d) λ_e c^x_e, λ_e c^F_e
-    return h * cx.sum(0).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)                  # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+    cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]                 # (E, d) or (B, 1, E, d): λ_e c^x_e, λ_e c^F_e
+    return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)                  # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+
+# %% ../nbs/02_transject.ipynb #a4e1c7b2
+def input_gate(
+    h:torch.Tensor,      # tokens `(B, n, d)`, the layer's input
+    A:torch.Tensor,      # expert outputs `(B, n, E, d)` (from `orthogonal_attention`)
+    a,                   # residual weight α/L (a 0-d tensor or float)
+    w:torch.Tensor,      # gate weights `(d,)`: the authors' `attn_combine`, a `Linear(d, 1)` shared by the experts (its bias cancels in the softmax)
+    mask=None,           # `(B, n)`, True on real tokens (every sequence needs one); None: every token is real
+    cases=None,          # `(E, d)` entropic cases, or None for the plain residual
+)->torch.Tensor:         # `(B, E)`: λ of each sequence, rows summing to 1, in float32 or wider
+    "The authors' input-dependent expert gate: $\\lambda_b=\\mathrm{softmax}_e\\bigl(w\\cdot\\max_{t}R(h,aA_e)_{b,t}\\bigr)$, each expert's residual output maxed over the real tokens."
+    wd = torch.promote_types(h.dtype, torch.float32)                                      # the gate in float32 or wider, also under autocast
+    with torch.autocast(h.device.type, enabled=False):
+        h, A = h.to(wd), A.to(wd)
+        if cases is None: R = h[:, :, None] + a * A                                       # (B, n, E, d)  R(h, a A_e) = h + a A_e
+        else:
+            coef = torch.tensor(ENTROPIC_CASES, dtype=wd, device=h.device)[cases]        # (E, d, 2)
+            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A                      # (B, n, E, d)  c^x_e h + c^F_e a A_e
+        if mask is not None: R = R.masked_fill(~mask[:, :, None, None], float('-inf'))   # padding never wins the max
+        return torch.softmax(R.amax(1) @ w.to(wd), -1)                                    # (B, E) softmax_e(w · max_t R_e)
 
 # %% ../nbs/02_transject.ipynb #bd040930
 def orthogonal_ffn(
@@ -256,7 +279,7 @@ class LayerWeights(NamedTuple):
     "One layer's weights for one forward pass, named as in the equations."
     U:torch.Tensor         # `(E, d, d)` orthogonal $U_1..U_E$
     V:torch.Tensor         # `(E, d, d)` orthogonal $V_1..V_E$
-    lam:torch.Tensor       # `(E,)` expert weights λ, non-negative, summing to 1
+    lam:torch.Tensor       # expert weights λ, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` per sequence (input gate)
     a:torch.Tensor         # residual weight $a=\alpha_l/L$ (0-d tensor or float)
     W1:torch.Tensor        # `(d, d)` orthogonal
     b1:torch.Tensor        # `(d,)`
@@ -268,14 +291,17 @@ def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
     sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1
     p:LayerWeights,      # the layer's weights
+    A=None,              # the experts' outputs `orthogonal_attention(h, sigma, p.U, p.V)` `(B, n, E, d)` if already computed (the input gate reads them first), else None
 )->torch.Tensor:         # `(B, n, d)`
     "One TransJect layer by its equations: the mixture of orthogonal-attention experts with residuals, then the orthogonal residual FFN."
-    h1 = mix_experts(h, orthogonal_attention(h, sigma, p.U, p.V), p.lam, p.a, p.cases)   # (B, n, d)
+    if A is None: A = orthogonal_attention(h, sigma, p.U, p.V)                             # (B, n, E, d)
+    h1 = mix_experts(h, A, p.lam, p.a, p.cases)                                            # (B, n, d)
     return h1 + p.a * orthogonal_ffn(h1, p.W1, p.b1, p.W2, p.b2)                          # (B, n, d)
 
 # %% ../nbs/02_transject.ipynb #37e7f6f8
 RESIDUALS = ('plain', 'entropic')
 KERNELS = ('auto', 'readable', 'fused')
+GATES = ('static', 'input')
 
 @dataclass
 class TransJectConfig(EncoderConfig):
@@ -285,7 +311,8 @@ class TransJectConfig(EncoderConfig):
     residual:str = 'plain'    # 'plain' injective residual, or 'entropic' (Eq. 4: random case per channel while training, x+F in eval)
     orth_map:str = 'cayley'   # orthogonal parametrization: 'cayley', 'matrix_exp' or 'householder'
     sigma_eps:float = 1e-6    # guard of the standardisation of Σ (not the optimiser's `eps` of the presets)
-    kernel:str = 'auto'       # how a layer is computed: 'readable' (`transject_layer`), 'fused' (`fused.fused_layer`), 'auto' (fused on the CPU, readable elsewhere)
+    kernel:str = 'auto'       # how a layer is computed: 'readable' (`transject_layer`), 'fused' (`fused.fused_layer`), 'auto' (fused on the CPU for the static gate, readable otherwise)
+    gate:str = 'static'       # the experts' weights λ: 'static' (the paper's: softmax of E learned logits, the same for every input) or 'input' (the authors' code: `input_gate`, one λ per sequence from its tokens; readable layer only)
 
     def __post_init__(self):
         super().__post_init__()
@@ -298,6 +325,9 @@ class TransJectConfig(EncoderConfig):
         if isinstance(self.sigma_eps, bool) or not isinstance(self.sigma_eps, (int, float)) or not 0 < self.sigma_eps < 1:
             raise ValueError(f"sigma_eps must be a float in (0, 1), got {self.sigma_eps!r}")
         if self.kernel not in KERNELS: raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        check_choice(self.gate, GATES, 'gate')
+        if self.gate == 'input' and self.kernel == 'fused':
+            raise ValueError("gate='input' runs on the readable layer only (the fused kernel takes one λ for the whole batch); use kernel='auto' or 'readable'")
 
 # %% ../nbs/02_transject.ipynb #f557b3ef
 class TransJectLayer(nn.Module):
@@ -305,10 +335,11 @@ class TransJectLayer(nn.Module):
     def __init__(self, cfg:TransJectConfig):
         super().__init__()
         d, E = cfg.d_model, cfg.n_experts
-        self.E, self.L, self.entropic, self.kernel = E, cfg.n_layers, cfg.residual == 'entropic', cfg.kernel
+        self.E, self.L, self.entropic, self.kernel, self.gate = E, cfg.n_layers, cfg.residual == 'entropic', cfg.kernel, cfg.gate
         self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)          # U_1..U_E, V_1..V_E, W_1, W_2
         self.alpha_raw = nn.Parameter(torch.zeros(()))                  # w_l: α_l = tanh(w_l), 0 at init (ReZero)
-        self.gate_logits = nn.Parameter(torch.zeros(E))                 # λ = softmax(logits), input-independent
+        if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))   # λ = softmax(logits), input-independent
+        else: self.gate_w = nn.Parameter(torch.zeros(d))                # λ = input_gate(..., w), one per sequence; 0: uniform at init
         self.b1, self.b2 = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
 
     def alpha(self)->torch.Tensor: # α_l = tanh(w_l), |α_l| < 1
@@ -316,32 +347,37 @@ class TransJectLayer(nn.Module):
         return torch.tanh(self.alpha_raw)
 
     def expert_weights(self)->torch.Tensor: # `(E,)` convex weights λ
-        "The mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
+        "The static gate's mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
+        if self.gate != 'static':
+            raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx['expert_weights'] (one (B, E) tensor per layer), e.g. with analysis.expert_weights")
         return torch.softmax(self.gate_logits, 0)
 
-    def weights(self, device=None)->LayerWeights: # the bank computed once; entropic cases drawn on `device` when training
-        "The layer's weights for one forward pass: the orthogonal matrices, λ, $a=\\alpha_l/L$, and the entropic cases while training."
+    def weights(self, device=None)->LayerWeights: # the bank computed once; entropic cases drawn on `device` when training; λ None for the input gate
+        "The layer's weights for one forward pass: the orthogonal matrices, λ (static gate; None for the input gate, which `forward` computes from the tokens), $a=\\alpha_l/L$, and the entropic cases while training."
         E, Q = self.E, self.bank()                                       # (2E+2, d, d), computed once
-        a, lam = self.alpha() / self.L, self.expert_weights()
+        a, lam = self.alpha() / self.L, (self.expert_weights() if self.gate == 'static' else None)
         cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if self.training and self.entropic else None
         return LayerWeights(Q[:E], Q[E:2 * E], lam, a, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, cases)
 
-    def uses_fused(self, device)->bool: # `kernel` 'fused', or 'auto' on the CPU
+    def uses_fused(self, device)->bool: # `kernel` 'fused', or 'auto' on the CPU; never for the input gate
         "Whether the layer runs the fused kernel of `transject_nb.fused` on `device` rather than `transject_layer`."
-        return self.kernel == 'fused' or (self.kernel == 'auto' and torch.device(device).type == 'cpu')
+        return self.gate == 'static' and (self.kernel == 'fused' or (self.kernel == 'auto' and torch.device(device).type == 'cpu'))
 
     def forward(self,
         h:torch.Tensor,   # tokens `(B, n, d)`
-        mask,             # `(B, n)` padding mask (unused: the layer acts on each token separately)
+        mask,             # `(B, n)` padding mask, True on real tokens, or None (all real); read by the input gate only
         ctx:dict,         # the batch's context: reads 'sigma' `(B, d)`, appends to 'expert_weights' and 'entropic_cases'
     )->torch.Tensor:      # `(B, n, d)`
-        p = self.weights(h.device)
+        p, A = self.weights(h.device), None
+        if p.lam is None:                                                # the input gate: λ from this batch's expert outputs
+            A = orthogonal_attention(h, ctx['sigma'], p.U, p.V)          # (B, n, E, d)
+            p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))   # (B, E)
         ctx.setdefault('expert_weights', []).append(p.lam)
         ctx.setdefault('entropic_cases', []).append(p.cases)
         if self.uses_fused(h.device):
             from transject_nb.fused import fused_layer                  # the CPU kernel (02a_fused), the same map
             return fused_layer(h, ctx['sigma'], p)
-        return transject_layer(h, ctx['sigma'], p)                       # (B, n, d)
+        return transject_layer(h, ctx['sigma'], p, A)                    # (B, n, d)
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
