@@ -397,16 +397,20 @@ def plan_cost(
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
     secs_per_epoch:dict|None=None, # variant -> seconds per training epoch on this task where no run of the arm has finished (e.g. from the fixed-rate runs)
 )->pd.DataFrame:                # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left (a lower bound: steps past an edge are not foreseen)
-    "What a plan has cost so far and what it still needs, in hours of one CPU thread."
+    "What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs."
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
     ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
     e_search, e_seed = ep('search', p.patience + 2), ep('seed', p.patience + 3)
+    fam = lambda a: variant_spec(a.variant).family
+    per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
+    measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
+    family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
     rows = {}
-    for a in plan.arms:
+    for a in plan.arms:                                                 # seconds per epoch: the arm's own, else given, else its family's on this task
         g = fin[fin.arm == a.label]
-        rate = g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else secs_per_epoch.get(a.variant, np.nan)
+        rate = next((r for r in (measured[a.label], secs_per_epoch.get(a.variant, np.nan), family[fam(a)]) if not np.isnan(r)), np.nan)
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE')).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + d_left, secs_per_epoch=round(float(rate), 1),
