@@ -23,10 +23,10 @@ from .learner import get_learner, train_learner, evaluate, history, load_checkpo
 from .experiments import RESULT_COLUMNS
 
 # %% auto #0
-__all__ = ['DATA_FOLDERS', 'TRIAL_COLUMNS', 'STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate',
-           'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'task_source', 'NotQueued', 'make_objective',
-           'work', 'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage',
-           'export_study', 'run_workers', 'add_study_args', 'study_command']
+__all__ = ['DATA_FOLDERS', 'TRIAL_COLUMNS', 'GATE', 'STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials',
+           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'task_source', 'NotQueued',
+           'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost',
+           'snapshot_storage', 'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-2
 def _rates(xs, what:str)->tuple:
@@ -378,10 +378,12 @@ def study_runs(
 # %% ../nbs/13_protocol.ipynb #553ccc0e-16
 _ALL = tuple(Arm(v) for v in VARIANTS)
 
+GATE = Arm('transject', dict(gate='input'))     # the ablation: the authors' input-dependent expert gate (02_transject)
+
 STUDIES = {p.name: p for p in (
     StudyPlan('fair-agnews', 'agnews', _ALL, protocol=Protocol(seeds=(1, 2, 3, 4, 5)), note="the repro preset; 5 seeds, the task being cheap"),
-    StudyPlan('fair-listops', 'listops', _ALL, note="the repro preset"),
-    StudyPlan('fair-imdb', 'imdb', _ALL, note="the repro preset"),
+    StudyPlan('fair-listops', 'listops', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
+    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
     StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), note="the repro preset at 512 bytes, not 1,024, to fit the budget"),
 )}
 
