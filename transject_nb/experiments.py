@@ -12,11 +12,12 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['BASELINE_COLUMNS', 'C_GRID', 'FEATURES', 'RESULT_COLUMNS', 'PAPER_RESULTS', 'PAPER_SETUP', 'PAPER_CLAIMS',
            'TRANSJECT_CLAIMS', 'token_docs', 'majority_class', 'tfidf_logreg', 'linear_baselines', 'read_run',
-           'collect_runs', 'paper_table', 'results_table', 'format_table', 'missing_runs', 'paused_runs',
-           'check_orderings', 'spread_claim', 'run_data', 'load_run', 'figure_sample', 'pair_distance_data',
-           'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data', 'plot_expert_data',
-           'bound_data', 'plot_bound_data', 'token_map', 'certified_ratios', 'similarity_data', 'plot_similarity_data',
-           'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data', 'save_figure_data', 'load_figure_data']
+           'collect_runs', 'paper_table', 'results_table', 'format_table', 'beside_paper', 'missing_runs',
+           'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run', 'figure_sample',
+           'pair_distance_data', 'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data',
+           'plot_expert_data', 'bound_data', 'plot_bound_data', 'token_map', 'certified_ratios', 'similarity_data',
+           'plot_similarity_data', 'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data',
+           'save_figure_data', 'load_figure_data']
 
 # %% ../nbs/11_experiments.ipynb #e5e18180
 import numpy as np
@@ -238,6 +239,21 @@ def format_table(
     models = list(dict.fromkeys(m for _, m in table.index))
     tasks = [t for t in TASKS if t in wide.columns] + [t for t in wide.columns if t not in TASKS]
     return wide.loc[models, tasks].fillna('')
+
+# %% ../nbs/11_experiments.ipynb #c8296db1
+def beside_paper(
+    table:pd.DataFrame,         # from `results_table`
+    paper:dict=PAPER_RESULTS,   # the paper's numbers (see `paper_table`)
+    digits:int=1,               # decimals of the percentages
+)->pd.DataFrame:                # rows: models as in `format_table`; columns: (task, 'ours') and (task, 'paper ' + its table)
+    "`format_table` with the paper's accuracy beside ours, task by task."
+    ours, theirs = format_table(table, digits), paper_table(paper)
+    pct = lambda t, m: f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}" if (t, m) in theirs.index else ''
+    cols = {}
+    for t in ours.columns:
+        cols[(t, 'ours')] = ours[t]
+        cols[(t, f"paper {paper.get('tables', {}).get(t, '')}".strip())] = pd.Series({m: pct(t, m) for m in ours.index})
+    return pd.DataFrame(cols).rename_axis(columns=['task', ''])
 
 # %% ../nbs/11_experiments.ipynb #207c7371
 def missing_runs(
