@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
-                                   study_runs, study_trials, plan_cost, work)
+                                   study_runs, study_trials, plan_cost, plan_data, work)
 from transject_nb.cli import run_command
 
 TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4, d_model=16, n_layers=1)
@@ -71,6 +71,7 @@ def test_a_worker_runs_a_plan_and_early_stopping_fires(tmp_path):
     assert len(runs) == 4 and runs.test_acc.notna().all() and set(runs.seed) == {1, 2}
     assert t[t.phase == 'search'].test_acc.isna().all()                     # the search never touches the test set
     assert plan_cost(plan, t).runs_left.sum() == 0
+    assert plan_data(plan, cache_dir=False).cache_key == t.data_key.iloc[0]      # the baselines' splits are the runs'
 
 
 def _spawn(script:str, *args)->subprocess.Popen:

@@ -19,13 +19,14 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna_integration import FastAIV2PruningCallback
 from .core import TASKS, check_choice, preset_section, variant_spec
 from .models import VARIANTS
-from .learner import get_learner, train_learner, evaluate, history, load_checkpoint
+from .data import TaskData, load_task
+from .learner import get_learner, train_learner, evaluate, history, load_checkpoint, resolve_config
 from .experiments import RESULT_COLUMNS
 
 # %% auto #0
 __all__ = ['DATA_FOLDERS', 'TRIAL_COLUMNS', 'GATE', 'STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials',
-           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'task_source', 'NotQueued',
-           'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost',
+           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'task_source', 'plan_data',
+           'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost',
            'snapshot_storage', 'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-2
@@ -229,6 +230,18 @@ def task_source(
     return str(p)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-10
+def plan_data(
+    plan:StudyPlan,   # the plan
+    data=None,        # the data root (see `task_source`)
+    cache_dir=None,   # `load_task`'s cache
+)->TaskData:          # the splits every run of the plan trains, validates and is tested on
+    "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
+    src = task_source(plan.task, data)
+    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed, **({} if src is None else dict(source=src)))
+    max_len = rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
+    return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
+
+# %% ../nbs/13_protocol.ipynb #553ccc0e-11
 class NotQueued(Exception):
     "A trial the protocol did not queue (another worker took the last queued one first)."
 
@@ -238,7 +251,7 @@ def _duplicate(study, trial, lr, seed):
         if t.number < trial.number and t.params.get('lr') == lr and t.params.get('seed') == seed: return t.number
     return None
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-11
+# %% ../nbs/13_protocol.ipynb #553ccc0e-12
 def make_objective(
     plan:StudyPlan,        # the plan
     arm:Arm,               # the arm whose study runs the objective
@@ -276,7 +289,7 @@ def _record(trial, learn):
     trial.set_user_attr('train_secs', round(float(h['seconds'].sum()), 1) if 'seconds' in h else None)
     trial.set_user_attr('data_key', learn.config['data_key'])
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-12
+# %% ../nbs/13_protocol.ipynb #553ccc0e-13
 def work(
     plan:StudyPlan,        # the plan
     storage=None,          # `open_storage`'s URL or path, or a storage
@@ -327,7 +340,7 @@ def _say_trial(t, secs)->str:
     test = f", test {100 * u['test_acc']:.1f}%" if 'test_acc' in u else ''
     return f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, {u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s"
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-13
+# %% ../nbs/13_protocol.ipynb #553ccc0e-14
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs', 'train_secs',
                  'params', 'data_key', 'number', 'retry_of')
 
@@ -342,7 +355,7 @@ def study_trials(
             for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
     return pd.DataFrame([{k: r.get(k) for k in TRIAL_COLUMNS} for r in rows], columns=list(TRIAL_COLUMNS))
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-14
+# %% ../nbs/13_protocol.ipynb #553ccc0e-15
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
@@ -363,7 +376,7 @@ def arm_status(
                             epochs=int(t.epochs.fillna(0).sum()), hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-15
+# %% ../nbs/13_protocol.ipynb #553ccc0e-16
 def study_runs(
     trials:pd.DataFrame,   # from `study_trials`
     plan:StudyPlan,        # the plan
@@ -375,7 +388,7 @@ def study_runs(
                            epochs=d.epochs, params=d.params, train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
     return df[[*RESULT_COLUMNS, 'lr']].astype({'seed': int}).reset_index(drop=True)
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-16
+# %% ../nbs/13_protocol.ipynb #553ccc0e-17
 _ALL = tuple(Arm(v) for v in VARIANTS)
 
 GATE = Arm('transject', dict(gate='input'))     # the ablation: the authors' input-dependent expert gate (02_transject)
@@ -393,7 +406,7 @@ def study_plan(
     "A declared plan by name, with an error listing the declared ones."
     return STUDIES[check_choice(name, STUDIES, 'study')]
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-17
+# %% ../nbs/13_protocol.ipynb #553ccc0e-18
 def plan_cost(
     plan:StudyPlan,             # the plan
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
@@ -419,7 +432,7 @@ def plan_cost(
                              hours_done=round(float(g.train_secs.sum()) / 3600, 2), hours_left=round((s_left * e_search + d_left * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-18
+# %% ../nbs/13_protocol.ipynb #553ccc0e-19
 def snapshot_storage(
     src,    # a SQLite storage file (or `sqlite:///` URL) that workers may be writing
     dest,   # where the consistent copy goes (replaced atomically)
@@ -445,7 +458,7 @@ def export_study(
     study_runs(trials, plan).to_csv(dest/'runs.csv', index=False)
     return trials
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-19
+# %% ../nbs/13_protocol.ipynb #553ccc0e-20
 def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, heartbeat):
     import warnings; warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
     torch.set_num_threads(threads)
@@ -479,7 +492,7 @@ def run_workers(
     if bad := [p.exitcode for p in ps if p.exitcode]: raise RuntimeError(f"{len(bad)} worker(s) failed (exit codes {bad}); the storage keeps every finished trial, and the same command resumes")
     return arm_status(study_trials(plan, url), plan)
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-20
+# %% ../nbs/13_protocol.ipynb #553ccc0e-21
 STUDY_HELP = "run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, early stopping, fresh seeds, on Optuna"
 
 def add_study_args(p):
