@@ -82,6 +82,19 @@ def test_module_entry_point():
 
 def test_demo_is_visible_and_sane():
     assert DEMO['task'] == 'listops' and DEMO['overrides']['max_len'] <= 128
+    assert DEMO['overrides']['lr'] == 'find'       # no shared rate: each variant's own, from fastai's lr_find (issue 23)
+
+
+def test_lr_find_sets_each_runs_rate_and_records_it(tmp_path, capsys):
+    assert parse_overrides(['--lr', 'find'], ['transject']) == dict(lr='find')
+    out = tmp_path/'find'
+    res = run_command(['train', '--task', 'listops', '--variant', 'transject', '--out', str(out), '--lr', 'find', *TINY])
+    js = json.loads((out/'results.json').read_text())
+    assert res['lr'] > 0 and js['config']['train']['lr'] == res['lr'] == js['results']['lr']
+    assert len(pd.read_csv(out/'history.csv')) == 1                     # the range test left no epoch in the history
+    again = run_command(['train', '--task', 'listops', '--variant', 'transject', '--out', str(out), '--lr', 'find', '--resume', *TINY])
+    assert again['lr'] == res['lr']                                     # a started run keeps its rate
+    assert "--lr: expected float, got 'finder', or 'find' for fastai's lr_find" in _err(['train', '--task', 'listops', '--variant', 'transject', '--lr', 'finder', *TINY], capsys)
 
 
 def _log_to_file(argv, tmp_path)->str:

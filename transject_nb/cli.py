@@ -20,7 +20,7 @@ import pandas as pd
 from fastai.torch_core import num_distrib, rank_distrib
 from .core import TASKS, check_choice, convert_field, settings_files, split_choices, split_fields, variant_spec
 from .data import load_task
-from .learner import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
+from .learner import (LR_FIND, find_lr, DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
                                   plot_curves, resolve_config, results_table, train_learner, valid_fields)
 from .models import VARIANTS
 import transject_nb
@@ -31,7 +31,7 @@ from .protocol import STUDY_HELP, add_study_args, study_command
 DEMO = dict(
     task='listops', preset='cpu', seeds=(42,),
     overrides=dict(max_len=64, n_train=6000, n_valid=500, n_test=1000, min_length=8, max_length=64, max_depth=4, max_args=5,
-                   d_model=64, n_layers=2, epochs=5, patience=3, lr=1e-3, bs=32),
+                   d_model=64, n_layers=2, epochs=5, patience=3, lr='find', bs=32),   # each variant's rate from fastai's lr_find
 )
 
 # %% ../nbs/08_cli.ipynb #c05fa3fa
@@ -52,7 +52,9 @@ def parse_overrides(
     owners, out = field_configs(variants), {}
     for k, v in split_fields(args):
         check_choice(k, owners, 'field')
-        out[k] = convert_field(owners[k], k, v, where=f'--{k}')
+        if (k, v) == ('lr', LR_FIND): out[k] = LR_FIND; continue        # `--lr find`: the rate from fastai's lr_find
+        try: out[k] = convert_field(owners[k], k, v, where=f'--{k}')
+        except ValueError as e: raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr' else str(e)) from None
     return out
 
 # %% ../nbs/08_cli.ipynb #c9bb48b5
@@ -101,14 +103,17 @@ def run_one(
     export:bool=True,       # also write `export.pkl`
     cache_dir=None,         # `load_task`'s cache folder
     progress:bool|str=True, # while training: bars in a notebook or terminal, else one line per epoch (see `train_learner`); False: nothing
-    **overrides,            # any model, training or data field
+    **overrides,            # any model, training or data field; `lr='find'`: the rate from `learner.find_lr`
 )->tuple:                   # `(learner, results dict)`
     "Train one variant, evaluate it on the test set, and save the model, its history and a JSON of the results."
     path = Path(path)
     _check_fresh(path, resume)
+    find = overrides.get('lr') == LR_FIND
+    if find: overrides = {k: v for k, v in overrides.items() if k != 'lr'}
     learn = get_learner(task, variant, preset=preset, data=data, path=path, cache_dir=cache_dir, **overrides)
+    if find: find_lr(learn)
     train_learner(learn, resume=resume, progress=progress)
-    res = evaluate(learn)
+    res = evaluate(learn) | dict(lr=learn.train_cfg.lr)
     if _rank0():
         if export: learn.export('export.pkl')
         h = history(learn)
@@ -171,7 +176,7 @@ def compare(
     if unused := sorted(set(overrides) - {k for p in per.values() for k in p}):
         raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
     out = _out_dir(out, task)
-    rc = resolve_config(task, vs[0], preset, **per[vs[0]])
+    rc = resolve_config(task, vs[0], preset, **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(vs[0]).config_cls.max_len)
     data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
@@ -183,7 +188,7 @@ def compare(
                                  cache_dir=cache_dir, progress=not quiet, **(per[v] | dict(seed=s)))
             results.append(res); hists.setdefault(v, []).append(history(learn))
             if _rank0() and not quiet:
-                print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, {res['epochs']} epochs "
+                print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, lr {res['lr']:.2g}, {res['epochs']} epochs "
                       f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; run {len(results)} of {len(vs) * len(seeds)} done", flush=True)
     summary = results_table(results, fmt=True)
     if _rank0():
@@ -247,7 +252,7 @@ COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it 
 def make_parser()->argparse.ArgumentParser:
     "The `transject-nb` argument parser, one subparser per command of `COMMANDS`."
     p = argparse.ArgumentParser(prog='transject-nb', description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer encoders.',
-                                epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 --lr 1e-3).')
+                                epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 --lr 1e-3; --lr find takes the rate from fastai\'s lr_find).')
     sub = p.add_subparsers(dest='cmd', required=True, metavar='{' + ','.join(COMMANDS) + '}')
     for name, (help, add_args, _) in COMMANDS.items(): add_args(sub.add_parser(name, help=help, description=help))
     return p

@@ -13,11 +13,11 @@ from functools import partial
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'BucketDL', 'TokenDataLoaders',
-           'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'preset_configs', 'resolve_config',
-           'AuxLoss', 'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint', 'HistoryCSV',
-           'load_checkpoint', 'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner',
-           'load_weights', 'history', 'evaluate', 'plot_curves', 'load_trained', 'results_table']
+__all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'LR_FIND', 'BucketDL',
+           'TokenDataLoaders', 'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'preset_configs',
+           'resolve_config', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint',
+           'HistoryCSV', 'load_checkpoint', 'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner',
+           'load_weights', 'history', 'evaluate', 'plot_curves', 'load_trained', 'find_lr', 'results_table']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -735,6 +735,26 @@ def _show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trun
     return ctxs
 
 show_results.register(_show_text_results)
+
+# %% ../nbs/07_learner.ipynb #9c47aed4
+LR_FIND = 'find'   # the value of `lr` that asks `find_lr` for the rate
+
+def find_lr(
+    learn:TaskLearner,   # from `get_learner`, not trained yet
+    num_it:int=100,      # mini-batches of the range test
+)->float:                # the rate chosen, now `learn.train_cfg.lr` and the run's recorded config
+    "fastai's `lr_find` (its valley suggestion) as the run's learning rate; the model, the run folder and the callbacks are left as they were."
+    from fastai.callback.schedule import valley
+    if learn.train_checkpoint.file.exists():                            # a started run keeps its rate
+        lr = float(load_checkpoint(learn.train_checkpoint.file)['config']['train']['lr'])
+    else:
+        quiet = [cb for cb in learn.cbs if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback, EarlyStoppingCallback))]
+        with learn.removed_cbs(quiet), learn.no_bar(), learn.no_logging():
+            lr = float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,), show_plot=False).valley)
+        learn.opt = None                                                # training starts with a fresh optimizer
+    learn.train_cfg = dataclasses.replace(learn.train_cfg, lr=lr)
+    learn.config['train']['lr'] = learn.lr = lr                         # the checkpoint and results.json record it
+    return lr
 
 # %% ../nbs/07_learner.ipynb #d417d3f9
 @patch
