@@ -149,3 +149,18 @@ def test_the_study_command_says_where_a_plan_stands(tmp_path, capsys):
     assert 'fair-listops: listops' in capsys.readouterr().out
     with pytest.raises(SystemExit): run_command(['study', 'fair-listops', '--lr', '1e-3'])
     with pytest.raises(SystemExit): run_command(['study', 'fair-mnist'])
+
+
+def test_the_committed_tables_are_the_committed_storages():
+    "Each exported runs.csv of nbs/results/fair is what the committed snapshot of the Optuna storage gives for its finished plans."
+    fair = Path(__file__).parent.parent/'nbs'/'results'/'fair'
+    if not (fair/'studies.db').is_file(): pytest.skip('no committed study yet')
+    done = [p for p in STUDIES.values() if (fair/p.task/'runs.csv').is_file()]
+    assert done, 'a snapshot without any exported plan'
+    for p in done:
+        t = study_trials(p, fair/'studies.db')
+        if set(arm_status(t, p).state) != {'done'}: continue            # exported while still running: a later export replaces it
+        got = study_runs(t, p).sort_values(['variant', 'seed']).reset_index(drop=True)
+        kept = pd.read_csv(fair/p.task/'runs.csv').sort_values(['variant', 'seed']).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got[['variant', 'seed', 'lr', 'epochs']], kept[['variant', 'seed', 'lr', 'epochs']], check_dtype=False)
+        assert (got.test_acc - kept.test_acc).abs().max() < 1e-9
