@@ -359,7 +359,7 @@ def study_trials(
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
-)->pd.DataFrame:           # per arm: state, search runs by outcome, the chosen rate and whether it sits at the last rate allowed, seeds done, epochs and hours
+)->pd.DataFrame:           # per arm: state, search runs by outcome, trials retried and runs failed for good, the chosen rate and whether it is the last allowed, seeds done, epochs, hours
     "Where each arm of a plan stands."
     out = {}
     for a in plan.arms:
@@ -371,8 +371,10 @@ def arm_status(
         state = ('not started' if not len(t) else 'done' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() and len(d) == len(p.seeds)
                  else 'failed' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() else 'seeds' if (t.phase == 'seed').any() else 'search')
         limit = lr is not None and (lr == max(p.lrs + p.above) or lr == min(p.lrs + p.below))
+        runs = t.groupby(['phase', 'lr', 'seed']).state                   # a run's trials: a killed one's retries share its rate and seed
         out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()), pruned=int((s.state == 'PRUNED').sum()),
-                            failed=int((t.state == 'FAIL').sum()), lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
+                            retried=int(t.retry_of.notna().sum()), failed=int(runs.apply(lambda x: (x == 'FAIL').all()).sum()) if len(t) else 0,
+                            lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
                             epochs=int(t.epochs.fillna(0).sum()), hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
 
