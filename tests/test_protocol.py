@@ -126,7 +126,8 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     from transject_nb.protocol import arm_study
     tr = [x for x in arm_study(plan, plan.arms[0], open_storage(tmp_path/'s.db')).trials if x.number == int(retry.index[0])][0]
     assert tr.user_attrs['resumed_at'] >= 2                                 # went on from the killed run's checkpoint
-    assert set(arm_status(study_trials(plan, tmp_path/'s.db'), plan).state) == {'done'}
+    st = arm_status(study_trials(plan, tmp_path/'s.db'), plan)
+    assert set(st.state) == {'done'} and st.retried.sum() == 1 and st.failed.sum() == 0   # retried, not failed for good
 
 
 def test_the_dashboard_serves_the_studies(tmp_path):
