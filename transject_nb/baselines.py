@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['NORMS', 'SoftmaxConfig', 'attention_probs', 'SoftmaxBlock', 'NeuTRENOBlock', 'SimilarityRemovalBlock',
-           'SoftmaxEncoder', 'NeuTRENOEncoder', 'SimilarityRemovalEncoder', 'attention_maps', 'layer_measure']
+__all__ = ['NORMS', 'SoftmaxConfig', 'attention_mask', 'attention_probs', 'SoftmaxBlock', 'remove_similarity_causal',
+           'NeuTRENOBlock', 'SimilarityRemovalBlock', 'SoftmaxEncoder', 'NeuTRENOEncoder', 'SimilarityRemovalEncoder',
+           'attention_maps', 'layer_measure', 'future_leak']
 
 # %% ../nbs/04_baselines.ipynb #906d6dc5
 import torch
@@ -35,6 +36,7 @@ class SoftmaxConfig(EncoderConfig):
     sym:bool = False        # symmetric attention: scores $QQ^\top$ (keys replaced by queries)
     norm:str = 'post'       # LayerNorm placement: 'post' (Vaswani), 'pre', or 'none'
     rezero:bool = False     # ReZero residuals $h + \alpha F(h)$, α initialised at 0
+    causal:bool = False     # causal attention: position t attends only to positions ≤ t (language models)
 
     def __post_init__(self):
         super().__post_init__()
@@ -53,19 +55,32 @@ class SoftmaxConfig(EncoderConfig):
         if not 0 <= real('dropout') < 1: raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if real('lam') < 0: raise ValueError(f"lam (NeuTRENO λ) must be >= 0, got {self.lam}")
         if not 0 <= real('tau') <= 1: raise ValueError(f"tau (similarity removal τ) must lie in [0, 1], got {self.tau}")
-        for k in ('sym', 'rezero'):
+        for k in ('sym', 'rezero', 'causal'):
             if not isinstance(getattr(self, k), bool): raise ValueError(f"config field {k} must be a bool, got {getattr(self, k)!r}")
         check_choice(self.norm, NORMS, 'norm')
+
+# %% ../nbs/04_baselines.ipynb #f93e588f
+def attention_mask(
+    mask:torch.Tensor,  # `(B, n)`, True on real tokens
+    causal:bool=False,  # hide the keys after each query too
+)->torch.Tensor:        # boolean, True where query i may attend to key j: `(B, 1, 1, n)`, or `(B, 1, n, n)` when causal
+    "The mask SDPA takes: the real keys; when causal, the real keys at or before each query, and each query itself."
+    keys = mask[:, None, None, :]                                                       # (B, 1, 1, n)
+    if not causal: return keys
+    n = mask.shape[1]
+    past = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()               # (n, n): j <= i
+    return (keys & past) | torch.eye(n, dtype=torch.bool, device=mask.device)          # (B, 1, n, n)
 
 # %% ../nbs/04_baselines.ipynb #601c2953
 def attention_probs(
     q:torch.Tensor,     # queries `(B, H, n, d_h)`
     k:torch.Tensor,     # keys `(B, H, n, d_h)`
     mask:torch.Tensor,  # `(B, n)`, True on real tokens (keys that may be attended to)
-)->torch.Tensor:        # softmax probabilities `(B, H, n, n)` in float32, 0 on padded keys
+    causal:bool=False,  # also hide the keys after each query (see `attention_mask`)
+)->torch.Tensor:        # softmax probabilities `(B, H, n, n)` in float32, 0 on the hidden keys
     "The attention probabilities that `scaled_dot_product_attention` uses internally, recomputed explicitly."
     s = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])              # (B, H, n, n)
-    return s.masked_fill(~mask[:, None, None, :], float('-inf')).softmax(-1)
+    return s.masked_fill(~attention_mask(mask, causal), float('-inf')).softmax(-1)
 
 # %% ../nbs/04_baselines.ipynb #8ffe5c14
 class SoftmaxBlock(nn.Module):
@@ -139,9 +154,9 @@ class SoftmaxBlock(nn.Module):
         "The attention sublayer `(B, n, d) -> (B, n, d)`."
         q, k, v = self.project(h)
         k = self.keys(q, k)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :],  # key mask (B, 1, 1, n)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(mask, self.cfg.causal),  # (B, 1, 1|n, n)
                                            dropout_p=self.cfg.dropout if self.training else 0.)
-        if ctx.get('keep_attn'): ctx.setdefault('attn', []).append(attention_probs(q, k, mask))
+        if ctx.get('keep_attn'): ctx.setdefault('attn', []).append(attention_probs(q, k, mask, self.cfg.causal))
         o = self.value_update(o, v, mask, ctx)                                          # (B, H, n, d_h)
         a = self.proj(o.transpose(1, 2).flatten(2))                                     # (B, n, d)
         return self.correct(self.drop(a), mask, ctx)
@@ -159,6 +174,18 @@ class SoftmaxBlock(nn.Module):
         h = self.sublayer(h, lambda x: self.attend(x, mask, ctx), self.norm1)
         return self.sublayer(h, self.ffn, self.norm2)
 
+# %% ../nbs/04_baselines.ipynb #7319f4ea
+def remove_similarity_causal(
+    Y:torch.Tensor,               # attention output `(..., n, d)`
+    mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; the prefix means are over real tokens only
+    tau:float=1.0,                # removal strength τ; 0 leaves `Y` unchanged
+)->torch.Tensor:                  # $(I-\tau C)Y$, same shape and dtype as `Y`
+    "Subtract from every token τ times the mean of the real tokens at or before it: the causal $(I-\\tau C)Y$."
+    Yf = Y if Y.dtype == torch.float64 else Y.float()
+    m = torch.ones_like(Yf[..., :1]) if mask is None else mask[..., None].to(Yf.dtype)  # (..., n, 1)
+    prefix = (Yf * m).cumsum(-2) / m.cumsum(-2).clamp_min(1)                           # (..., n, d): mean of real tokens <= t
+    return Y - (tau * prefix).to(Y.dtype)
+
 # %% ../nbs/04_baselines.ipynb #f7a2baa4
 class NeuTRENOBlock(SoftmaxBlock):
     "NeuTRENO (Nguyen et al., 2023): adds $\\lambda(V^0 - V^\\ell)$ to every head's attention output from layer 1 on."
@@ -174,8 +201,8 @@ class NeuTRENOBlock(SoftmaxBlock):
 class SimilarityRemovalBlock(SoftmaxBlock):
     "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output; we place it before the residual add (the paper does not say where)."
     def correct(self, a, mask, ctx):
-        "$(I-\\tau\\Pi_{\\mathbf 1})a$, with the mean over real tokens."
-        return remove_similarity(a, mask, self.cfg.tau)
+        "$(I-\\tau\\Pi_{\\mathbf 1})a$ with the mean over real tokens; when causal, $(I-\\tau C)a$ with the prefix mean."
+        return (remove_similarity_causal if self.cfg.causal else remove_similarity)(a, mask, self.cfg.tau)
 
 # %% ../nbs/04_baselines.ipynb #82c90317
 class SoftmaxEncoder(EncoderClassifier):
@@ -231,3 +258,17 @@ def layer_measure(
     "A padding-aware similarity measure of every layer's tokens, averaged over the batch."
     mask = x != PAD_ID
     return torch.stack([measure(h, mask).float().mean() for h in model.encode(x)])
+
+# %% ../nbs/04_baselines.ipynb #e923bfcd
+@torch.no_grad()
+def future_leak(
+    model:nn.Module,   # an `EncoderClassifier`, in eval mode
+    x:torch.Tensor,    # token ids `(B, n)`, 0 is padding
+    t:int,             # the last position that must not change; token t+1 is replaced
+)->float:              # the largest absolute change of any layer's hidden states at positions <= t
+    "How much the hidden states at positions ≤ t move when token t+1 of every sequence is replaced by another id."
+    if not 0 <= t < x.shape[1] - 1: raise ValueError(f"t must lie in [0, {x.shape[1] - 2}] for sequences of length {x.shape[1]} (token t+1 is replaced), got {t}")
+    if model.training: raise ValueError("future_leak needs the model in eval mode (dropout would change every position); call model.eval()")
+    x2 = x.clone()
+    x2[:, t + 1] = x[:, t + 1] % (model.cfg.vocab_sz - 1) + 1                      # another real id (padding becomes a token)
+    return max((a[:, :t + 1] - b[:, :t + 1]).abs().max().item() for a, b in zip(model.encode(x), model.encode(x2)))

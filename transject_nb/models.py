@@ -47,10 +47,17 @@ def create_model(
     variant:str,     # one of `VARIANTS`
     vocab_sz:int,    # number of token ids, padding (0) included
     n_classes:int,   # number of output classes
-    **config,        # any field of the variant's config dataclass, e.g. `d_model`, `n_layers`, `max_len`, `pooling`
+    **config,        # any field of the variant's config dataclass, e.g. `d_model`, `n_layers`, `max_len`, `pooling`, `causal`
 )->EncoderClassifier:
     "Build the encoder-classifier `variant`; unknown variants or config fields raise an error that lists the valid ones."
     spec = variant_spec(variant)
+    if 'causal' in config and 'causal' not in config_fields(spec.config_cls):
+        if config['causal'] is not False:
+            why = (" TransJect's Σ(X⁰) is computed from the whole sequence (a learned eigenbasis of X⁰ᵀX⁰ over all its tokens), so every "
+                   "position depends on every other, the future included." if spec.family == 'transject' else '')
+            raise ValueError(f"variant {variant!r} cannot be causal: its config {spec.config_cls.__name__} has no causal attention.{why} "
+                             f"Causal variants: {', '.join(v for v in registered_variants() if 'causal' in config_fields(variant_spec(v).config_cls))}")
+        config = {k: v for k, v in config.items() if k != 'causal'}     # causal=False is what such a variant is
     return spec.model_cls(build_config(variant, vocab_sz, n_classes, **config))
 
 # %% ../nbs/05_models.ipynb #27eaecb2
