@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn as nn
+import fastai.callback.progress  # progress bars and `Learner.no_bar`
+import fastai.callback.schedule  # `fit_one_cycle`, `lr_find`
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
 from fastai.losses import CrossEntropyLossFlat
