@@ -1,5 +1,5 @@
 "Tests of `transject_nb.bench` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
-import argparse, math
+import argparse, math, os, re, subprocess, sys
 
 import pandas as pd
 import pytest
@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from transject_nb import transject as tj, fused
 from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
-                                interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops,
+                                interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops, quiet_profiler,
                                 peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder,
                                 train_briefly, transject_flops, unfused_transject_, uses_fused)
 from transject_nb.models import VARIANTS, create_model
@@ -223,3 +223,21 @@ def test_console_script_offers_bench():
     tree = ast.parse(inspect.getsource(bench))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(m and m.endswith('cli') for m in imported), imported
+
+
+def test_quiet_profiler_leaves_the_environment_as_it_was(monkeypatch):
+    monkeypatch.delenv('KINETO_LOG_LEVEL', raising=False)
+    with quiet_profiler(): assert os.environ['KINETO_LOG_LEVEL'] == '6'
+    assert 'KINETO_LOG_LEVEL' not in os.environ
+    monkeypatch.setenv('KINETO_LOG_LEVEL', '2')
+    with quiet_profiler(): assert os.environ['KINETO_LOG_LEVEL'] == '2'     # the user's level wins
+
+
+def test_bench_on_the_cpu_prints_no_noise(tmp_path):
+    "A small `transject-nb bench`, peak memory included (the profiler runs), in the environment a user's shell has: its table, and no warning, error or profiler line."
+    env = {k: os.environ[k] for k in ('PATH', 'HOME', 'PYTHONPATH') if k in os.environ} | dict(OMP_NUM_THREADS='1')
+    argv = ['bench', '--variants', 'transject,transformer', '--n', '8', '--reps', '1', '--warmup', '0', '--batch', '2', '--d_model', '16', '--n_layers', '1']
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and 'peak_mib' in r.stdout, out[-4000:]
+    assert not re.search(r'Warning|ERROR|USDT|profiler_st|gpuGetDeviceCount|^\[W\d', out, re.M), out

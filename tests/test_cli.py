@@ -1,5 +1,5 @@
 """The `transject-nb` command line: parsing, errors, train and compare end to end on a tiny generated ListOps, and its logs when stdout is a file."""
-import json, re, subprocess, sys
+import json, os, re, subprocess, sys
 from pathlib import Path
 
 import pandas as pd
@@ -8,7 +8,7 @@ import torch
 
 import transject_nb
 
-from transject_nb.cli import DEMO, field_configs, main, parse_overrides, run_command, run_env
+from transject_nb.cli import DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env
 from transject_nb.models import VARIANTS
 
 TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
@@ -130,3 +130,46 @@ def test_run_env_claims_no_commit_outside_its_checkout(tmp_path, monkeypatch):
         subprocess.run(['git', *a], cwd=tmp_path, check=True)            # a repo with a commit that does not track the package
     monkeypatch.setattr(transject_nb, '__file__', str(tmp_path/'__init__.py'))
     assert run_env()['commit'] is None
+
+
+def _help(argv, capsys)->str:
+    with pytest.raises(SystemExit) as e: run_command(argv)
+    assert e.value.code == 0
+    return ' '.join(capsys.readouterr().out.split())                    # argparse's wrapping undone
+
+
+def test_help_lists_every_override_with_its_default(capsys):
+    "The `--field value` words that `parse_overrides` takes are in `--help`: grouped, typed, with their default and its preset section."
+    h = _help(['train', '--task', 'listops', '--variant', 'transject', '--preset', 'cpu', '--help'], capsys)
+    for group in ('model fields (--field value)', 'training fields (--field value)', 'data fields (--field value)'): assert group in h
+    assert '--d_model int width of the token representations; default 64 ([listops-cpu])' in h
+    assert "--lr float|find Adam learning rate" in h and "'find': fastai's lr_find picks it" in h and 'default 0.0005 ([listops-cpu])' in h
+    assert '--source str|None local data folder' in h and 'default None (DataConfig)' in h
+    assert '--n_heads' not in h                                          # not a TransJect field
+    everything = _help(['train', '--preset', 'cpu', '--help'], capsys)     # no task or variant: all of them
+    assert {f'--{k}' for k in field_configs(VARIANTS)} <= set(everything.split())
+    assert 'default 128 for imdb, listops; 64 for agnews; 256 for charimdb' in everything      # max_len, by task
+    assert '; neutreno only' in everything and '; softmax variants only' in everything
+    paper = _help(['train', '--task', 'imdb', '--variant', 'transformer', '--preset', 'paper', '--help'], capsys)
+    assert '--d_model int width of the token representations; default 512 ([imdb])' in paper
+    demo = _help(['compare', '--help'], capsys)
+    assert '--lr float|find' in demo and 'Without --task, compare runs the demo (DEMO): listops with the cpu preset' in demo
+    assert field_defaults(['transject'], ['listops'], 'cpu').set_index('field').loc['max_length', 'default'] == 129
+
+
+def _clean_run(argv, cwd)->str:
+    "stdout and stderr of `python -m transject_nb.cli argv`, in the environment a user's shell has: no PYTHONWARNINGS, no KINETO_LOG_LEVEL, one thread."
+    env = {k: os.environ[k] for k in ('PATH', 'HOME', 'PYTHONPATH') if k in os.environ} | dict(OMP_NUM_THREADS='1')
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r.stdout + r.stderr
+
+NOISE = re.compile(r'Warning|ERROR|USDT|profiler_st|gpuGetDeviceCount|^\[W\d', re.M)   # warnings, kineto's log lines, c10's warnings
+
+def test_command_line_output_is_clean(tmp_path):
+    "`--help` and a small `train` print what they are for and nothing else: no warning, no error, no profiler line."
+    out = _clean_run(['train', '--help'], tmp_path)
+    assert '--d_model' in out and not NOISE.search(out), out[:3000]
+    tiny = [w for w in TINY if w != '--quiet']
+    out = _clean_run(['train', '--task', 'listops', '--variant', 'transject', '--out', 'run', '--lr', 'find', *tiny], tmp_path)
+    assert 'test_acc' in out and 'epoch 0' in out and not NOISE.search(out), out[-3000:]

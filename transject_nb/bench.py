@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields
 __all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_KERNELS', 'machine_info', 'time_fn', 'matmul_peak',
            'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
            'transject_flops', 'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops',
-           'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_table', 'crossover',
-           'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step', 'add_bench_args', 'bench_command',
-           'main']
+           'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_table',
+           'crossover', 'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step', 'add_bench_args',
+           'bench_command', 'main']
 
 # %% ../nbs/10_bench.ipynb #cc4436b0
 import pandas as pd
@@ -249,6 +249,18 @@ def measured_flops(
     finally: torch.backends.mha.set_fastpath_enabled(fast)
     return fc.get_total_flops()
 
+# %% ../nbs/10_bench.ipynb #dc11ddb5
+_KINETO_QUIET = '6'   # kineto's levels: 0 verbose, 1 info, 2 warning, 3 stage, 4 error, 5 its start/stop lines; 6: none
+
+@contextlib.contextmanager
+def quiet_profiler():
+    "Profile without kineto's stderr lines (start/stop markers, its CUDA probe's error), unless the user set its level."
+    mine = 'KINETO_LOG_LEVEL' not in os.environ
+    if mine: os.environ['KINETO_LOG_LEVEL'] = _KINETO_QUIET   # read by kineto when this process first profiles
+    try: yield
+    finally:
+        if mine: os.environ.pop('KINETO_LOG_LEVEL', None)
+
 # %% ../nbs/10_bench.ipynb #78111933
 def interleaved_times(
     steps:dict,      # name -> function of no arguments
@@ -266,19 +278,24 @@ def interleaved_times(
             t0 = time.perf_counter(); f(); _sync(device); ts[k].append(time.perf_counter() - t0)
     return ts
 
+# %% ../nbs/10_bench.ipynb #7734e515
 def peak_memory(
     step,            # a step from `make_step` (its `.model` gradients are cleared first)
     device='cpu',    # where the step runs
 )->float:            # MiB allocated at the peak of the step, beyond what was allocated before it
     "Peak memory of one step beyond the memory held before it (parameters and inputs excluded)."
-    if getattr(step, 'model', None) is not None: step.model.zero_grad(set_to_none=True)
+    model = getattr(step, 'model', None)
+    if model is not None: model.zero_grad(set_to_none=True)
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device); base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         step(); torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     from torch.profiler import profile, ProfilerActivity
-    with _fused.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof: step()
+    held = list(model.buffers()) if model is not None else []   # what the step replaces (`aux_loss`): freed after
+    with quiet_profiler(), _fused.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    del held
     with tempfile.TemporaryDirectory() as tmp:
         fn = os.path.join(tmp, 'trace.json'); prof.export_chrome_trace(fn)
         with open(fn) as f: events = json.load(f)['traceEvents']
@@ -497,9 +514,10 @@ def profile_step(
     try:
         with _fused.threads(1):
             step()
-            with profile(activities=[ProfilerActivity.CPU]) as prof: step()
+            with quiet_profiler():
+                with profile(activities=[ProfilerActivity.CPU]) as prof: step()
+                ev = [e for e in prof.key_averages() if e.key.startswith('aten::')]
     finally: torch.set_num_threads(prev)
-    ev = [e for e in prof.key_averages() if e.key.startswith('aten::')]
     ops = pd.DataFrame([dict(op=e.key, self_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in ev]).sort_values('self_ms', ascending=False)
     kind = lambda k: 'matrix products' if k in _GEMM_OPS else 'LAPACK' if k.startswith('aten::linalg_') or k.startswith('aten::_linalg') else 'element-wise, copies, allocation'
     return ops.head(row_limit).reset_index(drop=True), ops.assign(kind=ops.op.map(kind)).groupby('kind').self_ms.sum()

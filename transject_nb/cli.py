@@ -6,22 +6,29 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, json, platform, subprocess, time
+import argparse, json, platform, subprocess, time, types, typing, warnings
+from dataclasses import MISSING, fields
 from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'run_env', 'run_one', 'to_markdown', 'compare', 'make_parser',
-           'run_command', 'main']
+__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'field_defaults', 'fields_help', 'FieldsHelp', 'run_env',
+           'run_one', 'to_markdown', 'compare', 'make_parser', 'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
+with warnings.catch_warnings():   # importing `fastai.layers` applies `torch.jit.script`, which torch deprecates:
+    warnings.filterwarnings('ignore', r'`torch\.jit\.script` is ', FutureWarning, r'torch\.jit\._script')
+    import fastai.layers  # noqa: F401 -- first, here, so that this one FutureWarning is not printed by every command
 import numpy as np
+from fastcore.docments import docments
 import pandas as pd
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import TASKS, check_choice, convert_field, settings_files, split_choices, split_fields, variant_spec
+from .core import (PRESET_KINDS, TASKS, check_choice, convert_field, load_preset, preset_section, settings_files,
+                               split_choices, split_fields, variant_spec)
 from .data import load_task
 from .learner import (LR_FIND, find_lr, DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
-                                  plot_curves, resolve_config, results_table, train_learner, valid_fields)
+                                  plot_curves, preset_configs, resolve_config, results_table, train_learner,
+                                  valid_fields)
 from .models import VARIANTS
 import transject_nb
 from .bench import BENCH_HELP, add_bench_args, bench_command, machine_info
@@ -56,6 +63,113 @@ def parse_overrides(
         try: out[k] = convert_field(owners[k], k, v, where=f'--{k}')
         except ValueError as e: raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr' else str(e)) from None
     return out
+
+# %% ../nbs/08_cli.ipynb #9e19e694
+def _type_text(cls, name:str)->str:
+    t = typing.get_type_hints(cls)[name]
+    opts = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
+    return '|'.join('None' if o is type(None) else o.__name__ for o in opts)
+
+def _class_default(cls, name:str):
+    f = next(f for f in fields(cls) if f.name == name)
+    return None if f.default is MISSING else f.default
+
+def _field_doc(cls, name:str)->str:
+    "The docments comment of `name` in `cls` or the first of its bases that has one."
+    return next((d for c in cls.__mro__ if '__dataclass_fields__' in vars(c) and (d := docments(c).get(name))), '')
+
+def _group(name:str)->str: return 'train' if name in TRAIN_FIELDS else 'data' if name in DATA_FIELDS else 'model'
+
+def field_defaults(
+    variants,            # the variants a run may train
+    tasks=None,          # the tasks (default: all of `TASKS`)
+    preset:str='auto',   # one of `learner.PRESETS`
+)->pd.DataFrame:         # a row per field and task: group, type, default, source, variants that have it, description
+    "The default of each field a run of `variants` accepts, per task: its preset in settings.ini, else its dataclass's."
+    vs, owners, rows = list(variants), field_configs(variants), []
+    has = {k: [v for v in vs if k in valid_fields(v)['model']] for k in owners}
+    for t in tasks or TASKS:
+        section = resolve_config(t, vs[0], preset)['preset']                   # 'auto' resolved as a run resolves it
+        kind = next(k for k in PRESET_KINDS if preset_section(t, k) == section)
+        vals = load_preset(t, kind, configs=preset_configs())
+        for k, cls in owners.items():
+            only = has[k] if _group(k) == 'model' and len(has[k]) < len(vs) else []
+            rows.append(dict(field=k, group=_group(k), type=_type_text(cls, k), task=t,
+                             default=vals[k] if k in vals else _class_default(cls, k),
+                             source=f'[{section}]' if k in vals else cls.__name__, variants=', '.join(only),
+                             doc=_field_doc(cls, k)))
+    return pd.DataFrame(rows, dtype=object)                      # object: an int default stays an int beside None
+
+# %% ../nbs/08_cli.ipynb #b6f3c048
+_FIELD_TITLES = dict(model='model fields (--field value)', train='training fields (--field value)',
+                     data='data fields (--field value)')
+
+def _default_text(rows:pd.DataFrame)->str:
+    "'default V (where)', or each value with its tasks where they differ; `[<task>-cpu]` stands for each task's."
+    by = {}
+    for t, v, s in zip(rows.task, rows.default, rows.source):
+        by.setdefault((str(v), s.replace(f'[{t}', '[<task>') if len(rows) > 1 else s), []).append(t)
+    if len(by) == 1: return f"default {next(iter(by))[0]} ({next(iter(by))[1]})"
+    srcs = {s for _, s in by}
+    one = lambda s, ts: '' if len(srcs) == 1 else f" ({s.replace('<task>', ts[0]) if len(ts) == 1 else s})"
+    text = '; '.join(f"{v} for {', '.join(ts)}{one(s, ts)}" for (v, s), ts in by.items())
+    return f"default {text}" + (f" ({srcs.pop()})" if len(srcs) == 1 else '')
+
+def _field_line(name:str, rows:pd.DataFrame, families:dict)->tuple:
+    "(metavar, help) of one field."
+    typ, doc, only = rows.type.iloc[0], rows.doc.iloc[0], rows.variants.iloc[0]
+    if name == 'lr': typ, doc = f'{typ}|{LR_FIND}', f"{doc}; '{LR_FIND}': fastai's lr_find picks it (learner.find_lr)"
+    if only: only = f"; {families.get(only, only)} only"
+    return typ, f"{doc}; {_default_text(rows)}{only}".replace('%', '%%')   # argparse %-formats help
+
+# %% ../nbs/08_cli.ipynb #3b6e66ca
+def fields_help(
+    parser:argparse.ArgumentParser,  # a command's parser: `train`'s or `compare`'s
+    variants,                        # the variants the run may train
+    task:str|None=None,              # the task (None: every task)
+    preset:str|None=None,            # one of `learner.PRESETS` (None: 'auto')
+)->str:                              # the parser's help, then one group per kind of field
+    "`parser`'s help, then every `--field value` a run of `variants` accepts, grouped, with type, default and preset."
+    vs, preset = list(variants), preset or 'auto'
+    df = field_defaults(vs, [task] if task else None, preset)
+    t0, several = df.task.iloc[0], df.task.nunique() > 1
+    section = df.source[df.source.str.startswith('[')].iloc[0].replace(f'[{t0}', '[<task>' if several else f'[{t0}')
+    kind = next(k for k in PRESET_KINDS if preset_section(t0, k) == resolve_config(t0, vs[0], preset)['preset'])
+    fams = [[v for v in vs if variant_spec(v).family == f] for f in dict.fromkeys(variant_spec(v).family for v in vs)]
+    families = {', '.join(f): f"{variant_spec(f[0]).family} variants" for f in fams if len(f) > 1}
+    files = ' + '.join(map(str, settings_files()))
+    one = "; give --task (and --variant(s), --preset) before --help to see one task's" if several else ''
+    intro = dict(model=f"Any field below can follow the options as --field value, typed by its annotation. Defaults: "
+                       f"the {kind} preset (--preset {preset}), section{'s' if several else ''} {section} of {files}, "
+                       f"else the config dataclass's own{one}. Of the variant's config:",
+                 train='Of TrainConfig:', data='Of DataConfig:')
+    usage = parser.format_usage().removeprefix('usage: ').rstrip()
+    h = argparse.ArgumentParser(prog=parser.prog, usage=usage, description=parser.description, epilog=parser.epilog,
+                                parents=[parser], add_help=False,               # a copy to print; `parser` is untouched
+                                formatter_class=parser.formatter_class)
+    for g, rows in df.groupby('group', sort=False):
+        grp = h.add_argument_group(_FIELD_TITLES[g], intro[g])
+        for k, r in rows.groupby('field', sort=False):
+            typ, text = _field_line(k, r, families)
+            grp.add_argument(f'--{k}', metavar=typ, help=text)
+    return h.format_help()
+
+# %% ../nbs/08_cli.ipynb #ae17dc55
+class FieldsHelp(argparse.Action):
+    "`-h/--help` of `train` and `compare`: `fields_help` for the task, variant(s) and preset given before it; exit."
+    def __init__(self,
+        option_strings,               # '-h', '--help'
+        dest=argparse.SUPPRESS,       # nothing is stored
+        default=argparse.SUPPRESS,    # nor defaulted
+        help="show this help, with every --field value the command accepts and its default, and exit",   # its line
+    ): super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = getattr(namespace, 'variant', None) or getattr(namespace, 'variants', None)
+        try: vs = split_choices(names, VARIANTS, 'variant')
+        except ValueError: vs = list(VARIANTS)                        # a bad --variants is reported by the command
+        print(fields_help(parser, vs, getattr(namespace, 'task', None), getattr(namespace, 'preset', None)), end='')
+        parser.exit()
 
 # %% ../nbs/08_cli.ipynb #c9bb48b5
 def _rank0()->bool: return rank_distrib() == 0
@@ -218,7 +332,8 @@ def _train_args(p):
 def _train(a, words):
     overrides = parse_overrides(words, [a.variant])
     out = _out_dir(a.out, a.task)
-    if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **overrides)['preset'])
+    fixed = {k: v for k, v in overrides.items() if (k, v) != ('lr', LR_FIND)}   # `--lr find`: the rate is `find_lr`'s
+    if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **fixed)['preset'])
     learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export, cache_dir=_cache(a),
                          progress=not a.quiet, **overrides)
     if _rank0():
@@ -234,6 +349,9 @@ def _compare_args(p):
     p.add_argument('--seeds', default=None, help='comma-separated training seeds, e.g. 1,2,3 (default 42)')
     p.add_argument('--export', action='store_true', help='also write export.pkl for every run')
     _common(p)
+    demo = ', '.join(f'{k}={v}' for k, v in DEMO['overrides'].items())
+    p.epilog = (f"Without --task, compare runs the demo (DEMO): {DEMO['task']} with the {DEMO['preset']} preset, "
+                f"seeds {', '.join(map(str, DEMO['seeds']))}, and {demo}; the fields given override them.")
 
 def _compare(a, words):
     overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
@@ -252,9 +370,16 @@ COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it 
 def make_parser()->argparse.ArgumentParser:
     "The `transject-nb` argument parser, one subparser per command of `COMMANDS`."
     p = argparse.ArgumentParser(prog='transject-nb', description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer encoders.',
-                                epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 --lr 1e-3; --lr find takes the rate from fastai\'s lr_find).')
+                                epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 '
+                                       "--lr 1e-3; --lr find takes the rate from fastai's lr_find); "
+                                       '`transject-nb train --help` lists them, with their defaults.')
     sub = p.add_subparsers(dest='cmd', required=True, metavar='{' + ','.join(COMMANDS) + '}')
-    for name, (help, add_args, _) in COMMANDS.items(): add_args(sub.add_parser(name, help=help, description=help))
+    for name, (help, add_args, _) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help, description=help, add_help=False)
+        # `train` and `compare` take --field value words: their help lists them
+        if add_args in (_train_args, _compare_args): sp.add_argument('-h', '--help', action=FieldsHelp)
+        else: sp.add_argument('-h', '--help', action='help', default=argparse.SUPPRESS, help='show this help and exit')
+        add_args(sp)
     return p
 
 def run_command(
