@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import fcntl, math, os, shutil, sqlite3, time, warnings
+import math, os, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +194,9 @@ def trial_rows(
 def _plan_lock(storage):
     "Workers on one machine take turns at queueing (a file lock beside a SQLite file); across machines, `skip_if_exists` and `_duplicate` guard."
     url = getattr(storage, 'url', '')
-    if not url.startswith('sqlite:///'): yield; return
+    try: import fcntl                                                   # POSIX; elsewhere the two guards above suffice
+    except ImportError: fcntl = None
+    if fcntl is None or not url.startswith('sqlite:///'): yield; return
     with open(url[len('sqlite:///'):] + '.lock', 'w') as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try: yield
