@@ -165,3 +165,17 @@ def test_the_committed_tables_are_the_committed_storages():
         kept = pd.read_csv(fair/p.task/'runs.csv').sort_values(['variant', 'seed']).reset_index(drop=True)
         pd.testing.assert_frame_equal(got[['variant', 'seed', 'lr', 'epochs']], kept[['variant', 'seed', 'lr', 'epochs']], check_dtype=False)
         assert (got.test_acc - kept.test_acc).abs().max() < 1e-9
+
+
+def test_workers_opening_a_fresh_storage_together_all_succeed(tmp_path):
+    "Several processes create the same new SQLite storage at once (workers started by hand, or on several machines): none fails."
+    script = textwrap.dedent("""
+        import sys, time
+        from transject_nb.protocol import open_storage
+        time.sleep(max(0., float(sys.argv[2]) - time.time()))           # start together
+        open_storage(sys.argv[1])
+        """)
+    start = time.time() + 8
+    ps = [_spawn(script, tmp_path/'fresh.db', start) for _ in range(4)]
+    logs = [p.communicate(timeout=300)[0] for p in ps]
+    assert [p.returncode for p in ps] == [0] * 4, logs

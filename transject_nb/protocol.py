@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
+from sqlalchemy.exc import SQLAlchemyError
 from .core import TASKS, check_choice, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task
@@ -160,10 +161,15 @@ def open_storage(
         p = Path(url).expanduser().resolve(); p.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{p}"
     kw = dict(connect_args=dict(timeout=120)) if url.startswith('sqlite') else {}
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=grace or 2 * heartbeat,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True))
+    for attempt in range(6):                                            # workers that start together race to create a fresh storage's tables
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=grace or 2 * heartbeat,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True))
+        except SQLAlchemyError:
+            if attempt == 5: raise
+            time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-7
 def arm_study(
