@@ -227,13 +227,13 @@ def results_table(
 def format_table(
     table:pd.DataFrame,  # from `results_table`
     digits:int=1,        # decimals of the percentages
-)->pd.DataFrame:         # rows: models (neural first, then baselines); columns: tasks; cells 'mean ± std' in %, '(n=k)' where seeds are fewer
+)->pd.DataFrame:         # rows: models (neural first, then baselines); columns: tasks; cells 'mean ± std' in %, '(n=k)' where seeds are fewer than the task's most, or one
     "The results table laid out as the papers' tables: models by tasks, accuracies in percent."
     _check_columns(table, ('kind', 'n', 'test_acc', 'test_std'), 'table')
-    nmax = table.n.max()
+    nmax = table[table.kind == 'neural'].n.groupby(level='task').max()   # per task: plans may give tasks different seed counts
     def cell(r):
         s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1 else '')
-        return s + (f" (n={r.n})" if r.kind == 'neural' and r.n < nmax else '')
+        return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1) else '')
     cells = table.apply(cell, axis=1)
     wide = cells.unstack('task')
     models = list(dict.fromkeys(m for _, m in table.index))
