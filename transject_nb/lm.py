@@ -6,23 +6,33 @@ Docs: https://transject-nb.github.io/transject_nb/lm.html.md"""
 
 # %% ../nbs/14_lm.ipynb #1b0d396f
 from __future__ import annotations
-import math
+import hashlib, math
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+import pandas as pd
 import torch
 import torch.nn as nn
 import fastai.callback.progress  # progress bars and `Learner.no_bar`
 import fastai.callback.schedule  # `fit_one_cycle`, `lr_find`
+from fastcore.basics import store_attr
+from fastcore.foundation import L
+from fastai.callback.core import Callback
 from fastai.data.core import DataLoaders
-from fastai.learner import Learner
+from fastai.learner import Learner, Metric
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import Perplexity, accuracy
 from fastai.text.data import LMDataLoader
 
 # %% auto #0
-__all__ = ['CAUSAL_VARIANTS', 'LMHead', 'LanguageModel', 'lm_stream', 'lm_dls', 'unigram_perplexity', 'lm_learner', 'generate']
+__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageModel', 'lm_stream', 'lm_dls',
+           'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate',
+           'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from .core import PAD_ID, EncoderClassifier, config_fields, variant_spec
+from .core import PAD_ID, EncoderClassifier, atomic_save, check_choice, config_fields, variant_spec
 from .models import VARIANTS, create_model
+from .data import WordPieceTokenizer, cache_key, default_cache_dir, read_imdb, tokenizer_from_state
 
 # %% ../nbs/14_lm.ipynb #cca7b082
 CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))  # the package's variants that can be causal
@@ -50,30 +60,35 @@ class LMHead(nn.Module):
         return self.decoder(h)
 
 # %% ../nbs/14_lm.ipynb #7abd2ab5
+OBJECTIVES = ('causal', 'masked')   # predict the next token from the left; predict hidden tokens from both sides
+
 class LanguageModel(nn.Module):
-    "A causal encoder and an `LMHead`: token ids `(B, n)` to next-token logits `(B, n, V)` from the last layer's per-position hidden states."
+    "An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` of the next token (causal) or of each token (masked)."
     def __init__(self,
-        encoder:EncoderClassifier,   # a variant of `CAUSAL_VARIANTS` built with `causal=True`
+        encoder:EncoderClassifier,   # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`; masked: any variant, not causal
         vocab_sz:int,                # number of token ids; must be the encoder's (the targets are its input ids)
-        tie_weights:bool=True,       # the head's weight is the encoder's embedding
+        tie_weights:bool=True,       # the head's weight is the encoder's embedding (TransJect's is d/2 wide: it cannot be tied)
+        objective:str='causal',      # one of `OBJECTIVES`
     ):
         super().__init__()
         if not isinstance(encoder, EncoderClassifier): raise TypeError(f"LanguageModel needs an EncoderClassifier, got {type(encoder).__name__}")
         cfg = encoder.cfg
-        if not hasattr(cfg, 'causal'):
-            raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a language model: its config {type(cfg).__name__} has no causal "
-                             f"attention (TransJect's Σ(X⁰) is computed from the whole sequence); use one of {', '.join(CAUSAL_VARIANTS)}")
-        if not cfg.causal:
+        if check_choice(objective, OBJECTIVES, 'objective') == 'causal' and not hasattr(cfg, 'causal'):
+            raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a causal language model: its config {type(cfg).__name__} has no causal "
+                             f"attention (TransJect's Σ(X⁰) is computed from the whole sequence); use one of {', '.join(CAUSAL_VARIANTS)}, or objective='masked'")
+        if objective == 'causal' and not cfg.causal:
             raise ValueError("LanguageModel needs a causal encoder, got one with causal=False (every position would see the tokens it must predict); "
                              "build it with create_model(variant, vocab_sz, n_classes, causal=True)")
+        if objective == 'masked' and getattr(cfg, 'causal', False):
+            raise ValueError("a masked language model reads both sides of a hidden token: build the encoder with causal=False")
         if vocab_sz != cfg.vocab_sz: raise ValueError(f"vocab_sz={vocab_sz} differs from the encoder's vocab_sz={cfg.vocab_sz}: a language model predicts its own input ids")
-        self.encoder, self.vocab_sz = encoder, vocab_sz
+        self.encoder, self.vocab_sz, self.objective = encoder, vocab_sz, objective
         self.head = LMHead(cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
-    )->torch.Tensor:      # next-token logits `(B, n, V)`
-        "Logits of the next token at every position."
+    )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
+        "Logits over the vocabulary at every position."
         if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)                  # fastai's LMTensorText -> a plain tensor
         return self.head(self.encoder.encode(x)[-1])                                     # (B, n, d) -> (B, n, V)
 
@@ -122,22 +137,79 @@ def unigram_perplexity(
     p = (counts + 1) / (len(train) + vocab_sz - 1)                                       # (V,), sums to 1
     return math.exp(-p[valid.reshape(-1)].log().mean().item())
 
+# %% ../nbs/14_lm.ipynb #8d2b1068
+IGNORE_INDEX = -100   # the target of a position the loss skips (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
+
+def mask_tokens(
+    x:torch.Tensor,      # token ids `(B, n)`, no padding
+    mask_id:int,         # the `[MASK]` id
+    vocab_sz:int,        # number of token ids
+    p:float=0.15,        # the share of positions to predict
+    first_word:int=5,    # random replacements are drawn from ids >= this (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
+    generator=None,      # a `torch.Generator` on `x`'s device (None: torch's global one)
+)->tuple:                # `(inputs, targets)`, both `(B, n)`
+    "BERT's corruption: each position chosen with probability `p`, then 80% `[MASK]`, 10% a random token, 10% unchanged; targets elsewhere are `IGNORE_INDEX`."
+    if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
+    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz: raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+    u = lambda: torch.rand(x.shape, device=x.device, generator=generator)
+    chosen, how = u() < p, u()                                                     # (B, n) which positions; (B, n) what becomes of them
+    rand = torch.randint(first_word, vocab_sz, x.shape, device=x.device, generator=generator)
+    inputs = torch.where(chosen & (how < 0.8), torch.full_like(x, mask_id), x)
+    inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), rand, inputs)
+    return inputs, torch.where(chosen, x, torch.full_like(x, IGNORE_INDEX))
+
+# %% ../nbs/14_lm.ipynb #ffbc86b8
+class MaskedLMCallback(Callback):
+    "Turn each batch `(x, y)` into `mask_tokens(x)`: fresh positions every training batch, the same ones every epoch in validation."
+    order = -5   # before every callback that reads the batch
+    def __init__(self,
+        mask_id:int,      # the `[MASK]` id
+        vocab_sz:int,     # number of token ids
+        p:float=0.15,     # the share of positions to predict
+        seed:int=0,       # seed of the validation positions
+    ): store_attr()
+    def before_batch(self):
+        x = self.xb[0].as_subclass(torch.Tensor)                                   # (B, n)
+        g = None if self.training else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter)
+        inp, targ = mask_tokens(x, self.mask_id, self.vocab_sz, self.p, generator=g)
+        self.learn.xb, self.learn.yb = (inp,), (targ,)
+
+class MaskedAccuracy(Metric):
+    "Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), counted token by token."
+    def reset(self): self.hit, self.n = 0, 0
+    def accumulate(self, learn):
+        targ, pred = learn.yb[0], learn.pred.argmax(-1)
+        keep = targ != IGNORE_INDEX
+        self.hit += int((pred[keep] == targ[keep]).sum()); self.n += int(keep.sum())
+    @property
+    def value(self): return self.hit / self.n if self.n else None
+    @property
+    def name(self): return 'accuracy'
+
 # %% ../nbs/14_lm.ipynb #2ce19911
 def lm_learner(
-    dls:DataLoaders,         # from `lm_dls`
-    variant:str,             # one of `CAUSAL_VARIANTS`
-    vocab_sz:int,            # number of token ids, padding included
-    tie_weights:bool=True,   # tie the head to the input embedding
-    lr:float=1e-3,           # default learning rate of `fit`
-    cbs=None,                # more fastai callbacks
-    **config,                # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
-)->Learner:                  # a fastai Learner with `CrossEntropyLossFlat`, `accuracy` and `Perplexity`
-    "A fastai Learner for a causal language model of `variant` on `dls`."
-    if config.get('causal', True) is not True: raise ValueError(f"a language model is causal; got causal={config['causal']!r}")
-    config = dict(max_len=dls.train.seq_len) | config | dict(causal=True)
+    dls:DataLoaders,           # from `lm_dls`
+    variant:str,               # causal: one of `CAUSAL_VARIANTS`; masked: any of `VARIANTS`
+    vocab_sz:int,              # number of token ids, padding included
+    objective:str='causal',    # one of `OBJECTIVES`
+    tie_weights:bool|None=None, # tie the head to the input embedding (None: tied for causal models; untied for masked ones, as TransJect's cannot be)
+    mask_id:int|None=None,     # masked: the `[MASK]` id
+    mask_p:float=0.15,         # masked: the share of positions to predict (`mask_tokens`)
+    lr:float=1e-3,             # default learning rate of `fit`
+    cbs=None,                  # more fastai callbacks
+    **config,                  # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
+)->Learner:                    # a fastai Learner: `CrossEntropyLossFlat` (chosen positions only when masked), token accuracy and `Perplexity`
+    "A fastai Learner for a causal or masked language model of `variant` on `dls`."
+    causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
+    if config.get('causal', causal) is not causal: raise ValueError(f"a {objective} language model has causal={causal}; got causal={config['causal']!r}")
+    if not causal and mask_id is None: raise ValueError("a masked language model needs mask_id, the [MASK] id (e.g. LMCorpus.mask_id)")
+    config = dict(max_len=dls.train.seq_len) | config | ({'causal': True} if causal else {})
     if config['max_len'] < dls.train.seq_len: raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' seq_len={dls.train.seq_len}")
-    model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie_weights)   # n_classes=2: the unused classifier head
-    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat(), lr=lr, metrics=[accuracy, Perplexity()], cbs=cbs)
+    tie = causal if tie_weights is None else tie_weights
+    model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)   # n_classes=2: the unused classifier head
+    extra = [] if causal else [MaskedLMCallback(mask_id, vocab_sz, mask_p)]
+    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=lr,
+                   metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()], cbs=extra + list(L(cbs)))
 
 # %% ../nbs/14_lm.ipynb #0c0cc4ac
 @torch.no_grad()
@@ -171,3 +243,105 @@ def generate(
             out.append(int(torch.multinomial(logits.softmax(-1), 1, generator=g)))
     finally: lm.train(was)
     return torch.tensor(out[len(ids):], dtype=torch.long)
+
+# %% ../nbs/14_lm.ipynb #6f620185
+@dataclass(eq=False)
+class LMCorpus:
+    "Documents for language modelling, as token ids, with the tokenizer that made them and where they came from."
+    train:list                  # training documents: 1-d `LongTensor`s of token ids, no padding
+    valid:list                  # validation documents, held-out reviews
+    test:list                   # test documents, other held-out reviews
+    tokenizer:object            # the `data.WordPieceTokenizer` trained on the training documents
+    source:str                  # the folder the texts came from
+    key:str                     # a hash of everything the corpus depends on (its cache file's name)
+    dropped:int = 0             # held-out reviews left out because their text is also a training document
+
+    @property
+    def vocab_sz(self)->int: return self.tokenizer.vocab_sz                     # token ids, `[PAD]` = 0 included
+    @property
+    def sep_id(self)->int: return self.tokenizer.tok.token_to_id('[SEP]')       # the id that ends every document
+    @property
+    def mask_id(self)->int: return self.tokenizer.tok.token_to_id('[MASK]')     # the id a masked position reads
+
+    def stream(self, split:str)->torch.Tensor:
+        "One split as one token stream (`lm_stream`)."
+        return lm_stream(getattr(self, check_choice(split, ('train', 'valid', 'test'), 'split')), self.sep_id)
+
+    def summary(self)->pd.DataFrame:
+        "Documents and tokens (separators included) per split."
+        n = {s: (len(d), sum(len(x) + 1 for x in d)) for s, d in dict(train=self.train, valid=self.valid, test=self.test).items()}
+        return pd.DataFrame(n, index=['documents', 'tokens']).T
+
+# %% ../nbs/14_lm.ipynb #d02088d3
+def save_vocab(
+    tokenizer,   # a `data.WordPieceTokenizer`
+    path,        # where the `vocab.txt` goes
+)->Path:         # `path`: one token per line, line n is id n, as `WordPieceTokenizer.from_vocab` and `load_task(vocab=...)` read it
+    "Write a WordPiece vocabulary as a bert `vocab.txt`, so that a classifier can tokenize exactly as a pretrained language model did."
+    vocab = tokenizer.tok.get_vocab()                                              # token -> id
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))): raise ValueError(f"the vocabulary's ids are not 0..{len(ids) - 1} without gaps: it cannot be written as vocab.txt")
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(''.join(t + '\n' for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])), encoding='utf-8')
+    return path
+
+# %% ../nbs/14_lm.ipynb #1deee7e4
+def imdb_texts(
+    source,          # an IMDb folder: train/test/unsup CSVs (`unsup.csv[.gz]`: columns id, text) or an aclImdb tree (`train/unsup/*.txt`)
+)->dict:             # 'unsup', 'train', 'test' -> list of review texts
+    "The review texts of IMDb's three parts, labels dropped: what a language model reads."
+    root = Path(source)
+    splits = read_imdb(root)
+    if (root/'aclImdb').is_dir() and not (root/'train').exists(): root = root/'aclImdb'
+    csvs = [root/'unsup.csv', root/'unsup.csv.gz']
+    if (f := next((p for p in csvs if p.is_file()), None)) is not None:
+        unsup = pd.read_csv(f, usecols=['text'], keep_default_na=False).text.tolist()
+    elif (root/'train'/'unsup').is_dir(): unsup = [p.read_text(encoding='utf-8') for p in sorted((root/'train'/'unsup').glob('*.txt'))]
+    else: raise FileNotFoundError(f"IMDb source {source}: no unsup.csv[.gz] and no train/unsup folder: the unlabelled reviews are missing")
+    return dict(unsup=unsup, train=list(splits['train'].texts), test=list(splits['test'].texts))
+
+# %% ../nbs/14_lm.ipynb #5609eb52
+def _split_heldout(texts:dict, n_train, n_valid:int, n_test:int, seed:int)->tuple:
+    "Training texts (unsup + train, shuffled, the first n_train), held-out validation and test texts that no training candidate repeats, and how many held-out texts were dropped."
+    rng = np.random.default_rng(seed)
+    pool = texts['unsup'] + texts['train']
+    train = [pool[i] for i in rng.permutation(len(pool))[:n_train]]
+    seen, test = set(pool), list(dict.fromkeys(texts['test']))                     # every training candidate; the distinct test reviews
+    held = [t for t in test if t not in seen]
+    if n_valid + n_test > len(held): raise ValueError(f"n_valid + n_test = {n_valid + n_test}, but only {len(held)} held-out reviews are not training documents")
+    held = [held[i] for i in rng.permutation(len(held))[:n_valid + n_test]]
+    return train, held[:n_valid], held[n_valid:], len(test) - len([t for t in test if t not in seen])
+
+# %% ../nbs/14_lm.ipynb #205eb170
+def load_lm_corpus(
+    source,                  # an IMDb folder (see `imdb_texts`), e.g. `shared/data/imdb`
+    vocab_size:int=8192,     # WordPiece ids trained on the training documents
+    n_train:int|None=None,   # training documents (None: all 75,000)
+    n_valid:int=2000,        # validation documents, from the test split
+    n_test:int=2000,         # test documents, other reviews of the test split
+    seed:int=42,             # seed of the shuffles
+    cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
+    refresh:bool=False,      # rebuild even if cached
+)->LMCorpus:
+    "IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, held-out test reviews to validate and test on."
+    for k, v in dict(vocab_size=vocab_size, n_valid=n_valid, n_test=n_test).items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{k} must be a positive int, got {v!r}")
+    if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1): raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
+    texts = imdb_texts(source)
+    digest = hashlib.sha256('\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s]).encode()).hexdigest()   # the texts, not their files
+    key = cache_key(kind='lm-corpus', texts=digest, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed)
+    cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cfile = cdir/f"lm-imdb-{key}.pt" if cdir else None
+    if cfile is not None and cfile.exists() and not refresh:
+        st = torch.load(cfile, weights_only=True)
+        docs = {s: [x.long() for x in st[s].split(st[s + '_len'].tolist())] for s in ('train', 'valid', 'test')}
+        return LMCorpus(**docs, tokenizer=tokenizer_from_state(st['tokenizer']), source=str(source), key=key, dropped=int(st['dropped']))
+    train, valid, test, dropped = _split_heldout(texts, n_train, n_valid, n_test, seed)
+    tok = WordPieceTokenizer.train(train, vocab_size)
+    enc = lambda texts: [torch.tensor(ids, dtype=torch.long) for ids in tok.encode_batch(texts)[0]]
+    c = LMCorpus(enc(train), enc(valid), enc(test), tok, str(source), key, dropped)
+    if cfile is not None:                                                          # the ids flat, in the smallest dtype that holds them, and each document's length
+        dt = torch.int16 if c.vocab_sz <= 32767 else torch.int32
+        st = {s: torch.cat(getattr(c, s)).to(dt) for s in ('train', 'valid', 'test')} | {s + '_len': torch.tensor([len(x) for x in getattr(c, s)]) for s in ('train', 'valid', 'test')}
+        atomic_save(st | dict(tokenizer=tok.state(), dropped=dropped), cfile)
+    return c
