@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/lm.html.md"""
 
 # %% ../nbs/14_lm.ipynb #1b0d396f
 from __future__ import annotations
-import hashlib, math
+import dataclasses, hashlib, math
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -266,6 +266,18 @@ class LMCorpus:
     def stream(self, split:str)->torch.Tensor:
         "One split as one token stream (`lm_stream`)."
         return lm_stream(getattr(self, check_choice(split, ('train', 'valid', 'test'), 'split')), self.sep_id)
+
+    def take(self,
+        n_train:int|None=None,   # the first training documents to keep (None: all)
+        n_valid:int|None=None,   # the first validation documents (None: all)
+        n_test:int|None=None,    # the first test documents (None: all)
+    )->'LMCorpus':               # the same tokenizer, fewer documents (each split was shuffled when the corpus was made)
+        "A smaller corpus with the same vocabulary: the first documents of each split."
+        for k, (n, have) in dict(n_train=(n_train, len(self.train)), n_valid=(n_valid, len(self.valid)), n_test=(n_test, len(self.test))).items():
+            if n is not None and not 1 <= n <= have: raise ValueError(f"{k}={n}: the corpus has {have} documents in that split")
+        cut = lambda d, n: d if n is None else d[:n]
+        return dataclasses.replace(self, train=cut(self.train, n_train), valid=cut(self.valid, n_valid), test=cut(self.test, n_test),
+                                   key=cache_key(corpus=self.key, take=(n_train, n_valid, n_test)))
 
     def summary(self)->pd.DataFrame:
         "Documents and tokens (separators included) per split."
