@@ -15,7 +15,7 @@ __all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'RESIDUALS', 'KE
            'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values', 'OrthogonalBank',
            'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'input_gate',
            'orthogonal_ffn', 'LayerWeights', 'transject_layer', 'TransJectConfig', 'TransJectLayer', 'TransJect',
-           'token_distance_ratios', 'plot_distance_ratios']
+           'token_distance_ratios', 'plot_distance_ratios', 'token_map']
 
 # %% ../nbs/02_transject.ipynb #c149aaec
 import torch
@@ -25,7 +25,8 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import orthogonal
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice
+from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice,
+                               unwrap)
 from .bounds import layer_bounds, transject_bounds
 
 # %% ../nbs/02_transject.ipynb #53d039cf
@@ -349,7 +350,7 @@ class TransJectLayer(nn.Module):
     def expert_weights(self)->torch.Tensor: # `(E,)` convex weights λ
         "The static gate's mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
         if self.gate != 'static':
-            raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx['expert_weights'] (one (B, E) tensor per layer), e.g. with analysis.expert_weights")
+            raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx.expert_weights (one (B, E) tensor per layer), e.g. with analysis.expert_weights")
         return torch.softmax(self.gate_logits, 0)
 
     def weights(self, device=None)->LayerWeights: # the bank computed once; entropic cases drawn on `device` when training; λ None for the input gate
@@ -366,18 +367,18 @@ class TransJectLayer(nn.Module):
     def forward(self,
         h:torch.Tensor,   # tokens `(B, n, d)`
         mask,             # `(B, n)` padding mask, True on real tokens, or None (all real); read by the input gate only
-        ctx:dict,         # the batch's context: reads 'sigma' `(B, d)`, appends to 'expert_weights' and 'entropic_cases'
+        ctx:BatchContext, # the batch's context: reads `sigma` `(B, d)`, appends to `expert_weights`, `entropic_cases`
     )->torch.Tensor:      # `(B, n, d)`
         p, A = self.weights(h.device), None
         if p.lam is None:                                                # the input gate: λ from this batch's expert outputs
-            A = orthogonal_attention(h, ctx['sigma'], p.U, p.V)          # (B, n, E, d)
+            A = orthogonal_attention(h, ctx.sigma, p.U, p.V)          # (B, n, E, d)
             p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))   # (B, E)
-        ctx.setdefault('expert_weights', []).append(p.lam)
-        ctx.setdefault('entropic_cases', []).append(p.cases)
+        ctx.expert_weights.append(p.lam)
+        ctx.entropic_cases.append(p.cases)
         if self.uses_fused(h.device):
             from transject_nb.fused import fused_layer                  # the CPU kernel (02a_fused), the same map
-            return fused_layer(h, ctx['sigma'], p)
-        return transject_layer(h, ctx['sigma'], p, A)                    # (B, n, d)
+            return fused_layer(h, ctx.sigma, p)
+        return transject_layer(h, ctx.sigma, p, A)                    # (B, n, d)
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
@@ -403,7 +404,7 @@ class TransJect(EncoderClassifier):
     def begin(self,
         h0:torch.Tensor,  # layer 0 `(B, n, d)`
         mask:torch.Tensor, # `(B, n)`, True on real tokens
-    )->dict:              # the context: 'sigma' `(B, d)`, 'aux_loss' (scalar), empty 'expert_weights' and 'entropic_cases' lists
+    )->BatchContext:      # the context: `sigma` `(B, d)` and `aux_loss` (a scalar)
         "Σ of each sequence from its real layer-0 tokens, and the reconstruction loss."
         cfg = self.cfg
         if cfg.sigma == 'approx':
@@ -412,7 +413,7 @@ class TransJect(EncoderClassifier):
         else:
             sigma = random_sigma(self.sigma_param, cfg.sigma_eps).expand(h0.shape[0], -1)      # (B, d)
             aux = h0.new_zeros(())
-        return dict(sigma=sigma, aux_loss=aux, expert_weights=[], entropic_cases=[])
+        return BatchContext(sigma=sigma, aux_loss=aux)
 
     def alphas(self)->torch.Tensor: # `(L,)` α_l = tanh(w_l) of every layer
         "The residual weights $\\alpha_1..\\alpha_L$."
@@ -458,3 +459,19 @@ def plot_distance_ratios(
     ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}", fontsize=10)
     ax.legend(fontsize=7)
     return ax
+
+# %% ../nbs/02_transject.ipynb #c0ffee01
+def token_map(
+    model,                # a TransJect model (or a Learner holding one)
+    sigma:torch.Tensor,   # `(d,)` the Σ of one sequence (`model.begin(...).sigma[b]`)
+    layers:int|None=None, # apply the first `layers` blocks (default: all)
+):                        # a map `(..., d) -> (..., d)` acting on every token separately
+    "The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`, Σ held fixed."
+    m = unwrap(model)
+    def f(t):
+        h = t.reshape(1, -1, t.shape[-1])                                # (1, N, d): the tokens as one sequence
+        ctx = BatchContext(sigma=sigma.reshape(1, -1).to(t.dtype))      # Σ `(1, d)`
+        for blk in m.blocks[:layers]: h = blk(h, None, ctx)             # (1, N, d)
+        return h.reshape(t.shape)
+    return f
+
