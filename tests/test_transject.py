@@ -1,4 +1,4 @@
-"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_fused.py`'s), and the authors' input-dependent expert gate (`gate='input'`)."
+"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_cpu.py`'s), and the authors' input-dependent expert gate (`gate='input'`)."
 import math
 import pytest
 import torch
@@ -7,10 +7,12 @@ from hypothesis import given, settings, strategies as st
 
 from transject_nb.core import BatchContext, build_config, config_fields, variant_spec
 from transject_nb.bounds import layer_bounds, transject_bounds, residual_bounds, worst_ratio
-from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, GATES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
-                                    CayleyOrthogonal, LayerWeights, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
-                                    orthogonal_ffn, transject_layer, orthogonality_error, reorthogonalize_, token_distance_ratios,
-                                    plot_distance_ratios, block_inverse, cayley_map, one_thread, input_gate)
+from transject_nb.bounds import ENTROPIC_CASES
+from transject_nb.transject import (KERNELS, GATES, TransJectConfig, TransJect, TransJectLayer, LayerWeights, orthogonal_attention,
+                                    approx_sigma, random_sigma, mix_experts, orthogonal_ffn, transject_layer, token_distance_ratios,
+                                    plot_distance_ratios, input_gate)
+from transject_nb.cpu import (ORTH_MAPS, OrthogonalBank, CayleyOrthogonal, orthogonality_error, reorthogonalize_, block_inverse,
+                              cayley_map, one_thread)
 from transject_nb import transject as T
 from transject_nb.models import VARIANTS
 
@@ -490,7 +492,7 @@ def test_input_gate_gradients_flow():
 
 
 def test_input_gate_runs_the_readable_layer():
-    from transject_nb.fused import fused_layer
+    from transject_nb.cpu import fused_layer
     for kernel in ('auto', 'readable'):
         blk = make('transject', gate='input', kernel=kernel).blocks[0]
         assert not blk.uses_fused('cpu') and not blk.uses_fused(torch.device('cuda'))
