@@ -26,7 +26,7 @@ from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe
                                unwrap)
 from .bounds import ENTROPIC_CASES, layer_bounds, transject_bounds
 from .cpu import ORTH_MAPS, OrthogonalBank, fused_layer
-from .cpu import CayleyOrthogonal   # not used here: exported Learners of earlier versions find it here
+from .cpu import CayleyOrthogonal   # noqa: F401 (exported Learners of earlier versions find it here)
 
 
 # %% ../nbs/02_transject.ipynb #53d039cf
