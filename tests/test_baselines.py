@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from transject_nb.baselines import (NeuTRENOEncoder, SoftmaxConfig, SoftmaxEncoder, attention_maps,
                                     attention_probs, layer_measure)
-from transject_nb.core import EncoderConfig, build_config, variant_spec
+from transject_nb.core import BatchContext, EncoderConfig, build_config, variant_spec
 from transject_nb.models import BASELINES
 from transject_nb.gradflow import stationary_distribution
 from transject_nb.similarity import remove_similarity, token_diversity, token_similarity
@@ -122,8 +122,8 @@ def test_neutreno_v0_in_graph_and_layer0_plain():
     neu = make('neutreno', n_layers=3).eval()
     tf = make('transformer', n_layers=3).eval()
     tf.load_state_dict(neu.state_dict())
-    hs, _, ctx = neu._run(x)
-    assert ctx['v0'].shape == (2, 4, 7, 16) and ctx['v0'].requires_grad
+    hs, _, ctx, _ = neu.trace(x)
+    assert ctx.v0.shape == (2, 4, 7, 16) and ctx.v0.requires_grad
     assert torch.equal(hs[1], tf.encode(x)[1]) and not torch.equal(hs[2], tf.encode(x)[2])
     # dL/d(layer-0 value projection) picks up the λ V0 path: it differs from the λ=0 model's gradient
     neu(x).sum().backward()
@@ -134,8 +134,8 @@ def test_neutreno_v0_in_graph_and_layer0_plain():
 
 def test_neutreno_block_needs_v0():
     blk = NeuTRENOEncoder(build_config('neutreno', 100, 3, n_layers=2)).blocks[1]
-    with pytest.raises(ValueError, match=r"needs ctx\['v0'\]"):
-        blk(torch.randn(1, 3, 64), torch.ones(1, 3, dtype=torch.bool), {})
+    with pytest.raises(ValueError, match=r"needs ctx\.v0"):
+        blk(torch.randn(1, 3, 64), torch.ones(1, 3, dtype=torch.bool), BatchContext())
 
 
 def test_rezero_identity_at_init_and_no_layernorm():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from transject_nb import transject as tj, fused
+from transject_nb import transject as tj, cpu
 from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
                                 interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops, quiet_profiler,
                                 peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder,
@@ -53,7 +53,7 @@ def test_transject_flops_one_count_for_both_kernels():
     for n in (8, 40):
         r, f = transject_flops(cfg, 2, n), transject_flops(cfg, 2, n, fused=True)
         assert {k: v for k, v in r.items() if k not in ('fold', 'experts', 'total')} == {k: v for k, v in f.items() if k not in ('fold', 'experts', 'total')}
-        assert (r == f) == (fused.layer_path(n, 16) == 'direct') and r['fold'] == 0
+        assert (r == f) == (cpu.layer_path(n, 16) == 'direct') and r['fold'] == 0
     assert uses_fused(model('transject', kernel='auto')) and not uses_fused(model('transject', kernel='readable'))
 
 
@@ -120,7 +120,7 @@ def test_peak_memory_counts_the_step():
     m = model('transject')
     small, big = (peak_memory(make_step(m, torch.randint(1, 50, (2, n)))) for n in (8, 32))
     assert 0 < small < big
-    assert fused.n_threads('cpu') == torch.get_num_threads()               # the kernel's worker count is restored
+    assert cpu.n_threads('cpu') == torch.get_num_threads()               # the kernel's worker count is restored
 
 
 def test_bench_table_tiny_all_variants():
@@ -168,7 +168,7 @@ def test_crossover_and_plots():
 
 def test_unfused_matches_fused_and_profile():
     torch.manual_seed(0)
-    a = tj.reorthogonalize_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2, kernel='fused').double())
+    a = cpu.reorthogonalize_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2, kernel='fused').double())
     with torch.no_grad():
         for p in a.parameters(): p.add_(0.2 * torch.randn_like(p))
     b = unfused_transject_(create_model('transject', 40, 2, d_model=8, n_layers=2, n_experts=2).double())

@@ -1,16 +1,18 @@
-"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_fused.py`'s), and the authors' input-dependent expert gate (`gate='input'`)."
+"Property tests of `transject_nb.transject`: the encoder's contract, its orthogonality, Theorem 2's bounds, on the readable and the fused layer (their equality is `test_cpu.py`'s), and the authors' input-dependent expert gate (`gate='input'`)."
 import math
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from transject_nb.core import build_config, config_fields, variant_spec
+from transject_nb.core import BatchContext, build_config, config_fields, variant_spec
 from transject_nb.bounds import layer_bounds, transject_bounds, residual_bounds, worst_ratio
-from transject_nb.transject import (ORTH_MAPS, ENTROPIC_CASES, KERNELS, GATES, TransJectConfig, TransJect, TransJectLayer, OrthogonalBank,
-                                    CayleyOrthogonal, LayerWeights, orthogonal_attention, approx_sigma, random_sigma, mix_experts,
-                                    orthogonal_ffn, transject_layer, orthogonality_error, reorthogonalize_, token_distance_ratios,
-                                    plot_distance_ratios, block_inverse, cayley_map, one_thread, input_gate)
+from transject_nb.bounds import ENTROPIC_CASES
+from transject_nb.transject import (KERNELS, GATES, TransJectConfig, TransJect, TransJectLayer, LayerWeights, orthogonal_attention,
+                                    approx_sigma, random_sigma, mix_experts, orthogonal_ffn, transject_layer, token_distance_ratios,
+                                    plot_distance_ratios, input_gate)
+from transject_nb.cpu import (ORTH_MAPS, OrthogonalBank, CayleyOrthogonal, orthogonality_error, reorthogonalize_, block_inverse,
+                              cayley_map, one_thread)
 from transject_nb import transject as T
 from transject_nb.models import VARIANTS
 
@@ -107,9 +109,9 @@ def test_eval_is_deterministic_and_entropic_eval_is_plain(variant, seed, kernel)
 def test_entropic_training_draws_cases():
     m = randomize_(make('entropic-transject', 0, n_experts=3), 0).train()
     x = tokens(0, 2, 8)
-    hs, mask, ctx = m._run(x)
-    assert [c.shape for c in ctx['entropic_cases']] == [(3, 8)] * 2
-    assert all(int(c.min()) >= 0 and int(c.max()) <= 3 for c in ctx['entropic_cases'])
+    hs, mask, ctx, _ = m.trace(x)
+    assert [c.shape for c in ctx.entropic_cases] == [(3, 8)] * 2
+    assert all(int(c.min()) >= 0 and int(c.max()) <= 3 for c in ctx.entropic_cases)
     torch.manual_seed(1); y1 = m(x)
     torch.manual_seed(2); y2 = m(x)
     assert not torch.equal(y1, y2)
@@ -124,13 +126,14 @@ def test_entropic_training_draws_cases():
 def test_ctx_and_shapes():
     m = make('transject', n_layers=3, n_experts=2).eval()
     x = tokens(0, 2, 6)
-    hs, mask, ctx = m._run(x)
+    hs, mask, ctx, aux_loss = m.trace(x)
     assert len(hs) == 4 and all(h.shape == (2, 6, 8) for h in hs)
-    assert ctx['sigma'].shape == (2, 8) and torch.allclose(ctx['sigma'].amax(-1), torch.ones(2))
-    assert [w.shape for w in ctx['expert_weights']] == [(2,)] * 3
-    assert all(torch.allclose(w.sum(), torch.tensor(1.)) for w in ctx['expert_weights'])
-    assert ctx['entropic_cases'] == [None] * 3
+    assert ctx.sigma.shape == (2, 8) and torch.allclose(ctx.sigma.amax(-1), torch.ones(2))
+    assert [w.shape for w in ctx.expert_weights] == [(2,)] * 3
+    assert all(torch.allclose(w.sum(), torch.tensor(1.)) for w in ctx.expert_weights)
+    assert ctx.entropic_cases == [None] * 3
     assert m.aux_loss.shape == () and 0 <= m.aux_loss.item() <= 1
+    assert aux_loss is ctx.aux_loss and m.aux_loss is aux_loss                      # the trace's loss is the one left in the buffer
     assert m.alphas().shape == (3,)
     r = make('random-transject').eval(); r(x)
     assert r.aux_loss.item() == 0
@@ -417,7 +420,7 @@ def test_static_gate_takes_the_old_path():
     x = tokens(1, 2, 7)
     with torch.no_grad():                                                  # the layer's forward is transject_layer on these weights
         h0 = m.embed(x, None); ctx = m.begin(h0, x != 0)
-        assert torch.equal(blk(h0, x != 0, dict(ctx)), transject_layer(h0, ctx['sigma'], blk.weights()))
+        assert torch.equal(blk(h0, x != 0, ctx), transject_layer(h0, ctx.sigma, blk.weights()))
     for kernel, fused in (('auto', True), ('readable', False), ('fused', True)):
         assert make('transject', kernel=kernel).blocks[0].uses_fused('cpu') == fused
 
@@ -426,14 +429,14 @@ def test_static_gate_takes_the_old_path():
 def test_input_gate_rows_sum_to_one_and_depend_on_the_input(variant):
     m = gated(variant, 1, n_experts=3, n_layers=2)
     x = tokens(1, 4, 9); x[:, 0] = torch.arange(1, 5)                    # four different sequences
-    with torch.no_grad(): _, _, ctx = m._run(x)
-    lams = ctx['expert_weights']
+    with torch.no_grad(): ctx = m.trace(x).ctx
+    lams = ctx.expert_weights
     assert [w.shape for w in lams] == [(4, 3)] * 2 and all(w.dtype == torch.float64 for w in lams)
     for w in lams:
         assert torch.allclose(w.sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-12) and (w > 0).all()
         assert (w[0] - w[1:]).abs().amax(-1).min() > 1e-6                  # every sequence has its own λ
     x2 = x.clone(); x2[2, 0] = 7                                           # change sequence 2 only
-    with torch.no_grad(): lams2 = m._run(x2)[2]['expert_weights']
+    with torch.no_grad(): lams2 = m.trace(x2).ctx.expert_weights
     for w, w2 in zip(lams, lams2):
         assert not torch.equal(w[2], w2[2])                                # its λ moves ...
         assert torch.equal(w[[0, 1, 3]], w2[[0, 1, 3]])                    # ... the other sequences' do not
@@ -464,8 +467,8 @@ def test_input_gate_padding_changes_nothing(variant, seed, B, n, pad, pooling, E
     m = randomize_(make(variant, seed, pooling=pooling, n_experts=E, gate='input'), seed, scale=0.5).eval()
     x = tokens(seed, B, n)
     xp = torch.cat([x, x.new_zeros(B, pad)], 1)
-    with torch.no_grad(): (hs, _, ctx), (hsp, _, ctxp) = m._run(x), m._run(xp)
-    for w, wp in zip(ctx['expert_weights'], ctxp['expert_weights']): assert torch.allclose(w, wp, atol=1e-6)   # the gate ignores padding
+    with torch.no_grad(): (hs, _, ctx, _), (hsp, _, ctxp, _) = m.trace(x), m.trace(xp)
+    for w, wp in zip(ctx.expert_weights, ctxp.expert_weights): assert torch.allclose(w, wp, atol=1e-6)   # the gate ignores padding
     for h, hp in zip(hs, hsp): assert torch.allclose(h, hp[:, :n], atol=1e-5, rtol=1e-5)
     with torch.no_grad(): assert torch.allclose(m(x), m(xp), atol=1e-5, rtol=1e-5)
 
@@ -489,7 +492,7 @@ def test_input_gate_gradients_flow():
 
 
 def test_input_gate_runs_the_readable_layer():
-    from transject_nb.fused import fused_layer
+    from transject_nb.cpu import fused_layer
     for kernel in ('auto', 'readable'):
         blk = make('transject', gate='input', kernel=kernel).blocks[0]
         assert not blk.uses_fused('cpu') and not blk.uses_fused(torch.device('cuda'))
@@ -507,11 +510,11 @@ def test_input_gate_is_a_static_gate_within_each_sequence(variant):
     m = gated(variant, 4, gate_scale=10., n_experts=3, n_layers=3)
     m.train(False)
     x = tokens(4, 3, 9); x[:, :2] = torch.tensor([3, 5])
-    with torch.no_grad(): hs, mask, ctx = m._run(x)
+    with torch.no_grad(): hs, mask, ctx, _ = m.trace(x)
     for b in range(3):
         s = make(variant, 4, double=True, n_experts=3, n_layers=3)
         sd = {k: v for k, v in m.state_dict().items() if 'gate_w' not in k}
-        s.load_state_dict(sd | {f'blocks.{l}.gate_logits': w[b].log() for l, w in enumerate(ctx['expert_weights'])})
+        s.load_state_dict(sd | {f'blocks.{l}.gate_logits': w[b].log() for l, w in enumerate(ctx.expert_weights)})
         with torch.no_grad(): hs_s = s.eval().encode(x[b:b + 1])
         for h, hsb in zip(hs, hs_s): assert torch.allclose(h[b][mask[b]], hsb[0][mask[b]], atol=1e-12)
 
@@ -541,7 +544,7 @@ def test_input_gate_breaks_the_bound_between_sequences():
                 if gate == 'input': blk.gate_w.mul_(scale)
         sig = T.random_sigma(m.sigma_param, m.cfg.sigma_eps)
         def f(t):                                                          # (N, d): N one-token sequences
-            h, ctx = t[:, None], dict(sigma=sig.expand(len(t), -1))
+            h, ctx = t[:, None], BatchContext(sigma=sig.expand(len(t), -1))
             for blk in m.blocks: h = blk(h, None, ctx)
             return h[:, 0]
         t0 = m.embed(tokens(0, 4, 8, vocab_sz=40), None).detach().reshape(-1, 16)[:24]
@@ -575,7 +578,7 @@ def test_expert_weight_records_for_both_gates():
     for l, blk in enumerate(s.blocks):
         assert torch.allclose(torch.tensor(ws.loc[l + 1, cols].values.astype(float)), torch.softmax(blk.gate_logits.detach().double(), 0), atol=1e-6)
     assert (ws.spread < 1e-12).all()
-    with torch.no_grad(): lam = torch.stack([w.double() for w in i._run(x)[2]['expert_weights']])   # (L, B, E)
+    with torch.no_grad(): lam = torch.stack([w.double() for w in i.trace(x).ctx.expert_weights])   # (L, B, E)
     assert torch.allclose(torch.tensor(wi[cols].values.astype(float)), lam.mean(1), atol=1e-6)        # the mean over the inputs
     assert torch.allclose(torch.tensor(wi.spread.values.astype(float)), lam.std(1, unbiased=False).mean(-1), atol=1e-6)
     assert (wi.spread > 1e-6).all() and torch.allclose(torch.tensor(wi[cols].values.astype(float)).sum(-1), torch.ones(2, dtype=torch.float64))

@@ -81,7 +81,7 @@ def test_recorded_validation_equals_fresh_evaluation(data, tmp_path, variant, de
 
 def test_no_grad_matrices_follow_in_place_data_changes():
     "The mechanism itself: an optimiser's in-place change through `.data` (no version bump) must reach the no-grad matrices."
-    from transject_nb.transject import OrthogonalBank
+    from transject_nb.cpu import OrthogonalBank
     torch.manual_seed(0)
     bank = OrthogonalBank(2, 6)
     with torch.no_grad(): before = bank().clone()

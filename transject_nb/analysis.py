@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from fastprogress.fastprogress import progress_bar
-from .core import PAD_ID, unwrap
+from .core import PAD_ID, Trace, unwrap
 from .gradflow import mean_pairwise_cosine, nonlocal_energy
 from .similarity import token_similarity, token_diversity, deflate
 from .bounds import layer_bounds
@@ -125,17 +125,19 @@ def batches(
         yield x[:, :max_len] if max_len else x
 
 # %% ../nbs/09_analysis.ipynb #54949aa9
-def _forward(model, x, keep_attn=False):
-    "`model._run(x)` with the softmax blocks' attention recording switched on if asked."
+def _forward(model, x, keep_attn=False)->Trace:
+    "`model.trace(x)` with the softmax blocks' attention recording switched on if asked."
     if keep_attn:
         if not hasattr(model, 'keep_attn'):
-            raise TypeError(f"{type(model).__name__} has no softmax attention matrices; attention analyses need a softmax variant "
-                            "(transformer, transformer-rezero, neutreno, similarity-removal)")
+            raise TypeError(f"{type(model).__name__} has no softmax attention matrices; attention analyses need a "
+                            "softmax variant (transformer, transformer-rezero, neutreno, similarity-removal)")
         prev, model.keep_attn = model.keep_attn, True
-        try: return model._run(x)
+        try: return model.trace(x)
         finally: model.keep_attn = prev
-    return model._run(x)
+    return model.trace(x)
 
+
+# %% ../nbs/09_analysis.ipynb #a9a1c001
 def forward_layers(
     model_or_learner,       # an encoder or a `Learner`
     data,                   # anything `batches` accepts
@@ -143,14 +145,15 @@ def forward_layers(
     device=None,            # where to run; None: the model's device
     bs:int=32,              # batch size
     progress:bool|None=None, # progress bar (None: for more than 4 batches)
-    keep_attn:bool=False,   # also record softmax attention probabilities in `ctx['attn']`
-):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`, `n_layers + 1` states `(b, n, d)`, mask `(b, n)`, the context dict
+    keep_attn:bool=False,   # also record softmax attention probabilities in `ctx.attn`
+):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`, `n_layers + 1` states `(b, n, d)`,
+                            # mask `(b, n)`, the `BatchContext`
     "Run the model over a data set in eval mode without gradients, yielding every layer's states per batch."
     model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     with inference(model, device) as dev:
         for x in batches(data, bs, tokenizer, model.cfg.max_len, progress):
             x = x.to(dev)
-            hs, mask, ctx = _forward(model, x, keep_attn)
+            hs, mask, ctx, _ = _forward(model, x, keep_attn)               # a `Trace`
             yield x, hs, mask, ctx
 
 # %% ../nbs/09_analysis.ipynb #160c5bd9
@@ -403,7 +406,7 @@ def attention_spectrum(
     "Spectra of every layer's attention matrices over a data set: $|\\lambda_2|$ and the spectral gap, per block (softmax variants)."
     lam2, first = None, None
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=True):
-        attn = ctx['attn']                                                            # L x (b, H, n, n)
+        attn = ctx.attn                                                               # L x (b, H, n, n)
         rows = []
         for b in range(mask.shape[0]):
             idx = mask[b].nonzero()[:, 0]
@@ -447,6 +450,8 @@ def _masked_J(h, K, mask, normalize):
     J = nonlocal_energy(u, K) * (h.shape[1] / cnt) ** 2                               # (b,)
     return J / (u.pow(2).sum((-2, -1)) / cnt).clamp_min(1e-300) if normalize else J
 
+
+# %% ../nbs/09_analysis.ipynb #a9a1c002
 def functional_J(
     model_or_learner,        # an encoder or a `Learner` (a softmax variant for `kernel='attention'`)
     data,                    # anything `batches` accepts
@@ -470,7 +475,7 @@ def functional_J(
         else:
             cnt = mask.sum(-1).to(torch.float64)[:, None, None]                       # (b, 1, 1)
             J = torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)  # K = m * head-mean P
-                             for h, A in zip(hs[:-1] if at == 'input' else hs[1:], ctx['attn'])])   # (L, b)
+                             for h, A in zip(hs[:-1] if at == 'input' else hs[1:], ctx.attn)])      # (L, b)
         tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + b
     s = pd.Series((tot / N).numpy(), name=f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})')
     s.index = pd.RangeIndex(0 if kernel == 'uniform' else 1, len(s) + (0 if kernel == 'uniform' else 1), name='layer' if kernel == 'uniform' else 'block')
@@ -553,10 +558,11 @@ def expert_weights(
     "Expert weights λ of every TransJect layer over a data set (TransJect Fig. 5b), with their spread and balance."
     tot = sq = None; cnt = 0
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
-        if 'expert_weights' not in ctx or not ctx['expert_weights']:
-            raise TypeError("this model records no expert weights in ctx['expert_weights']; only the TransJect variants have experts")
+        if not ctx.expert_weights:
+            raise TypeError("this model records no expert weights in ctx.expert_weights; "
+                            "only the TransJect variants have experts")
         W = torch.stack([w.detach().double().cpu().reshape(-1, w.shape[-1]).expand(mask.shape[0], -1) if w.ndim == 1
-                         else w.detach().double().cpu().reshape(-1, w.shape[-1]) for w in ctx['expert_weights']])   # (L, k, E)
+                         else w.detach().double().cpu().reshape(-1, w.shape[-1]) for w in ctx.expert_weights])   # (L, k, E)
         tot = W.sum(1) if tot is None else tot + W.sum(1)
         sq = W.pow(2).sum(1) if sq is None else sq + W.pow(2).sum(1)
         cnt += W.shape[1]

@@ -18,7 +18,8 @@ __all__ = ['NORMS', 'SoftmaxConfig', 'attention_mask', 'attention_probs', 'Softm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from .core import PAD_ID, EncoderConfig, EncoderClassifier, check_choice, sinusoidal_pe
+from fastcore.basics import patch
+from .core import PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_choice, sinusoidal_pe
 from .gradflow import mean_pairwise_cosine
 from .similarity import remove_similarity
 
@@ -95,84 +96,88 @@ class SoftmaxBlock(nn.Module):
         self.qkv = nn.Linear(d, (2 if cfg.sym else 3) * d)                             # fused q, (k,) v
         self.proj = nn.Linear(d, d)                                                    # output projection W_O
         self.ff = nn.Sequential(nn.Linear(d, cfg.d_ff), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.d_ff, d))
-        self.norm1 = nn.LayerNorm(d) if cfg.norm != 'none' else nn.Identity()
-        self.norm2 = nn.LayerNorm(d) if cfg.norm != 'none' else nn.Identity()
+        self.norm1, self.norm2 = [nn.LayerNorm(d) if cfg.norm != 'none' else nn.Identity() for _ in range(2)]
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.rezero: self.alpha = nn.Parameter(torch.zeros(()))                     # ReZero: one α per block
-        nn.init.xavier_uniform_(self.qkv.weight); nn.init.zeros_(self.qkv.bias); nn.init.zeros_(self.proj.bias)  # as nn.MultiheadAttention
-
-    # --- hooks ----------------------------------------------------------------------
-    def keys(self,
-        q:torch.Tensor,       # queries `(B, H, n, d_h)`
-        k:torch.Tensor|None,  # keys `(B, H, n, d_h)`, None when `cfg.sym`
-    )->torch.Tensor:          # the keys used in the scores `(B, H, n, d_h)`
-        "The scores hook: what the queries are scored against; `q` itself for the symmetric kernel."
-        return q if self.cfg.sym else k
-
-    def value_update(self,
-        o:torch.Tensor,     # attention output per head `(B, H, n, d_h)`
-        v:torch.Tensor,     # this layer's values `(B, H, n, d_h)`
-        mask:torch.Tensor,  # `(B, n)`, True on real tokens
-        ctx:dict,           # the per-batch context
-    )->torch.Tensor:        # the updated per-head output `(B, H, n, d_h)`
-        "The value-update hook, before the output projection; identity here."
-        return o
-
-    def correct(self,
-        a:torch.Tensor,     # attention sublayer output `(B, n, d)`
-        mask:torch.Tensor,  # `(B, n)`, True on real tokens
-        ctx:dict,           # the per-batch context
-    )->torch.Tensor:        # the corrected output `(B, n, d)`
-        "The attention-output hook, before the residual add; identity here."
-        return a
-
-    def residual(self,
-        h:torch.Tensor,  # the stream `(B, n, d)`
-        y:torch.Tensor,  # a sublayer's output `(B, n, d)`
-    )->torch.Tensor:     # the new stream `(B, n, d)`
-        "The residual hook: `h + y`, or `h + α·y` with ReZero."
-        return h + self.alpha * y if self.cfg.rezero else h + y
-
-    def sublayer(self,
-        h:torch.Tensor,  # the stream `(B, n, d)`
-        f,               # the sublayer, `(B, n, d) -> (B, n, d)`
-        norm:nn.Module,  # its LayerNorm (Identity when `cfg.norm == 'none'`)
-    )->torch.Tensor:     # the new stream `(B, n, d)`
-        "The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, or none."
-        if self.cfg.norm == 'post': return norm(self.residual(h, f(h)))
-        if self.cfg.norm == 'pre': return self.residual(h, f(norm(h)))
-        return self.residual(h, f(h))
-
-    # --- fixed computation ------------------------------------------------------------
-    def project(self, h):
-        "Queries, keys (None when `sym`) and values, each `(B, H, n, d_h)`."
-        B, n, _ = h.shape
-        parts = self.qkv(h).view(B, n, -1, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # (2|3, B, H, n, d_h)
-        return (parts[0], None, parts[1]) if self.cfg.sym else tuple(parts)
-
-    def attend(self, h, mask, ctx):
-        "The attention sublayer `(B, n, d) -> (B, n, d)`."
-        q, k, v = self.project(h)
-        k = self.keys(q, k)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(mask, self.cfg.causal),  # (B, 1, 1|n, n)
-                                           dropout_p=self.cfg.dropout if self.training else 0.)
-        if ctx.get('keep_attn'): ctx.setdefault('attn', []).append(attention_probs(q, k, mask, self.cfg.causal))
-        o = self.value_update(o, v, mask, ctx)                                          # (B, H, n, d_h)
-        a = self.proj(o.transpose(1, 2).flatten(2))                                     # (B, n, d)
-        return self.correct(self.drop(a), mask, ctx)
-
-    def ffn(self, h):
-        "The feed-forward sublayer `(B, n, d) -> (B, n, d)`."
-        return self.drop(self.ff(h))
+        nn.init.xavier_uniform_(self.qkv.weight); nn.init.zeros_(self.qkv.bias)       # as nn.MultiheadAttention
+        nn.init.zeros_(self.proj.bias)
 
     def forward(self,
         h:torch.Tensor,     # the stream `(B, n, d)`
         mask:torch.Tensor,  # `(B, n)`, True on real tokens
-        ctx:dict,           # the per-batch context (see the table above)
+        ctx:BatchContext,   # the batch's context: `keep_attn`, `attn`, and what the hooks use
     )->torch.Tensor:        # the block's output `(B, n, d)`
         "Attention sublayer, then feed-forward sublayer, each joined by `sublayer`."
         h = self.sublayer(h, lambda x: self.attend(x, mask, ctx), self.norm1)
         return self.sublayer(h, self.ffn, self.norm2)
+
+    def attend(self, h, mask, ctx):
+        "The attention sublayer `(B, n, d) -> (B, n, d)`."
+        q, k, v = self.project(h); k = self.keys(q, k)                                  # (B, H, n, d_h) each
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(mask, self.cfg.causal),  # (B, 1, 1|n, n)
+                                           dropout_p=self.cfg.dropout if self.training else 0.)
+        if ctx.keep_attn: ctx.attn.append(attention_probs(q, k, mask, self.cfg.causal))   # (B, H, n, n)
+        o = self.value_update(o, v, mask, ctx)                                          # (B, H, n, d_h)
+        a = self.proj(o.transpose(1, 2).flatten(2))                                     # (B, n, d)
+        return self.correct(self.drop(a), mask, ctx)
+
+    def project(self, h):
+        "Queries, keys (None when `sym`) and values, each `(B, H, n, d_h)`."
+        parts = self.qkv(h).unflatten(-1, (-1, self.n_heads, self.d_head)).permute(2, 0, 3, 1, 4)  # (2|3, B, H, n, d_h)
+        return (parts[0], None, parts[1]) if self.cfg.sym else tuple(parts)
+
+    def ffn(self, h): return self.drop(self.ff(h))                                      # (B, n, d) -> (B, n, d)
+
+
+# %% ../nbs/04_baselines.ipynb #b1a5e002
+@patch
+def keys(self:SoftmaxBlock,
+    q:torch.Tensor,       # queries `(B, H, n, d_h)`
+    k:torch.Tensor|None,  # keys `(B, H, n, d_h)`, None when `cfg.sym`
+)->torch.Tensor:          # the keys used in the scores `(B, H, n, d_h)`
+    "The scores hook: what the queries are scored against; `q` itself for the symmetric kernel."
+    return q if self.cfg.sym else k
+
+@patch
+def value_update(self:SoftmaxBlock,
+    o:torch.Tensor,     # attention output per head `(B, H, n, d_h)`
+    v:torch.Tensor,     # this layer's values `(B, H, n, d_h)`
+    mask:torch.Tensor,  # `(B, n)`, True on real tokens
+    ctx:BatchContext,   # the batch's context
+)->torch.Tensor:        # the updated per-head output `(B, H, n, d_h)`
+    "The value-update hook, before the output projection; identity here."
+    return o
+
+@patch
+def correct(self:SoftmaxBlock,
+    a:torch.Tensor,     # attention sublayer output `(B, n, d)`
+    mask:torch.Tensor,  # `(B, n)`, True on real tokens
+    ctx:BatchContext,   # the batch's context
+)->torch.Tensor:        # the corrected output `(B, n, d)`
+    "The attention-output hook, before the residual add; identity here."
+    return a
+
+
+# %% ../nbs/04_baselines.ipynb #b1a5e004
+@patch
+def residual(self:SoftmaxBlock,
+    h:torch.Tensor,  # the stream `(B, n, d)`
+    y:torch.Tensor,  # a sublayer's output `(B, n, d)`
+)->torch.Tensor:     # the new stream `(B, n, d)`
+    "The residual hook: `h + y`, or `h + α·y` with ReZero."
+    return h + self.alpha * y if self.cfg.rezero else h + y
+
+@patch
+def sublayer(self:SoftmaxBlock,
+    h:torch.Tensor,  # the stream `(B, n, d)`
+    f,               # the sublayer, `(B, n, d) -> (B, n, d)`
+    norm:nn.Module,  # its LayerNorm (Identity when `cfg.norm == 'none'`)
+)->torch.Tensor:     # the new stream `(B, n, d)`
+    "The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, or none."
+    if self.cfg.norm == 'post': return norm(self.residual(h, f(h)))
+    if self.cfg.norm == 'pre': return self.residual(h, f(norm(h)))
+    return self.residual(h, f(h))
+
 
 # %% ../nbs/04_baselines.ipynb #7319f4ea
 def remove_similarity_causal(
@@ -190,28 +195,32 @@ def remove_similarity_causal(
 class NeuTRENOBlock(SoftmaxBlock):
     "NeuTRENO (Nguyen et al., 2023): adds $\\lambda(V^0 - V^\\ell)$ to every head's attention output from layer 1 on."
     def value_update(self, o, v, mask, ctx):
-        "Layer 0 stores $V^0$ in `ctx['v0']`; later layers add $\\lambda(V^0 - V^\\ell)$."
+        "Layer 0 stores $V^0$ in `ctx.v0`; later layers add $\\lambda(V^0 - V^\\ell)$."
         if self.layer == 0:
-            ctx['v0'] = v                                                               # (B, H, n, d_h), not detached
+            ctx.v0 = v                                                                  # (B, H, n, d_h), not detached
             return o
-        if 'v0' not in ctx:
-            raise ValueError(f"NeuTRENO block at layer {self.layer} needs ctx['v0'], the values of layer 0; run it inside a NeuTRENOEncoder")
-        return o + self.cfg.lam * (ctx['v0'] - v)
+        if ctx.v0 is None:
+            raise ValueError(f"NeuTRENO block at layer {self.layer} needs ctx.v0, the values of layer 0; "
+                             "run it inside a NeuTRENOEncoder")
+        return o + self.cfg.lam * (ctx.v0 - v)                                          # (B, H, n, d_h)
 
+
+# %% ../nbs/04_baselines.ipynb #b1a5e005
 class SimilarityRemovalBlock(SoftmaxBlock):
-    "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output; we place it before the residual add (the paper does not say where)."
+    "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output, before the residual."
     def correct(self, a, mask, ctx):
-        "$(I-\\tau\\Pi_{\\mathbf 1})a$ with the mean over real tokens; when causal, $(I-\\tau C)a$ with the prefix mean."
+        "$(I-\\tau\\Pi_{\\mathbf 1})a$, the mean over real tokens; when causal, $(I-\\tau C)a$ with the prefix mean."
         return (remove_similarity_causal if self.cfg.causal else remove_similarity)(a, mask, self.cfg.tau)
 
 # %% ../nbs/04_baselines.ipynb #82c90317
 class SoftmaxEncoder(EncoderClassifier):
-    "Softmax-attention encoder classifier: embedding + sinusoidal positions, a stack of `Block`s, masked pooling, linear head."
+    "Softmax-attention encoder classifier: embedding + sinusoidal positions, `Block`s, masked pooling, linear head."
     Block = SoftmaxBlock
     def __init__(self,
         cfg:SoftmaxConfig, # the model config
     ):
-        if not isinstance(cfg, SoftmaxConfig): raise TypeError(f"{type(self).__name__} needs a SoftmaxConfig, got {type(cfg).__name__}")
+        if not isinstance(cfg, SoftmaxConfig):
+            raise TypeError(f"{type(self).__name__} needs a SoftmaxConfig, got {type(cfg).__name__}")
         super().__init__(cfg)
         self.emb = nn.Embedding(cfg.vocab_sz, cfg.d_model, padding_idx=PAD_ID)
         nn.init.normal_(self.emb.weight, std=cfg.d_model ** -0.5)
@@ -225,14 +234,18 @@ class SoftmaxEncoder(EncoderClassifier):
         "Scaled token embedding plus sinusoidal positions `(B, n, d)`."
         return self.drop(self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]])   # (B, n, d)
 
-    def begin(self, h0, mask):
-        "The per-batch context: `keep_attn` from the model's flag."
-        return {'keep_attn': self.keep_attn}
+    def begin(self, h0, mask)->BatchContext:
+        "The batch's context: `keep_attn` from the model's flag (`attention_maps` sets it)."
+        return BatchContext(keep_attn=self.keep_attn)
 
+
+# %% ../nbs/04_baselines.ipynb #b1a5e006
 class NeuTRENOEncoder(SoftmaxEncoder):
     "NeuTRENO encoder: `SoftmaxEncoder` with `NeuTRENOBlock`s (uses `cfg.lam`)."
     Block = NeuTRENOBlock
 
+
+# %% ../nbs/04_baselines.ipynb #b1a5e008
 class SimilarityRemovalEncoder(SoftmaxEncoder):
     "Similarity-removal encoder: `SoftmaxEncoder` with `SimilarityRemovalBlock`s (uses `cfg.tau`)."
     Block = SimilarityRemovalBlock
@@ -245,10 +258,11 @@ def attention_maps(
 )->list:                   # one `(B, H, n, n)` float32 tensor of attention probabilities per layer
     "Attention probabilities of every layer, recomputed from each block's queries and keys (SDPA does not return them)."
     prev, model.keep_attn = model.keep_attn, True
-    try: _, _, ctx = model._run(x)
+    try: return model.trace(x).ctx.attn
     finally: model.keep_attn = prev
-    return ctx['attn']
 
+
+# %% ../nbs/04_baselines.ipynb #b1a5e007
 @torch.no_grad()
 def layer_measure(
     model:nn.Module,       # an `EncoderClassifier`

@@ -27,8 +27,9 @@ from . import transject as _tj
 from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice, convert_field, field_owners, progress_iter,
                                sinusoidal_pe, split_choices, split_fields, variant_spec)
 from .models import VARIANTS, create_model
-from . import fused as _fused
-from .transject import TransJect, TransJectConfig, INV_LEAF
+from . import cpu as _cpu
+from .cpu import INV_LEAF
+from .transject import TransJect, TransJectConfig
 from .baselines import SoftmaxEncoder
 
 # %% ../nbs/10_bench.ipynb #70ecc6dc
@@ -131,7 +132,7 @@ def inverse_flops(
     d:int,             # matrix size
     leaf:int=INV_LEAF, # `block_inverse`'s leaf size
 )->tuple:              # (matrix-product FLOPs, LAPACK FLOPs counted as $2l^3$ per leaf inverse)
-    "FLOPs of `transject.block_inverse` on one d×d matrix."
+    "FLOPs of `cpu.block_inverse` on one d×d matrix."
     if d <= leaf: return 0, 2 * d ** 3
     h1, h2 = d // 2, d - d // 2
     (g1, l1), (g2, l2) = inverse_flops(h1, leaf), inverse_flops(h2, leaf)
@@ -143,7 +144,7 @@ def transject_flops(
     B:int,                # batch size
     n:int,                # sequence length
     train:bool=True,      # forward+backward (with the orthogonal maps), or inference forward (maps cached)
-    fused:bool=False,     # count the experts as the fused kernel computes them: Σ folded in where `fused.layer_path` says 'fold'
+    fused:bool=False,     # count the experts as the fused kernel computes them: Σ folded in where `cpu.layer_path` says 'fold'
 )->dict:                  # FLOPs per part, 'lapack' apart, and 'total'
     "FLOPs of one step of `TransJect` from its equations: the products of the readable layer, or with Σ folded into the experts where the fused kernel folds."
     d, E, L, k = cfg.d_model, cfg.n_experts, cfg.n_layers, 3 if train else 1
@@ -158,7 +159,7 @@ def transject_flops(
             f['orthogonal maps'] += m * (g + 3 * _gemm(d, d, d))         # inverse, B P, backward (BP)^T dQ P^T
             f['lapack'] += m * lap
     for _ in range(L):
-        if fused and _fused.layer_path(N, d) == 'fold': f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
+        if fused and _cpu.layer_path(N, d) == 'fold': f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
         else: f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))   # h [U_1|..|U_E], then each (h U_e Σ) V_e
         f['ffn'] += k * 2 * _gemm(R, d, d)
     f['head'] = k * _gemm(B, d, cfg.n_classes)
@@ -182,7 +183,7 @@ def softmax_flops(
 
 def uses_fused(
     model:TransJect,  # a TransJect model
-)->bool:              # True if its layers run `fused.fused_layer` where its parameters are
+)->bool:              # True if its layers run `cpu.fused_layer` where its parameters are
     "Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' on the CPU) rather than the readable layer."
     return model.blocks[0].uses_fused(next(model.parameters()).device)
 
@@ -243,7 +244,7 @@ def measured_flops(
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with _fused.threads(1):                                        # the fused kernel's blocks on this thread
+        with _cpu.threads(1):                                        # the fused kernel's blocks on this thread
             step()                                                       # warm-up (evaluation caches the orthogonal matrices)
             with FlopCounterMode(display=False) as fc: step()
     finally: torch.backends.mha.set_fastpath_enabled(fast)
@@ -293,7 +294,7 @@ def peak_memory(
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     from torch.profiler import profile, ProfilerActivity
     held = list(model.buffers()) if model is not None else []   # what the step replaces (`aux_loss`): freed after
-    with quiet_profiler(), _fused.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profiler(), _cpu.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     del held
     with tempfile.TemporaryDirectory() as tmp:
@@ -498,7 +499,7 @@ def unfused_transject_(
     "Put `model` back on the pre-optimisation implementation: the readable layer (`kernel='readable'`), the Cayley map by a solve per matrix."
     for m in model.modules():
         if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'                             # `transject.transject_layer`
-        if isinstance(m, _tj.CayleyOrthogonal): m.forward = types.MethodType(_solve_cayley_forward, m)
+        if isinstance(m, _cpu.CayleyOrthogonal): m.forward = types.MethodType(_solve_cayley_forward, m)
     return model
 
 _GEMM_OPS = ('aten::mm', 'aten::bmm', 'aten::addmm', 'aten::baddbmm', 'aten::addmm_', 'aten::baddbmm_')
@@ -512,7 +513,7 @@ def profile_step(
     from torch.profiler import profile, ProfilerActivity
     prev = torch.get_num_threads(); torch.set_num_threads(threads)
     try:
-        with _fused.threads(1):
+        with _cpu.threads(1):
             step()
             with quiet_profiler():
                 with profile(activities=[ProfilerActivity.CPU]) as prof: step()

@@ -10,8 +10,8 @@ import math, warnings
 from typing import Callable
 
 # %% auto #0
-__all__ = ['power_iteration', 'row_stochastic', 'local_lipschitz', 'pair_ratios', 'worst_ratio', 'residual_bounds',
-           'layer_bounds', 'transject_bounds', 'entropic_gain_bound', 'plot_bounds']
+__all__ = ['ENTROPIC_CASES', 'power_iteration', 'row_stochastic', 'local_lipschitz', 'pair_ratios', 'worst_ratio',
+           'residual_bounds', 'layer_bounds', 'transject_bounds', 'entropic_gain_bound', 'plot_bounds']
 
 # %% ../nbs/01_bounds.ipynb #56566b27
 import torch
@@ -220,6 +220,10 @@ def transject_bounds(
     "Worst-case bounds on the distance ratio of two tokens after a whole $L$-layer TransJect encoder (Theorem 2)."
     if not isinstance(L, int) or isinstance(L, bool) or L < 1: raise ValueError(f"L must be a positive int, got {L!r}")
     return (1 - 1 / L) ** (2 * L), (1 + 1 / L) ** (2 * L)
+
+# %% ../nbs/01_bounds.ipynb #e1a5e002
+ENTROPIC_CASES = ((1.5, 1.), (1.5, -1.), (0., 4.), (1., 0.))  # (coefficient of x, of F): 1.5x+F, 1.5x-F, 4F, x
+
 
 # %% ../nbs/01_bounds.ipynb #fab19427
 def entropic_gain_bound(

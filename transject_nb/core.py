@@ -1,4 +1,4 @@
-"""The shared contract of every encoder in transject_nb: input checks, positional codes, padding-aware pooling, the classifier base class, the variant registry and the experiment presets.
+"""The shared contract of every encoder in transject_nb: the path from token ids to logits, input checks, positional codes, padding-aware pooling, the classifier base class, the variant registry and the experiment presets.
 
 Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
@@ -7,20 +7,81 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
 import configparser, importlib.resources, math, os, re, sys, tempfile, time, types, typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
-           'EncoderConfig', 'EncoderClassifier', 'unwrap', 'check_choice', 'VariantSpec', 'register_variant',
-           'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save', 'preset_section',
-           'packaged_settings', 'is_presets_file', 'settings_files', 'field_owners', 'convert_field', 'split_fields',
-           'split_choices', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
+__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'EncoderClassifier', 'BatchContext', 'Trace',
+           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'unwrap', 'check_choice', 'VariantSpec',
+           'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save',
+           'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files', 'field_owners', 'convert_field',
+           'split_fields', 'split_choices', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
 import torch.nn as nn
+
+# %% ../nbs/00_core.ipynb #28ee1e82
+class EncoderClassifier(nn.Module):
+    "Base class of every encoder: token ids `(B, n)` -> every layer's hidden states -> pooled logits `(B, n_classes)`."
+    def __init__(self,
+        cfg:EncoderConfig,  # the model's config
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        self.register_buffer('aux_loss', torch.zeros(()), persistent=False)   # the last pass's auxiliary loss
+
+    def trace(self,
+        x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
+    )->Trace:             # every layer's hidden states, the padding mask, the batch's context, the auxiliary loss
+        "The forward pass kept whole, up to the pooling; it also leaves the auxiliary loss in `self.aux_loss`."
+        mask = self.check(x)                                             # (B, n), True on real tokens
+        h = self.embed(x, mask)                                          # (B, n, d): layer 0
+        ctx = self.begin(h, mask)                                        # BatchContext: what the blocks share
+        hs = [h]
+        for block in self.blocks:
+            h = block(h, mask, ctx)                                      # (B, n, d)
+            hs.append(h)
+        aux_loss = h.new_zeros(()) if ctx.aux_loss is None else ctx.aux_loss   # ()
+        self.aux_loss = aux_loss                                         # the side effect: training adds it to its loss
+        return Trace(hs, mask, ctx, aux_loss)
+
+    def forward(self,
+        x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
+    )->torch.Tensor:      # logits `(B, n_classes)`
+        "The logits of a batch: `trace`, then the last layer pooled over the real tokens, then the head."
+        hs, mask, ctx, aux_loss = self.trace(x)                          # n_layers + 1 tensors (B, n, d), ...
+        return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))    # (B, d) -> (B, n_classes)
+
+    def embed(self, x, mask): raise NotImplementedError("a variant must define embed(x, mask) -> (B, n, d)")
+    def begin(self, h0, mask): return BatchContext()                    # the hook's default: an empty context
+    def check(self, x): return check_tokens(x, self.cfg.vocab_sz, self.cfg.max_len)   # the padding mask (B, n)
+    def encode(self, x): return self.trace(x).hidden                    # n_layers + 1 tensors (B, n, d)
+
+
+# %% ../nbs/00_core.ipynb #f0a1c003
+@dataclass
+class BatchContext:
+    "What the blocks of one forward pass share: made by `begin` from layer 0, read and extended by the blocks."
+    sigma:torch.Tensor|None = None     # TransJect: Σ's diagonal per sequence `(B, d)`, max|σ| = 1 (`TransJect.begin`)
+    aux_loss:torch.Tensor|None = None  # a 0-d loss to add to the task's (TransJect's Σ reconstruction); None: none
+    expert_weights:list = field(default_factory=list)  # TransJect: each layer's λ, `(E,)` (static gate) or `(B, E)`
+    entropic_cases:list = field(default_factory=list)  # TransJect: each layer's cases `(E, d)`, 0..3; None: plain/eval
+    v0:torch.Tensor|None = None        # NeuTRENO: layer 0's values `(B, H, n, d_h)`, not detached (`NeuTRENOBlock`)
+    keep_attn:bool = False             # softmax blocks: also record their attention probabilities in `attn`
+    attn:list = field(default_factory=list)  # softmax blocks, if `keep_attn`: one `(B, H, n, n)` float32 per layer
+
+
+# %% ../nbs/00_core.ipynb #f0a1c007
+class Trace(NamedTuple):
+    "One forward pass kept whole (`EncoderClassifier.trace`): what the analyses of every layer read."
+    hidden:list              # `n_layers + 1` tensors `(B, n, d)`: layer 0 (the embedding), then every block's output
+    mask:torch.Tensor        # `(B, n)`, True on real tokens
+    ctx:BatchContext         # what the blocks shared: Σ, λ, V⁰, attention, ... (see `BatchContext`)
+    aux_loss:torch.Tensor    # 0-d: the auxiliary loss to add to the task's while training (0 for models without one)
+
 
 # %% ../nbs/00_core.ipynb #5d8f88be
 PAD_ID = 0  # token id reserved for padding in every model and loader
@@ -100,45 +161,6 @@ class EncoderConfig:
                 raise ValueError(f"config field {k} must be a positive int, got {v!r}")
         if self.vocab_sz < 2: raise ValueError(f"vocab_sz must be at least 2 (id 0 is padding), got {self.vocab_sz}")
         if self.pooling not in POOLINGS: raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-
-# %% ../nbs/00_core.ipynb #28ee1e82
-class EncoderClassifier(nn.Module):
-    "Base class: token ids `(B, n)` -> hidden states of every layer -> pooled logits `(B, n_classes)`."
-    def __init__(self, cfg:EncoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
-        self.register_buffer('aux_loss', torch.zeros(()), persistent=False)
-
-    # --- hooks a variant overrides -------------------------------------------------
-    def embed(self, x, mask): raise NotImplementedError("a variant must define embed(x, mask) -> (B, n, d)")
-    def begin(self, h0, mask): return {}
-
-    # --- the shared stack ----------------------------------------------------------
-    def check(self, x):
-        "Validate `x` against this model's vocabulary and length; return the padding mask."
-        return check_tokens(x, self.cfg.vocab_sz, self.cfg.max_len)
-
-    def _run(self, x):
-        mask = self.check(x)
-        h = self.embed(x, mask)                                  # (B, n, d)
-        ctx = self.begin(h, mask)
-        hs = [h]
-        for block in self.blocks:
-            h = block(h, mask, ctx)                              # (B, n, d)
-            hs.append(h)
-        self.aux_loss = ctx.get('aux_loss', h.new_zeros(()))
-        return hs, mask, ctx
-
-    def encode(self,
-        x:torch.Tensor, # token ids `(B, n)`, 0 is padding
-    )->list:            # `n_layers + 1` tensors `(B, n, d)`: the embedding, then every block's output
-        "Hidden states of every layer, layer 0 (the embedding) included."
-        return self._run(x)[0]
-
-    def forward(self, x):
-        hs, mask, _ = self._run(x)
-        return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))  # (B, n_classes)
 
 # %% ../nbs/00_core.ipynb #c2f58d20
 def unwrap(

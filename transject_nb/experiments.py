@@ -15,7 +15,7 @@ __all__ = ['BASELINE_COLUMNS', 'C_GRID', 'FEATURES', 'RESULT_COLUMNS', 'PAPER_RE
            'collect_runs', 'paper_table', 'results_table', 'format_table', 'beside_paper', 'missing_runs',
            'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run', 'figure_sample',
            'pair_distance_data', 'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data',
-           'plot_expert_data', 'bound_data', 'plot_bound_data', 'token_map', 'certified_ratios', 'similarity_data',
+           'plot_expert_data', 'bound_data', 'plot_bound_data', 'certified_ratios', 'similarity_data',
            'plot_similarity_data', 'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data',
            'save_figure_data', 'load_figure_data']
 
@@ -31,6 +31,7 @@ from .data import TaskData, TokenSplit, load_task, stratified_take
 from .models import VARIANTS
 from .learner import DataConfig, TaskLearner, get_learner, load_checkpoint, train_learner
 from .bounds import layer_bounds, transject_bounds, worst_ratio
+from .transject import token_map
 from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, activation_bounds, expert_weights, isomap_layers, layer_entropy, layer_measures,
                                    plot_activation_bounds, plot_expert_weights, plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights,
                                    token_pair_stats)
@@ -487,19 +488,6 @@ def plot_bound_data(
     return plot_activation_bounds({v: g.set_index('layer') for v, g in df.groupby('variant', sort=False)}, ax=ax, title=title)
 
 # %% ../nbs/11_experiments.ipynb #e8200f9d
-def token_map(
-    model,                # a TransJect model (or a Learner holding one)
-    sigma:torch.Tensor,   # `(d,)` the Σ of one sequence (from `model.begin`)
-    layers:int|None=None, # apply the first `layers` blocks (default: all)
-):                        # a map `(..., d) -> (..., d)` acting on every token separately
-    "The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`."
-    m = unwrap(model)
-    def f(t):
-        h, ctx = t.reshape(1, -1, t.shape[-1]), dict(sigma=sigma.reshape(1, -1).to(t.dtype))   # (1, N, d), (1, d)
-        for blk in m.blocks[:layers]: h = blk(h, None, ctx)
-        return h.reshape(t.shape)
-    return f
-
 def certified_ratios(
     learners:dict,      # name -> trained learner (or model); only the TransJect variants are used
     data,               # examples: a `TokenSplit`
@@ -517,7 +505,7 @@ def certified_ratios(
             x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)     # (b, n)
             with torch.no_grad():
                 mask = x != 0
-                h0 = m.embed(x, mask); sig = m.begin(h0, mask)['sigma']                           # (b, n, d), (b, d)
+                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma                              # (b, n, d), (b, d)
             lo = hi = None
             for b in range(x.shape[0]):
                 f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()                  # (m, d) the real tokens

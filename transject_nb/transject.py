@@ -6,27 +6,28 @@ Docs: https://transject-nb.github.io/transject_nb/transject.html.md"""
 
 # %% ../nbs/02_transject.ipynb #d8dd3202
 from __future__ import annotations
-import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['ORTH_MAPS', 'INV_LEAF', 'SIGMAS', 'ENTROPIC_CASES', 'RESIDUALS', 'KERNELS', 'GATES', 'orthogonal_attention',
-           'one_thread', 'block_inverse', 'cayley_map', 'CayleyOrthogonal', 'same_values', 'OrthogonalBank',
-           'reorthogonalize_', 'orthogonality_error', 'approx_sigma', 'random_sigma', 'mix_experts', 'input_gate',
-           'orthogonal_ffn', 'LayerWeights', 'transject_layer', 'TransJectConfig', 'TransJectLayer', 'TransJect',
-           'token_distance_ratios', 'plot_distance_ratios']
+__all__ = ['SIGMAS', 'RESIDUALS', 'KERNELS', 'GATES', 'orthogonal_attention', 'approx_sigma', 'random_sigma', 'mix_experts',
+           'input_gate', 'orthogonal_ffn', 'LayerWeights', 'transject_layer', 'TransJectConfig', 'TransJectLayer',
+           'TransJect', 'token_distance_ratios', 'plot_distance_ratios', 'token_map']
 
 # %% ../nbs/02_transject.ipynb #c149aaec
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.utils import parametrize
-from torch.nn.utils.parametrizations import orthogonal
+from fastcore.basics import patch
+
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice
-from .bounds import layer_bounds, transject_bounds
+from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice,
+                               unwrap)
+from .bounds import ENTROPIC_CASES, layer_bounds, transject_bounds
+from .cpu import ORTH_MAPS, OrthogonalBank, fused_layer
+from .cpu import CayleyOrthogonal   # noqa: F401 (exported Learners of earlier versions find it here)
+
 
 # %% ../nbs/02_transject.ipynb #53d039cf
 def orthogonal_attention(
@@ -39,142 +40,6 @@ def orthogonal_attention(
     z = torch.einsum('bnd,edk->bnek', h, U)                              # (B, n, E, d)  H U_e
     z = z * sigma[:, None, None, :]                                      # (B, n, E, d)  H U_e Σ (Σ diagonal: scale columns)
     return F.elu(torch.einsum('bnek,ekj->bnej', z, V))                   # (B, n, E, d)  ELU(H U_e Σ V_e)
-
-# %% ../nbs/02_transject.ipynb #5a570d47
-ORTH_MAPS = ('cayley', 'matrix_exp', 'householder')
-INV_LEAF = 64   # `block_inverse` hands blocks of at most this size to LAPACK
-
-@contextlib.contextmanager
-def one_thread(
-    on:bool=True,  # False makes it a no-op (e.g. for CUDA tensors)
-):
-    "Run the block with one intra-op CPU thread, then restore the thread count."
-    prev = torch.get_num_threads()
-    if not on or prev == 1: yield; return
-    torch.set_num_threads(1)
-    try: yield
-    finally: torch.set_num_threads(prev)
-
-def _orthogonalize(Q:torch.Tensor)->torch.Tensor:
-    "The orthogonal factor of the QR decomposition of each matrix, with the signs fixed so that diag(R) > 0."
-    with one_thread(Q.device.type == 'cpu'): q, r = torch.linalg.qr(Q)
-    sg = r.diagonal(dim1=-2, dim2=-1).sgn()
-    return q * torch.where(sg == 0, torch.ones_like(sg), sg)[..., None, :]
-
-def block_inverse(
-    K:torch.Tensor,     # `(..., d, d)`, each with a positive definite symmetric part $K+K^\top \succ 0$
-    leaf:int=INV_LEAF,  # blocks of at most this size are inverted by LAPACK (on one thread)
-)->torch.Tensor:        # `(..., d, d)` the inverses
-    "Inverse by recursive 2×2 block elimination without pivoting, almost all in matrix products; stable when $K+K^\\top\\succ0$."
-    d = K.shape[-1]
-    if d <= leaf or K.device.type != 'cpu':
-        with one_thread(K.device.type == 'cpu'): return torch.linalg.inv(K)
-    h = d // 2
-    K11, K12, K21, K22 = K[..., :h, :h], K[..., :h, h:], K[..., h:, :h], K[..., h:, h:]
-    X11 = block_inverse(K11, leaf)                                       # K11^{-1}
-    T, U = X11 @ K12, K21 @ X11
-    X22 = block_inverse(K22 - K21 @ T, leaf)                             # S^{-1}, S = K22 - K21 K11^{-1} K12
-    X21 = -(X22 @ U)
-    return torch.cat([torch.cat([X11 - T @ X21, -(T @ X22)], -1), torch.cat([X21, X22], -1)], -2)
-
-# %% ../nbs/02_transject.ipynb #d77c868d
-class _Cayley(torch.autograd.Function):
-    "Q = B (2P - I), P = (I - A/2)^{-1}; dA = (BP)^T dQ P^T."
-    @staticmethod
-    def forward(ctx, A, base):
-        I = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-        P = block_inverse(I - A / 2)                                     # (..., d, d); LAPACK leaves on one thread
-        BP = P if base is None else base @ P
-        ctx.save_for_backward(P, BP)
-        return 2 * BP - (I if base is None else base)
-
-    @staticmethod
-    def backward(ctx, g):
-        P, BP = ctx.saved_tensors
-        return BP.mT @ g @ P.mT, None
-
-def cayley_map(
-    A:torch.Tensor,     # `(..., d, d)` skew-symmetric
-    base=None,          # `(..., d, d)` orthogonal base $B$ (no gradient), or None for $I$
-)->torch.Tensor:        # `(..., d, d)` orthogonal $B\,(I-\frac A2)^{-1}(I+\frac A2)$
-    "The Cayley map with a base, computed as $B(2P-I)$, $P=(I-A/2)^{-1}$ by `block_inverse`, with a two-product backward."
-    return _Cayley.apply(A, base)
-
-# %% ../nbs/02_transject.ipynb #055f4b43
-class CayleyOrthogonal(nn.Module):
-    "Parametrization $Q = B\\,(I - A/2)^{-1}(I + A/2)$, $A$ the skew part of the weight, $B$ a fixed orthogonal base: torch's `cayley` map, by `cayley_map`."
-    def __init__(self):
-        super().__init__()
-        self.register_buffer('base', None)
-
-    def forward(self,
-        W:torch.Tensor,   # unconstrained weight `(..., d, d)`
-    )->torch.Tensor:      # orthogonal `(..., d, d)`
-        A = W.tril(); A = A - A.mT                                       # (..., d, d) skew-symmetric
-        return cayley_map(A, self.base)
-
-    @torch.no_grad()
-    def right_inverse(self, Q):
-        "Assigning `Q` makes it (its orthogonal factor) the base and resets the free parameter to 0, i.e. $\\phi(0) = I$."
-        self.base = _orthogonalize(Q)
-        return torch.zeros_like(Q)
-
-# %% ../nbs/02_transject.ipynb #81db701a
-def same_values(
-    a:list,   # tensors
-    b:list,   # tensors
-)->bool:      # True if both lists hold tensors of the same shapes, dtypes, devices and values
-    "Whether two lists of tensors are equal value by value: the only test of 'unchanged' that sees every in-place write, `.data` ones included."
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y) for x, y in zip(a, b))
-
-class OrthogonalBank(nn.Module):
-    "`n` learnable orthogonal `d`×`d` matrices in one batched parameter; calling the bank computes all of them once (and, without gradients, reuses them until a parameter's value changes)."
-    def __init__(self,
-        n:int,                 # number of matrices
-        d:int,                 # size of each matrix
-        orth_map:str='cayley', # 'cayley' (`CayleyOrthogonal`), or torch's 'matrix_exp' or 'householder'
-    ):
-        super().__init__()
-        if orth_map not in ORTH_MAPS: raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {orth_map!r}")
-        self.n, self.d, self.orth_map = n, d, orth_map
-        self.weight = nn.Parameter(torch.randn(n, d, d))                # initial value: Haar-random orthogonal via QR
-        with one_thread():                                               # the initial QR (and torch's maps' checks) on one thread
-            if orth_map == 'cayley': parametrize.register_parametrization(self, 'weight', CayleyOrthogonal(), unsafe=True)
-            else: orthogonal(self, 'weight', orthogonal_map=orth_map)
-        self._cache = None                                               # (copies of the inputs, the matrices made from them)
-
-    def forward(self)->torch.Tensor: # `(n, d, d)` orthogonal matrices, float32 or wider
-        p = self.parametrizations.weight
-        with torch.autocast(p.original.device.type, enabled=False):
-            if torch.is_grad_enabled() and p.original.requires_grad: return self.weight
-            inputs = [t.detach() for t in (*p.parameters(), *p.buffers())]   # the free weight and the base
-            if self._cache is None or not same_values(self._cache[0], inputs):  # recompute only when a value changed
-                self._cache = ([t.clone() for t in inputs], self.weight.detach())
-            return self._cache[1]
-
-    def extra_repr(self): return f"n={self.n}, d={self.d}, orth_map={self.orth_map!r}"
-
-# %% ../nbs/02_transject.ipynb #c3e122a9
-@torch.no_grad()
-def reorthogonalize_(
-    model:nn.Module,    # any module; every `OrthogonalBank` inside it is reset
-)->nn.Module:           # the same module
-    "Make every orthogonal matrix of `model` orthogonal to the rounding of its current dtype (e.g. after `.double()`: the bases were made in float32)."
-    for m in model.modules():
-        if isinstance(m, OrthogonalBank): m.weight = _orthogonalize(m())
-    return model
-
-def orthogonality_error(
-    model:nn.Module,    # any module; every `OrthogonalBank` inside it is checked
-)->float:               # $\max \|Q^\top Q - I\|_{\max}$ over all its orthogonal matrices (0 if none)
-    "Largest entry of $Q^\\top Q - I$ over every orthogonal matrix of `model`, computed in float64."
-    errs = [0.]
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, OrthogonalBank):
-                Q = m().double()
-                errs.append((Q.mT @ Q - torch.eye(m.d, dtype=Q.dtype, device=Q.device)).abs().max().item())
-    return max(errs)
 
 # %% ../nbs/02_transject.ipynb #95bc35b7
 SIGMAS = ('approx', 'random')
@@ -225,23 +90,24 @@ def random_sigma(
     return t / t.abs().amax().clamp_min(eps)
 
 # %% ../nbs/02_transject.ipynb #c915ac52
-ENTROPIC_CASES = ((1.5, 1.), (1.5, -1.), (0., 4.), (1., 0.))  # (coefficient of x, coefficient of F): 1.5x+F, 1.5x-F, 4F, x
-
 def mix_experts(
     h:torch.Tensor,      # tokens `(B, n, d)`
     A:torch.Tensor,      # expert outputs `(B, n, E, d)` (from `orthogonal_attention`)
-    lam:torch.Tensor,    # expert weights, non-negative, summing to 1: `(E,)` for the batch (static gate), or `(B, E)`, one row per sequence (input gate)
+    lam:torch.Tensor,    # expert weights, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` (input gate)
     a,                   # residual weight α/L (a 0-d tensor or float)
     cases=None,          # `(E, d)` ints in 0..3: the entropic case of each expert and channel; None: the plain residual
 )->torch.Tensor:         # `(B, n, d)`: $\sum_e \lambda_e R(h, a A_e)$
-    "Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$ with $R$ the injective residual $h+F$ or, given `cases`, the entropic one."
+    "Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$, $R$ the injective residual $h+F$ or the entropic one."
     B, E = A.shape[0], A.shape[-2]
-    if lam.shape != (E,) and lam.shape != (B, E): raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} sequences, got {tuple(lam.shape)}")
-    if lam.ndim == 2: lam = lam[:, None]                                                   # (B, 1, E): one λ per sequence, the same for its tokens
-    if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)             # h + a Σ_e λ_e A_e
-    coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]        # (E, d, 2)
-    cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]                 # (E, d) or (B, 1, E, d): λ_e c^x_e, λ_e c^F_e
-    return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)                  # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+    if lam.shape != (E,) and lam.shape != (B, E):
+        raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} sequences, "
+                         f"got {tuple(lam.shape)}")
+    if lam.ndim == 2: lam = lam[:, None]                                       # (B, 1, E): one λ per sequence
+    if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)  # h + a Σ_e λ_e A_e
+    coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]   # (E, d, 2)
+    cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]   # λc^x, λc^F: (E, d) | (B, 1, E, d)
+    return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)       # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+
 
 # %% ../nbs/02_transject.ipynb #a4e1c7b2
 def input_gate(
@@ -307,77 +173,97 @@ GATES = ('static', 'input')
 class TransJectConfig(EncoderConfig):
     "TransJect's fields on top of `EncoderConfig`; small CPU defaults."
     n_experts:int = 4         # E, experts per layer
-    sigma:str = 'approx'      # 'approx': Σ from X⁰ in a learned orthogonal eigenbasis; 'random': a learned diagonal shared by all inputs
-    residual:str = 'plain'    # 'plain' injective residual, or 'entropic' (Eq. 4: random case per channel while training, x+F in eval)
+    sigma:str = 'approx'      # 'approx': Σ from X⁰ in a learned orthogonal eigenbasis; 'random': a learned diagonal
+    residual:str = 'plain'    # 'plain' injective residual, or 'entropic' (Eq. 4: a random case per channel in training)
     orth_map:str = 'cayley'   # orthogonal parametrization: 'cayley', 'matrix_exp' or 'householder'
     sigma_eps:float = 1e-6    # guard of the standardisation of Σ (not the optimiser's `eps` of the presets)
-    kernel:str = 'auto'       # how a layer is computed: 'readable' (`transject_layer`), 'fused' (`fused.fused_layer`), 'auto' (fused on the CPU for the static gate, readable otherwise)
-    gate:str = 'static'       # the experts' weights λ: 'static' (the paper's: softmax of E learned logits, the same for every input) or 'input' (the authors' code: `input_gate`, one λ per sequence from its tokens; readable layer only)
+    kernel:str = 'auto'       # 'readable' (`transject_layer`), 'fused' (`cpu.fused_layer`), 'auto' (`uses_fused`)
+    gate:str = 'static'       # λ: 'static' (the paper's: softmax of E logits) or 'input' (the authors': `input_gate`)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.d_model % 4: raise ValueError(f"d_model must be a multiple of 4 (half token embedding, half sinusoidal code of even width), got {self.d_model}")
+        if self.d_model % 4: raise ValueError("d_model must be a multiple of 4 (half token embedding, half sinusoidal "
+                                              f"code of even width), got {self.d_model}")
         if not isinstance(self.n_experts, int) or isinstance(self.n_experts, bool) or self.n_experts < 1:
             raise ValueError(f"config field n_experts must be a positive int, got {self.n_experts!r}")
         if self.sigma not in SIGMAS: raise ValueError(f"sigma must be one of {SIGMAS}, got {self.sigma!r}")
-        if self.residual not in RESIDUALS: raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
-        if self.orth_map not in ORTH_MAPS: raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {self.orth_map!r}")
-        if isinstance(self.sigma_eps, bool) or not isinstance(self.sigma_eps, (int, float)) or not 0 < self.sigma_eps < 1:
+        if self.residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
+        if self.orth_map not in ORTH_MAPS:
+            raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {self.orth_map!r}")
+        eps = self.sigma_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise ValueError(f"sigma_eps must be a float in (0, 1), got {self.sigma_eps!r}")
         if self.kernel not in KERNELS: raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         check_choice(self.gate, GATES, 'gate')
         if self.gate == 'input' and self.kernel == 'fused':
-            raise ValueError("gate='input' runs on the readable layer only (the fused kernel takes one λ for the whole batch); use kernel='auto' or 'readable'")
+            raise ValueError("gate='input' runs on the readable layer only (the fused kernel takes one λ for the whole "
+                             "batch); use kernel='auto' or 'readable'")
+
 
 # %% ../nbs/02_transject.ipynb #f557b3ef
 class TransJectLayer(nn.Module):
-    "One TransJect layer: a mixture of E orthogonal-attention experts with injective (or entropic) residuals, then the orthogonal residual FFN, both weighted by $\\alpha_l/L$."
+    "One TransJect layer: E orthogonal-attention experts mixed with residuals, then the orthogonal residual FFN."
     def __init__(self, cfg:TransJectConfig):
         super().__init__()
         d, E = cfg.d_model, cfg.n_experts
-        self.E, self.L, self.entropic, self.kernel, self.gate = E, cfg.n_layers, cfg.residual == 'entropic', cfg.kernel, cfg.gate
+        self.E, self.L, self.kernel, self.gate = E, cfg.n_layers, cfg.kernel, cfg.gate
+        self.entropic = cfg.residual == 'entropic'
         self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)          # U_1..U_E, V_1..V_E, W_1, W_2
         self.alpha_raw = nn.Parameter(torch.zeros(()))                  # w_l: α_l = tanh(w_l), 0 at init (ReZero)
-        if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))   # λ = softmax(logits), input-independent
-        else: self.gate_w = nn.Parameter(torch.zeros(d))                # λ = input_gate(..., w), one per sequence; 0: uniform at init
+        if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))   # λ = softmax(logits)
+        else: self.gate_w = nn.Parameter(torch.zeros(d))                # λ = input_gate(..., w); 0: uniform at init
         self.b1, self.b2 = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self,
+        h:torch.Tensor,   # tokens `(B, n, d)`
+        mask,             # `(B, n)` padding mask, True on real tokens, or None (all real); read by the input gate only
+        ctx:BatchContext, # the batch's context: reads `sigma` `(B, d)`, appends to `expert_weights`, `entropic_cases`
+    )->torch.Tensor:      # `(B, n, d)`
+        "The layer on a batch: its weights, λ from the tokens for the input gate, then `transject_layer`."
+        p, A = self.weights(h.device), None
+        if p.lam is None:                                                # the input gate: λ from this batch's experts
+            A = orthogonal_attention(h, ctx.sigma, p.U, p.V)             # (B, n, E, d)
+            p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))   # (B, E)
+        ctx.expert_weights.append(p.lam)
+        ctx.entropic_cases.append(p.cases)
+        if self.uses_fused(h.device): return fused_layer(h, ctx.sigma, p)   # the same map, fused for the CPU (02a)
+        return transject_layer(h, ctx.sigma, p, A)                       # (B, n, d)
 
     def alpha(self)->torch.Tensor: # α_l = tanh(w_l), |α_l| < 1
         "The layer's residual weight $\\alpha_l=\\tanh(w_l)$."
         return torch.tanh(self.alpha_raw)
 
-    def expert_weights(self)->torch.Tensor: # `(E,)` convex weights λ
-        "The static gate's mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
-        if self.gate != 'static':
-            raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx['expert_weights'] (one (B, E) tensor per layer), e.g. with analysis.expert_weights")
-        return torch.softmax(self.gate_logits, 0)
 
-    def weights(self, device=None)->LayerWeights: # the bank computed once; entropic cases drawn on `device` when training; λ None for the input gate
-        "The layer's weights for one forward pass: the orthogonal matrices, λ (static gate; None for the input gate, which `forward` computes from the tokens), $a=\\alpha_l/L$, and the entropic cases while training."
-        E, Q = self.E, self.bank()                                       # (2E+2, d, d), computed once
-        a, lam = self.alpha() / self.L, (self.expert_weights() if self.gate == 'static' else None)
-        cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if self.training and self.entropic else None
-        return LayerWeights(Q[:E], Q[E:2 * E], lam, a, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, cases)
+# %% ../nbs/02_transject.ipynb #d0a1e004
+@patch
+def expert_weights(self:TransJectLayer)->torch.Tensor: # `(E,)` convex weights λ
+    "The static gate's mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
+    if self.gate != 'static':
+        raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx.expert_weights "
+                        "(one (B, E) tensor per layer), e.g. with analysis.expert_weights")
+    return torch.softmax(self.gate_logits, 0)
 
-    def uses_fused(self, device)->bool: # `kernel` 'fused', or 'auto' on the CPU; never for the input gate
-        "Whether the layer runs the fused kernel of `transject_nb.fused` on `device` rather than `transject_layer`."
-        return self.gate == 'static' and (self.kernel == 'fused' or (self.kernel == 'auto' and torch.device(device).type == 'cpu'))
+@patch
+def weights(self:TransJectLayer,
+    device=None,    # where the entropic cases are drawn (training only)
+)->LayerWeights:    # the orthogonal matrices, λ (None for the input gate), $a$, the cases
+    "The layer's weights for one pass: the bank computed once, λ (static gate), $a=\\alpha_l/L$, the cases (training)."
+    E, Q = self.E, self.bank()                                           # (2E+2, d, d), computed once
+    a, lam = self.alpha() / self.L, (self.expert_weights() if self.gate == 'static' else None)
+    cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if self.training and self.entropic else None
+    return LayerWeights(Q[:E], Q[E:2 * E], lam, a, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, cases)
 
-    def forward(self,
-        h:torch.Tensor,   # tokens `(B, n, d)`
-        mask,             # `(B, n)` padding mask, True on real tokens, or None (all real); read by the input gate only
-        ctx:dict,         # the batch's context: reads 'sigma' `(B, d)`, appends to 'expert_weights' and 'entropic_cases'
-    )->torch.Tensor:      # `(B, n, d)`
-        p, A = self.weights(h.device), None
-        if p.lam is None:                                                # the input gate: λ from this batch's expert outputs
-            A = orthogonal_attention(h, ctx['sigma'], p.U, p.V)          # (B, n, E, d)
-            p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))   # (B, E)
-        ctx.setdefault('expert_weights', []).append(p.lam)
-        ctx.setdefault('entropic_cases', []).append(p.cases)
-        if self.uses_fused(h.device):
-            from transject_nb.fused import fused_layer                  # the CPU kernel (02a_fused), the same map
-            return fused_layer(h, ctx['sigma'], p)
-        return transject_layer(h, ctx['sigma'], p, A)                    # (B, n, d)
+
+# %% ../nbs/02_transject.ipynb #d0a1e006
+@patch
+def uses_fused(self:TransJectLayer,
+    device,       # where the layer runs
+)->bool:          # `kernel` 'fused', or 'auto' on the CPU; never for the input gate
+    "Whether the layer runs the fused CPU kernel (`cpu.fused_layer`) on `device` rather than `transject_layer`."
+    on_cpu = torch.device(device).type == 'cpu'
+    return self.gate == 'static' and (self.kernel == 'fused' or (self.kernel == 'auto' and on_cpu))
+
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
@@ -403,7 +289,7 @@ class TransJect(EncoderClassifier):
     def begin(self,
         h0:torch.Tensor,  # layer 0 `(B, n, d)`
         mask:torch.Tensor, # `(B, n)`, True on real tokens
-    )->dict:              # the context: 'sigma' `(B, d)`, 'aux_loss' (scalar), empty 'expert_weights' and 'entropic_cases' lists
+    )->BatchContext:      # the context: `sigma` `(B, d)` and `aux_loss` (a scalar)
         "Σ of each sequence from its real layer-0 tokens, and the reconstruction loss."
         cfg = self.cfg
         if cfg.sigma == 'approx':
@@ -412,7 +298,7 @@ class TransJect(EncoderClassifier):
         else:
             sigma = random_sigma(self.sigma_param, cfg.sigma_eps).expand(h0.shape[0], -1)      # (B, d)
             aux = h0.new_zeros(())
-        return dict(sigma=sigma, aux_loss=aux, expert_weights=[], entropic_cases=[])
+        return BatchContext(sigma=sigma, aux_loss=aux)
 
     def alphas(self)->torch.Tensor: # `(L,)` α_l = tanh(w_l) of every layer
         "The residual weights $\\alpha_1..\\alpha_L$."
@@ -458,3 +344,19 @@ def plot_distance_ratios(
     ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}", fontsize=10)
     ax.legend(fontsize=7)
     return ax
+
+# %% ../nbs/02_transject.ipynb #c0ffee01
+def token_map(
+    model,                # a TransJect model (or a Learner holding one)
+    sigma:torch.Tensor,   # `(d,)` the Σ of one sequence (`model.begin(...).sigma[b]`)
+    layers:int|None=None, # apply the first `layers` blocks (default: all)
+):                        # a map `(..., d) -> (..., d)` acting on every token separately
+    "The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`, Σ held fixed."
+    m = unwrap(model)
+    def f(t):
+        h = t.reshape(1, -1, t.shape[-1])                                # (1, N, d): the tokens as one sequence
+        ctx = BatchContext(sigma=sigma.reshape(1, -1).to(t.dtype))      # Σ `(1, d)`
+        for blk in m.blocks[:layers]: h = blk(h, None, ctx)             # (1, N, d)
+        return h.reshape(t.shape)
+    return f
+

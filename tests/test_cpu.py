@@ -1,13 +1,13 @@
-"Tests of `transject_nb.fused`: the fused CPU kernel equals the readable layer (`transject.transject_layer`), values and every gradient, in float64."
+"Tests of `transject_nb.cpu`'s fused CPU kernel: it equals the readable layer (`transject.transject_layer`), values and every gradient, in float64."
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from transject_nb.transject import LayerWeights, TransJect, transject_layer, random_sigma, reorthogonalize_
+from transject_nb.transject import LayerWeights, TransJect, transject_layer, random_sigma
 from transject_nb.core import masked_pool, variant_spec
 from transject_nb.models import VARIANTS, create_model
-from transject_nb.fused import (KernelInputs, Plan, fused_layer, kernel_inputs, mix_weights, fold_experts, layer_path, threads, n_threads)
-from transject_nb import fused as FZ
+from transject_nb.cpu import (KernelInputs, Plan, fused_layer, kernel_inputs, mix_weights, fold_experts, layer_path, threads, n_threads,
+                              reorthogonalize_)
 
 torch.set_num_threads(1)
 VARIANTS4 = tuple(v for v in VARIANTS if variant_spec(v).family == 'transject')   # TransJect's variants, from the models table
