@@ -14,8 +14,8 @@ __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'Tra
 
 # %% ../nbs/07a_config.ipynb #a7c0f005
 import torch
-from .core import (PRESET_KINDS, TASKS, check_choice, check_fields, config_fields, load_preset,
-                               preset_section, variant_spec)
+from .core import (
+    PRESET_KINDS, TASKS, check_choice, check_fields, config_fields, load_preset, preset_section, variant_spec)
 from .models import VARIANTS
 
 # %% ../nbs/07a_config.ipynb #a7c0f007

@@ -1,4 +1,4 @@
-"""fastai `Learner`s for every variant: length-bucketed batches, the papers' Adam settings from `settings.ini`, early stopping on validation loss, TransJect's reconstruction loss, resumable checkpoints, export and prediction on raw text, and multi-process training through fastai's distributed support.
+"""The recipe of a run: fastai `Learner`s for every variant on length-bucketed batches, with the papers' Adam settings from `settings.ini`, early stopping on validation loss, TransJect's reconstruction loss, resumable checkpoints, prediction on raw text, and multi-process training through fastai's distributed support.
 
 Docs: https://transject-nb.github.io/transject_nb/learner.html.md"""
 
@@ -42,8 +42,8 @@ from .models import create_model, n_params
 from .batches import BucketDL
 from .config import TrainConfig, resolve_config
 from .config import DataConfig, preset_configs  # noqa: F401 -- imported from here by older code and pages
-from .checkpoint import (HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint, check_resumable,
-                                     load_checkpoint, load_weights, restore_history)
+from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
+from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
 from .fastai_fixes import FixedLearner
 
 # %% ../nbs/07_learner.ipynb #176dd2ad
