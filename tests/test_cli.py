@@ -8,7 +8,8 @@ import torch
 
 import transject_nb
 
-from transject_nb.cli import DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env, summary_table
+from transject_nb.cli import (DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env,
+                              summary_table)
 from transject_nb.experiments import RESULT_COLUMNS, results_table
 from transject_nb.models import VARIANTS
 
@@ -178,9 +179,9 @@ def test_command_line_output_is_clean(tmp_path):
 
 def test_summary_table():
     "compare's table is `experiments.results_table` of its runs, formatted, in the order the variants ran."
-    rows = [dict(task='listops', variant='a', seed=1, test_acc=.5, valid_acc=.4, majority=.2, params=10, epochs=2, train_secs=1.0),
-            dict(task='listops', variant='a', seed=2, test_acc=.7, valid_acc=.6, majority=.2, params=10, epochs=2, train_secs=1.0),
-            dict(task='listops', variant='b', seed=1, test_acc=.3, valid_acc=.3, majority=.2, params=5, epochs=1, train_secs=2.0)]
+    run = lambda v, s, t, va, p, e, secs: dict(task='listops', variant=v, seed=s, test_acc=t, valid_acc=va, majority=.2,
+                                                params=p, epochs=e, train_secs=secs)
+    rows = [run('a', 1, .5, .4, 10, 2, 1.0), run('a', 2, .7, .6, 10, 2, 1.0), run('b', 1, .3, .3, 5, 1, 2.0)]
     t = results_table(pd.DataFrame(rows).reindex(columns=list(RESULT_COLUMNS))).droplevel('task')
     assert list(t.index) == ['a', 'b'] and t.loc['a', 'n'] == 2 and abs(t.loc['a', 'test_acc'] - .6) < 1e-12
     f = summary_table(rows)

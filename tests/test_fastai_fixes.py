@@ -1,9 +1,10 @@
 """The fastai bugs that `transject_nb.fastai_fixes` (and `batches.BucketDL`'s test-set order) work around.
 
-Each test shows the bug on fastai's own code and asserts that it is still there. When one fails, fastai has fixed the
-bug: remove the fix it names from nbs/07c_fastai_fixes.ipynb (and its section), then this test. Each also checks the fix.
+Each test shows the bug on fastai's own code and asserts that it is still there. When one fails, fastai has fixed
+the bug: remove the fix it names from nbs/07c_fastai_fixes.ipynb (and its section), then this test. Each also checks
+the fix.
 """
-import json, subprocess, sys, warnings
+import json, subprocess, sys
 from functools import partial
 from pathlib import Path
 
@@ -38,7 +39,9 @@ from fastai.data.transforms import Category, TensorCategory
 from fastai.text.data import TensorText
 from fastai.torch_core import TitledStr
 from fastcore.foundation import L
-try: show_results(TensorText([[1, 2]]), TensorCategory([0]), L([(TitledStr('a fine film'), Category('pos'))]), L([(Category('neg'),)])); print(json.dumps(dict(err=None)))
+shown = (TensorText([[1, 2]]), TensorCategory([0]), L([(TitledStr('a fine film'), Category('pos'))]),
+         L([(Category('neg'),)]))
+try: show_results(*shown); print(json.dumps(dict(err=None)))
 except TypeError as e: print(json.dumps(dict(err=str(e))))''')
     assert r['err'] and 'not subscriptable' in r['err'], FIXED.format('show_text_results (fastai #4092)')
     from fastai.data.core import show_results
@@ -47,14 +50,16 @@ except TypeError as e: print(json.dumps(dict(err=str(e))))''')
     from fastai.torch_core import TitledStr
     from fastcore.foundation import L
     import transject_nb.fastai_fixes as FF
-    shown = []
-    FF.display_df, old = shown.append, FF.display_df
-    try: rows = show_results(TensorText([[1, 2]]), TensorCategory([0]), L([(TitledStr('a fine film'), Category('pos'))]), L([(Category('neg'),)]))
+    displayed = []
+    FF.display_df, old = displayed.append, FF.display_df
+    shown = (TensorText([[1, 2]]), TensorCategory([0]), L([(TitledStr('a fine film'), Category('pos'))]),
+             L([(Category('neg'),)]))
+    try: rows = show_results(*shown)
     finally: FF.display_df = old
-    assert list(rows[0]) == ['a fine film', 'pos', 'neg'] and len(shown) == 1
+    assert list(rows[0]) == ['a fine film', 'pos', 'neg'] and len(displayed) == 1
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, fastai's .cuda() works and gloo broadcasts the CUDA tensor")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, fastai's .cuda() works and gloo broadcasts it")
 def test_distributed_dl_broadcast_without_cuda():
     r = _plain_fastai('''
 import json
@@ -85,7 +90,7 @@ def test_evaluation_outside_fit_keeps_the_history_fastai_4132(name, tmp_path):
     with plain.no_bar(): getattr(plain, name)()
     lost = [list(v) for v in plain.recorder.values] != rows
     assert lost, FIXED.format(f'FixedLearner.{name} (fastai #4132)')
-    if name == 'validate': assert (tmp_path/'plain'/'history.csv').read_text() != csv   # fastai's CSVLogger truncates it
+    if name == 'validate': assert (tmp_path/'plain'/'history.csv').read_text() != csv   # CSVLogger truncates it
     fixed = _synth(FixedLearner, tmp_path/'fixed', [HistoryCSV()])
     rows, csv = [list(v) for v in fixed.recorder.values], (tmp_path/'fixed'/'history.csv').read_text()
     with fixed.no_bar(): getattr(fixed, name)()
@@ -99,7 +104,7 @@ def test_logger_after_fit(tmp_path):
         learn = cls(synth_dbunch(), RegModel(), loss_func=MSELossFlat(), path=tmp_path/cls.__name__, cbs=CSVLogger())
         learn.fit(1)                                                   # with fastai's ProgressCallback
         loggers[cls.__name__] = learn.logger
-    assert loggers['Learner'] is not print, FIXED.format('FixedLearner.fit (fastai/callback/progress.py, lines 46 and 127)')
+    assert loggers['Learner'] is not print, FIXED.format('FixedLearner.fit (fastai/callback/progress.py: 46, 127)')
     assert loggers['FixedLearner'] is print
 
 
@@ -113,7 +118,7 @@ def test_interpretation_pairs_a_sorted_test_set_wrongly(tmp_path):
             _, preds, targs, _, losses = ClassificationInterpretation.from_learner(learn)[list(range(8))]
         return torch.allclose(torch.nn.functional.nll_loss(preds.log(), targs, reduction='none'), losses, atol=1e-5)
     assert paired()                                                    # BucketDL: a test set keeps its order
-    learn.dls.test_dl = partial(TokenDataLoaders.test_dl, learn.dls, sort=True)   # sorted, as fastai's SortedDL does
-    assert not paired(), ("fastai's Interpretation now pairs a sorted test set's items with their losses: BucketDL.new's "
-                          "sort=False for test sets (nbs/06a_batches.ipynb) is no longer needed for it; update "
-                          "nbs/07c_fastai_fixes.ipynb, then this test")
+    learn.dls.test_dl = partial(TokenDataLoaders.test_dl, learn.dls, sort=True)   # sorted, as a SortedDL's are
+    assert not paired(), ("fastai's Interpretation now pairs a sorted test set's items with their losses: "
+                          "BucketDL.new's sort=False for test sets (nbs/06a_batches.ipynb) is no longer needed for it; "
+                          "update nbs/07c_fastai_fixes.ipynb, then this test")

@@ -341,13 +341,16 @@ def test_one_cycle_schedule(data, tmp_path):
 
 def test_old_exports_find_their_classes():
     "Exports and checkpoints of older versions name these classes in `transject_nb.learner`: they must still be there."
-    import transject_nb.learner as TL, transject_nb.checkpoint as CK, transject_nb.config as CF, transject_nb.batches as B
+    import transject_nb.learner as TL, transject_nb.checkpoint as CK, transject_nb.config as CF
+    import transject_nb.batches as B
     for name, mod in dict(TaskLearner=TL, ModelRecipe=CK, TrainCheckpoint=CK, SaveBestCallback=CK, HistoryCSV=CK,
-                          TrainConfig=CF, DataConfig=CF, BucketDL=B, TokenDataLoaders=TL, AuxLoss=TL, ReconLoss=TL).items():
+                          TrainConfig=CF, DataConfig=CF, BucketDL=B, TokenDataLoaders=TL, AuxLoss=TL,
+                          ReconLoss=TL).items():
         assert getattr(TL, name) is getattr(mod, name), name
 
 
 def test_export_pickles_classes_by_their_module(data, tmp_path):
     learn = _learn(data, tmp_path)
     state = learn.__getstate__()
-    assert type(state['model']).__module__ == 'transject_nb.checkpoint' and type(state['model']).__name__ == 'ModelRecipe'
+    recipe = type(state['model'])
+    assert (recipe.__module__, recipe.__name__) == ('transject_nb.checkpoint', 'ModelRecipe')

@@ -14,8 +14,8 @@ __all__ = ['show_text_results', 'FixedLearner']
 # %% ../nbs/07c_fastai_fixes.ipynb #c7c0f005
 import pandas as pd
 import torch
-import fastai.callback.hook      # adds `Learner.summary`, which `FixedLearner` wraps
-import fastai.text.learner       # registers fastai's `show_results` for `TensorText`: `show_text_results` replaces it
+import fastai.callback.hook      # noqa: F401 -- adds `Learner.summary`, which `FixedLearner` wraps
+import fastai.text.learner       # noqa: F401 -- fastai's `show_results` for `TensorText`, replaced below
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.data.core import show_results
