@@ -281,6 +281,8 @@ def atomic_save(
     return path
 
 # %% ../nbs/00_core.ipynb #c4f1e1d6
+_UMASK = os.umask(0o022); os.umask(_UMASK)   # read once: a written file gets the permissions `open` would give it
+
 def atomic_write(
     path,      # destination; its folder is created
     content,   # `str` (written as UTF-8), `bytes`, or a function `write(f)` writing to a file open in binary mode
@@ -292,6 +294,7 @@ def atomic_write(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'wb') as f: write(f)
+        os.chmod(tmp, 0o666 & ~_UMASK)                   # mkstemp's file is private to its owner
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise
