@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from fastai.torch_core import rank_distrib, num_distrib
 from transject_nb.data import load_task
-from transject_nb.learner import BucketDL, get_learner, train_learner, history, evaluate
+from transject_nb.batches import BucketDL
+from transject_nb.learner import get_learner, train_learner, history, evaluate
 
 B, W = 16, 2            # per-process batch, processes
 

@@ -8,7 +8,9 @@ import torch
 
 import transject_nb
 
-from transject_nb.cli import DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env
+from transject_nb.cli import (DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env,
+                              summary_table)
+from transject_nb.experiments import RESULT_COLUMNS, results_table
 from transject_nb.models import VARIANTS
 
 TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
@@ -23,7 +25,7 @@ def _err(argv, capsys):
 
 def test_values_typed_by_the_fields_annotation():
     "One conversion, `core.convert_field`, from the dataclass that declares each field."
-    from transject_nb.learner import DataConfig, TrainConfig
+    from transject_nb.config import DataConfig, TrainConfig
     assert parse_overrides(['--epochs', '3', '--lr', '1', '--n_train', 'none', '--source', 'data'], ['transject']) == dict(epochs=3, lr=1.0, n_train=None, source='data')
     assert type(parse_overrides(['--lr', '1'], ['transject'])['lr']) is float
     owners = field_configs(['transject'])
@@ -173,3 +175,17 @@ def test_command_line_output_is_clean(tmp_path):
     tiny = [w for w in TINY if w != '--quiet']
     out = _clean_run(['train', '--task', 'listops', '--variant', 'transject', '--out', 'run', '--lr', 'find', *tiny], tmp_path)
     assert 'test_acc' in out and 'epoch 0' in out and not NOISE.search(out), out[-3000:]
+
+
+def test_summary_table():
+    "compare's table is `experiments.results_table` of its runs, formatted, in the order the variants ran."
+    run = lambda v, s, t, va, p, e, secs: dict(task='listops', variant=v, seed=s, test_acc=t, valid_acc=va, majority=.2,
+                                                params=p, epochs=e, train_secs=secs)
+    rows = [run('a', 1, .5, .4, 10, 2, 1.0), run('a', 2, .7, .6, 10, 2, 1.0), run('b', 1, .3, .3, 5, 1, 2.0)]
+    t = results_table(pd.DataFrame(rows).reindex(columns=list(RESULT_COLUMNS))).droplevel('task')
+    assert list(t.index) == ['a', 'b'] and t.loc['a', 'n'] == 2 and abs(t.loc['a', 'test_acc'] - .6) < 1e-12
+    f = summary_table(rows)
+    assert list(f.index) == ['a', 'b'] and f.loc['a', 'seeds'] == 2
+    assert f.loc['a', 'test acc %'] == '60.0 ± 14.1' and f.loc['b', 'test acc %'] == '30.0'
+    assert list(summary_table(rows[::-1]).index) == ['b', 'a'] and f.index.name == 'variant'
+    assert list(f.columns) == ['seeds', 'test acc %', 'valid acc %', 'majority %', 'params', 'epochs', 'train s']

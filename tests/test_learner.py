@@ -17,12 +17,14 @@ from fastai.callback.core import Callback
 from fastai.interpret import ClassificationInterpretation
 from hypothesis import given, strategies as st
 
-import transject_nb.learner as TL
+import transject_nb.fastai_fixes as FF
 from transject_nb.core import PAD_ID, TASKS
 from transject_nb.data import CLASSES, ListOpsTokenizer, TaskData, TokenSplit, load_task, pad_batch, task_datasets
 from transject_nb.core import atomic_save
-from transject_nb.learner import (BucketDL, TaskLearner, TrainCheckpoint, evaluate, get_dls, get_learner, history,
-                                  load_checkpoint, load_trained, load_weights, resolve_config, results_table, train_learner)
+from transject_nb.batches import BucketDL
+from transject_nb.checkpoint import HistoryCSV, TrainCheckpoint, load_checkpoint, load_trained, load_weights
+from transject_nb.config import resolve_config
+from transject_nb.learner import TaskLearner, evaluate, get_dls, get_learner, history, train_learner
 from test_data import tiny_vocab, write_aclimdb, write_agnews, write_imdb_csv
 
 
@@ -213,16 +215,6 @@ def test_load_weights_refuses_pickled_code(data, tmp_path):
         load_weights(_learn(data, tmp_path), tmp_path/'evil.pth')
 
 
-def test_results_table():
-    rows = [dict(variant='a', test_acc=.5, valid_acc=.4, majority=.2, params=10, epochs=2, train_secs=1.0),
-            dict(variant='a', test_acc=.7, valid_acc=.6, majority=.2, params=10, epochs=2, train_secs=1.0),
-            dict(variant='b', test_acc=.3, valid_acc=.3, majority=.2, params=5, epochs=1, train_secs=2.0)]
-    t = results_table(rows)
-    assert list(t.index) == ['a', 'b'] and t.loc['a', 'seeds'] == 2 and abs(t.loc['a', 'test_acc'] - .6) < 1e-12
-    f = results_table(rows, fmt=True)
-    assert f.loc['a', 'test acc %'] == '60.0 ± 14.1' and f.loc['b', 'test acc %'] == '30.0'
-
-
 # --- fastai's tools, on every task ---------------------------------------------------------------------
 
 def _tiny_task(task, tmp_path):
@@ -241,7 +233,7 @@ LONG = dict(listops='[MAX ' + '1 ' * 200 + ']', imdb='the movie was great ' * 50
 def shown(monkeypatch):
     "The tables fastai's text functions display (show_batch, show_results, plot_top_losses), captured."
     out = []
-    for mod in (fastai.text.data, fastai.text.learner, TL): monkeypatch.setattr(mod, 'display_df', out.append)
+    for mod in (fastai.text.data, fastai.text.learner, FF): monkeypatch.setattr(mod, 'display_df', out.append)
     return out
 
 
@@ -313,7 +305,7 @@ def test_fastai_tools_on_every_task(task, tmp_path, shown):
     assert len(inf.dls.train.dataset) == 0 and inf.dls.valid_ds.tls[0].tfms.fs[0].items is None   # the export has no data
 
 
-def _csv_cb(learn): return next(c for c in learn.cbs if isinstance(c, TL.HistoryCSV))
+def _csv_cb(learn): return next(c for c in learn.cbs if isinstance(c, HistoryCSV))
 
 
 def test_summary_runs_no_training_callbacks(data, tmp_path):
@@ -333,7 +325,7 @@ def test_crashed_fit_leaves_no_open_file_and_lr_find_keeps_history(data, tmp_pat
     learn = _learn(data, tmp_path, cbs=_Crash(), epochs=2, patience=5)
     with pytest.raises(RuntimeError, match='simulated crash'): train_learner(learn, progress=False)
     pickle.dumps(_csv_cb(learn))
-    assert learn.logger is print or not isinstance(getattr(learn.logger, '__self__', None), TL.HistoryCSV)
+    assert learn.logger is print or not isinstance(getattr(learn.logger, '__self__', None), HistoryCSV)
     learn.export()                                                         # the crashed learner pickles
     done = _learn(data, tmp_path/'done')
     train_learner(done, progress=False)
@@ -345,3 +337,20 @@ def test_crashed_fit_leaves_no_open_file_and_lr_find_keeps_history(data, tmp_pat
 def test_one_cycle_schedule(data, tmp_path):
     learn = train_learner(_learn(data, tmp_path, sched='1cycle', epochs=2), progress=False)
     assert len(history(learn)) == 2 and max(learn.recorder.lrs) > min(learn.recorder.lrs)
+
+
+def test_old_exports_find_their_classes():
+    "Exports and checkpoints of older versions name these classes in `transject_nb.learner`: they must still be there."
+    import transject_nb.learner as TL, transject_nb.checkpoint as CK, transject_nb.config as CF
+    import transject_nb.batches as B
+    for name, mod in dict(TaskLearner=TL, ModelRecipe=CK, TrainCheckpoint=CK, SaveBestCallback=CK, HistoryCSV=CK,
+                          TrainConfig=CF, DataConfig=CF, BucketDL=B, TokenDataLoaders=TL, AuxLoss=TL,
+                          ReconLoss=TL).items():
+        assert getattr(TL, name) is getattr(mod, name), name
+
+
+def test_export_pickles_classes_by_their_module(data, tmp_path):
+    learn = _learn(data, tmp_path)
+    state = learn.__getstate__()
+    recipe = type(state['model'])
+    assert (recipe.__module__, recipe.__name__) == ('transject_nb.checkpoint', 'ModelRecipe')

@@ -5,7 +5,7 @@ import pytest
 
 from transject_nb.core import (PRESET_KINDS, PRESET_SECTIONS, TASKS, EncoderConfig, convert_field, field_owners, load_preset,
                                preset_section, split_choices, variant_spec)
-from transject_nb.learner import DataConfig, TrainConfig, preset_configs
+from transject_nb.config import DataConfig, TrainConfig, preset_configs
 
 
 @dataclass

@@ -589,7 +589,8 @@ def test_expert_weight_records_for_both_gates():
 def test_gate_is_a_run_override(tmp_path):
     "`get_learner(task, 'transject', gate='input')` and the CLI's `--gate input` reach the model without special code."
     from transject_nb.cli import parse_overrides
-    from transject_nb.learner import get_learner, resolve_config, valid_fields
+    from transject_nb.config import resolve_config, valid_fields
+    from transject_nb.learner import get_learner
     from transject_nb.data import load_task
     assert 'gate' in valid_fields('transject')['model']
     assert parse_overrides(['--gate', 'input'], ['transject']) == {'gate': 'input'}

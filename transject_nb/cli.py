@@ -13,7 +13,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'field_defaults', 'fields_help', 'FieldsHelp', 'run_env',
-           'run_one', 'to_markdown', 'compare', 'make_parser', 'run_command', 'main']
+           'run_one', 'to_markdown', 'summary_table', 'compare', 'make_parser', 'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
 with warnings.catch_warnings():   # importing `fastai.layers` applies `torch.jit.script`, which torch deprecates:
@@ -23,12 +23,13 @@ import numpy as np
 from fastcore.docments import docments
 import pandas as pd
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import (PRESET_KINDS, TASKS, check_choice, convert_field, load_preset, preset_section, settings_files,
-                               split_choices, split_fields, variant_spec)
+from .core import (PRESET_KINDS, TASKS, atomic_write, check_choice, convert_field, load_preset,
+                               preset_section, settings_files, split_choices, split_fields, variant_spec)
 from .data import load_task
-from .learner import (LR_FIND, find_lr, DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, evaluate, get_learner, history,
-                                  plot_curves, preset_configs, resolve_config, results_table, train_learner,
-                                  valid_fields)
+from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, preset_configs,
+                                 resolve_config, valid_fields)
+from .learner import LR_FIND, find_lr, evaluate, get_learner, history, plot_curves, train_learner
+from .experiments import RESULT_COLUMNS, results_table
 from .models import VARIANTS
 import transject_nb
 from .bench import BENCH_HELP, add_bench_args, bench_command, machine_info
@@ -83,7 +84,7 @@ def _group(name:str)->str: return 'train' if name in TRAIN_FIELDS else 'data' if
 def field_defaults(
     variants,            # the variants a run may train
     tasks=None,          # the tasks (default: all of `TASKS`)
-    preset:str='auto',   # one of `learner.PRESETS`
+    preset:str='auto',   # one of `config.PRESETS`
 )->pd.DataFrame:         # a row per field and task: group, type, default, source, variants that have it, description
     "The default of each field a run of `variants` accepts, per task: its preset in settings.ini, else its dataclass's."
     vs, owners, rows = list(variants), field_configs(variants), []
@@ -127,7 +128,7 @@ def fields_help(
     parser:argparse.ArgumentParser,  # a command's parser: `train`'s or `compare`'s
     variants,                        # the variants the run may train
     task:str|None=None,              # the task (None: every task)
-    preset:str|None=None,            # one of `learner.PRESETS` (None: 'auto')
+    preset:str|None=None,            # one of `config.PRESETS` (None: 'auto')
 )->str:                              # the parser's help, then one group per kind of field
     "`parser`'s help, then every `--field value` a run of `variants` accepts, grouped, with type, default and preset."
     vs, preset = list(variants), preset or 'auto'
@@ -211,7 +212,7 @@ def run_one(
     task:str,               # one of `TASKS`
     variant:str,            # one of `VARIANTS`
     path,                   # the run folder
-    preset:str='auto',      # one of `learner.PRESETS`: 'paper', 'cpu', 'repro' or 'auto'
+    preset:str='auto',      # one of `config.PRESETS`: 'paper', 'cpu', 'repro' or 'auto'
     data=None,              # preloaded `TaskData` (else loaded from the data fields)
     resume:bool=False,      # continue the run in `path` if there is one
     export:bool=True,       # also write `export.pkl`
@@ -231,8 +232,9 @@ def run_one(
     if _rank0():
         if export: learn.export('export.pkl')
         h = history(learn)
-        with open(path/'results.json', 'w') as f:
-            json.dump(dict(results=res, config=learn.config, presets=settings_files(), env=run_env(learn.dls.device), history=h.reset_index().to_dict('list')), f, indent=1, default=_json_default)
+        js = dict(results=res, config=learn.config, presets=settings_files(), env=run_env(learn.dls.device),
+                  history=h.reset_index().to_dict('list'))
+        atomic_write(path/'results.json', json.dumps(js, indent=1, default=_json_default))
     return learn, res
 
 # %% ../nbs/08_cli.ipynb #80d5f8b7
@@ -243,6 +245,24 @@ def to_markdown(df:pd.DataFrame)->str:
     w = [max(len(c), *(len(r[j]) for r in rows)) if rows else len(c) for j, c in enumerate(cols)]
     line = lambda r: '| ' + ' | '.join(x.ljust(w[j]) if j == 0 else x.rjust(w[j]) for j, x in enumerate(r)) + ' |'
     return '\n'.join([line(cols), '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':' for j in range(len(cols))) + '|'] + [line(r) for r in rows])
+
+# %% ../nbs/08_cli.ipynb #c8c0f002
+def _pm(m, s, n)->str: return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
+
+def summary_table(
+    results:list,    # dicts from `learner.evaluate`, one per run, all of one task
+)->pd.DataFrame:     # one row per variant, in the order first seen
+    "Mean ± std over seeds of each variant's test and validation accuracy (%), with the majority's share, size, time."
+    runs = pd.DataFrame(results)
+    if runs.empty: raise ValueError("no results to tabulate")
+    t = results_table(runs.reindex(columns=list(RESULT_COLUMNS))).droplevel('task')
+    t = t.loc[list(dict.fromkeys(runs.variant))]
+    out = pd.DataFrame({'seeds': t.n, 'test acc %': [_pm(*r) for r in zip(t.test_acc, t.test_std, t.n)],
+                        'valid acc %': [_pm(*r) for r in zip(t.valid_acc, t.valid_std, t.n)],
+                        'majority %': (100 * runs.groupby('variant', sort=False).majority.first()).round(1),
+                        'params': t.params, 'epochs': t.epochs.round(1), 'train s': t.train_secs.round(1)},
+                       index=t.index)
+    return out.rename_axis('variant')
 
 # %% ../nbs/08_cli.ipynb #80d5f8ba
 def _seeds(seeds)->list:
@@ -256,7 +276,7 @@ def _seeds(seeds)->list:
 def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
     "Write `compare`'s tables, curves and JSON into `out`; return the Markdown table."
     pd.DataFrame(results).to_csv(out/'results.csv', index=False)
-    results_table(results).to_csv(out/'summary.csv')
+    results_table(pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))).to_csv(out/'summary.csv')
     md = to_markdown(summary)
     (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over seeds; "
                                   f"majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
@@ -264,9 +284,9 @@ def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overri
     ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
     ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
     import matplotlib.pyplot as plt; plt.close(ax.figure)
-    with open(out/'results.json', 'w') as f:
-        json.dump(dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides, wall_secs=round(wall, 1), env=run_env(device),
-                       data=data.summary().reset_index().to_dict('list'), results=results), f, indent=1, default=_json_default)
+    js = dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides,
+              wall_secs=round(wall, 1), env=run_env(device), data=data.summary().reset_index().to_dict('list'), results=results)
+    atomic_write(out/'results.json', json.dumps(js, indent=1, default=_json_default))
     return md
 
 # %% ../nbs/08_cli.ipynb #80d5f8bc
@@ -304,7 +324,7 @@ def compare(
             if _rank0() and not quiet:
                 print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, lr {res['lr']:.2g}, {res['epochs']} epochs "
                       f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; run {len(results)} of {len(vs) * len(seeds)} done", flush=True)
-    summary = results_table(results, fmt=True)
+    summary = summary_table(results)
     if _rank0():
         wall = time.perf_counter() - t0
         md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall, learn.dls.device)

@@ -13,10 +13,11 @@ from typing import NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'EncoderClassifier', 'BatchContext', 'Trace',
-           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'unwrap', 'check_choice', 'VariantSpec',
-           'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config', 'atomic_save',
-           'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files', 'field_owners', 'convert_field',
-           'split_fields', 'split_choices', 'load_preset', 'in_notebook', 'interactive_output', 'progress_iter']
+           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'unwrap', 'check_choice', 'check_fields',
+           'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config',
+           'atomic_save', 'atomic_write', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
+           'field_owners', 'convert_field', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
+           'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -188,6 +189,35 @@ def check_choice(
     if value not in valid: raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
     return value
 
+# %% ../nbs/00_core.ipynb #c4f1e1d1
+def check_fields(
+    obj,              # a config: a dataclass instance
+    ints=(),          # fields that must be ints >= 1; or a dict field -> the least int allowed
+    counts=(),        # ints >= 0
+    positive=(),      # finite numbers > 0
+    nonneg=(),        # finite numbers >= 0
+    unit=(),          # finite numbers in [0, 1)
+    open_unit=(),     # finite numbers in (0, 1)
+    choices=None,     # field -> (its valid names, what an error calls them), checked by `check_choice`
+):                    # `obj`, when every field passes
+    "Check a config's fields by kind; a `ValueError` names the first that fails, what it must be and what it got."
+    name, unset = type(obj).__name__, {f.name for f in fields(obj) if f.default is None}
+    lows = (ints if isinstance(ints, dict) else dict.fromkeys(ints, 1)) | dict.fromkeys(counts, 0)
+    for k, lo in lows.items():
+        v = getattr(obj, k)
+        if (v is not None or k not in unset) and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+            raise ValueError(f"{name}.{k} must be {'a positive int' if lo == 1 else f'an int >= {lo}'}, got {v!r}")
+    ranges = ((positive, lambda v: v > 0, 'be > 0'), (nonneg, lambda v: v >= 0, 'be >= 0'),
+              (unit, lambda v: 0 <= v < 1, 'lie in [0, 1)'), (open_unit, lambda v: 0 < v < 1, 'lie in (0, 1)'))
+    for ks, ok, must in ranges:
+        for k in ks:
+            if (v := getattr(obj, k)) is None and k in unset: continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name}.{k} must be a finite number, got {v!r}")
+            if not ok(v): raise ValueError(f"{name}.{k} must {must}, got {v!r}")
+    for k, (valid, what) in (choices or {}).items(): check_choice(getattr(obj, k), valid, what)
+    return obj
+
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
     "A registered variant: what builds it, what its name fixes, its family, its knob and a one-line description."
@@ -267,6 +297,26 @@ def atomic_save(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'wb') as f: torch.save(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
+
+# %% ../nbs/00_core.ipynb #c4f1e1d6
+_UMASK = os.umask(0o022); os.umask(_UMASK)   # read once: a written file gets the permissions `open` would give it
+
+def atomic_write(
+    path,      # destination; its folder is created
+    content,   # `str` (written as UTF-8), `bytes`, or a function `write(f)` writing to a file open in binary mode
+)->Path:       # the path written
+    "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`, as `atomic_save` does."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode() if isinstance(content, str) else content
+    write = content if callable(content) else lambda f: f.write(data)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f: write(f)
+        os.chmod(tmp, 0o666 & ~_UMASK)                   # mkstemp's file is private to its owner
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise

@@ -31,7 +31,7 @@ from fastai.data.transforms import Categorize
 from fastai.text.data import TensorText
 from fastprogress.fastprogress import progress_bar
 from sklearn.model_selection import train_test_split
-from .core import PAD_ID, TASKS, atomic_save, check_choice
+from .core import PAD_ID, TASKS, atomic_save, check_choice, check_fields
 
 # %% ../nbs/06_data.ipynb #f3652bce
 logger = logging.getLogger('transject_nb')
@@ -180,11 +180,8 @@ class ListOpsConfig:
     max_tries:int = 200_000 # give up when this many draws in a row bring no new tree
 
     def __post_init__(self):
-        for k in ('n_train', 'n_valid', 'n_test', 'max_depth', 'max_tries'):
-            v = getattr(self, k)
-            if not isinstance(v, int) or v < 1: raise ValueError(f"ListOpsConfig.{k} must be a positive int, got {v!r}")
-        if not isinstance(self.max_args, int) or self.max_args < 2: raise ValueError(f"ListOpsConfig.max_args must be an int >= 2, got {self.max_args!r}")
-        if not 0 < self.op_p < 1: raise ValueError(f"ListOpsConfig.op_p must lie in (0, 1), got {self.op_p!r}")
+        counts = dict.fromkeys(('n_train', 'n_valid', 'n_test', 'max_depth', 'max_tries'), 1) | {'max_args': 2}
+        check_fields(self, ints=counts, open_unit=('op_p',))   # the least value of each int field
         if not 0 <= self.min_length < self.max_length - 1:
             raise ValueError(f"ListOpsConfig needs 0 <= min_length < max_length - 1 (lengths strictly between them), got ({self.min_length}, {self.max_length})")
         if (top := self.longest()) <= self.min_length:

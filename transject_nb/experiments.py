@@ -29,7 +29,9 @@ from sklearn.linear_model import LogisticRegression
 from .core import PRESET_KINDS, TASKS, preset_section
 from .data import TaskData, TokenSplit, load_task, stratified_take
 from .models import VARIANTS
-from .learner import DataConfig, TaskLearner, get_learner, load_checkpoint, train_learner
+from .config import DataConfig
+from .checkpoint import load_checkpoint
+from .learner import TaskLearner, get_learner, train_learner
 from .bounds import layer_bounds, transject_bounds, worst_ratio
 from .transject import token_map
 from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, activation_bounds, expert_weights, isomap_layers, layer_entropy, layer_measures,

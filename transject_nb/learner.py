@@ -1,4 +1,4 @@
-"""fastai `Learner`s for every variant: length-bucketed batches, the papers' Adam settings from `settings.ini`, early stopping on validation loss, TransJect's reconstruction loss, resumable checkpoints, export and prediction on raw text, and multi-process training through fastai's distributed support.
+"""The recipe of a run: fastai `Learner`s for every variant on length-bucketed batches, with the papers' Adam settings from `settings.ini`, early stopping on validation loss, TransJect's reconstruction loss, resumable checkpoints, prediction on raw text, and multi-process training through fastai's distributed support.
 
 Docs: https://transject-nb.github.io/transject_nb/learner.html.md"""
 
@@ -6,149 +6,45 @@ Docs: https://transject-nb.github.io/transject_nb/learner.html.md"""
 
 # %% ../nbs/07_learner.ipynb #cb8a34ac
 from __future__ import annotations
-import dataclasses, math, os, time, warnings
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields
+import dataclasses
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'CKPT_VERSION', 'LR_FIND', 'BucketDL',
-           'TokenDataLoaders', 'get_dls', 'TrainConfig', 'DataConfig', 'model_fields', 'valid_fields', 'preset_configs',
-           'resolve_config', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'SaveBestCallback', 'TrainCheckpoint',
-           'HistoryCSV', 'load_checkpoint', 'ModelRecipe', 'TaskLearner', 'get_learner', 'EpochLines', 'train_learner',
-           'load_weights', 'history', 'evaluate', 'plot_curves', 'load_trained', 'find_lr', 'results_table']
+__all__ = ['LR_FIND', 'TokenDataLoaders', 'get_dls', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'TaskLearner', 'train_callbacks',
+           'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves', 'find_lr']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-import fastai.callback.hook      # adds `Learner.summary`
-import fastai.callback.schedule  # adds `fit_one_cycle` (the '1cycle' schedule), `lr_find`, `fine_tune`
-import fastai.text.learner   # registers fastai's `show_results` and `plot_top_losses` for `TensorText` inputs
+import fastai.callback.schedule  # noqa: F401 -- adds `fit_one_cycle` (the '1cycle' schedule), `lr_find`, `fine_tune`
+import fastai.text.learner       # noqa: F401 -- registers fastai's `plot_top_losses` for `TensorText` inputs
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.callback.fp16 import MixedPrecision
-from fastai.callback.progress import CSVLogger
-from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback, TrackerCallback
+from fastai.callback.tracker import EarlyStoppingCallback
 from fastai.callback.training import GradientClip
-from fastai.data.core import DataLoaders, Datasets, show_results
-from fastai.data.transforms import Categorize, TensorCategory
-from fastai.distributed import DistributedDL
-from fastai.learner import Learner, Metric, load_learner
+from fastai.data.core import DataLoaders
+from fastai.learner import Learner, Metric
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import accuracy
 from fastai.optimizer import Adam
-from fastai.text.data import SortedDL, TensorText
-from fastai.torch_core import default_device, display_df, get_empty_df, num_distrib, rank_distrib, set_seed
+from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import PAD_ID, PRESET_KINDS, TASKS, EncoderClassifier, atomic_save, check_choice, config_fields, interactive_output, load_preset, preset_section, unwrap, variant_spec
-from .data import ItemLabel, TaskData, TokenIds, encode_text, load_task, pad_batch, task_datasets
-from .models import VARIANTS, create_model, n_params
-
-# %% ../nbs/07_learner.ipynb #755b9cc3
-def _task_view(dsets):
-    "`(TokenIds, global indices)` when the batches of `dsets` can be gathered in one step: a `Datasets` of task examples with `task_datasets`' transforms."
-    if not isinstance(dsets, Datasets) or not len(dsets) or len(dsets.tls) > 2: return None
-    x = list(dsets.tls[0].tfms.fs)
-    if len(x) != 1 or not isinstance(x[0], TokenIds) or x[0].items is None: return None
-    if len(dsets.tls) == 2:
-        y = list(dsets.tls[1].tfms.fs)
-        if ([type(f) for f in y] != [ItemLabel, Categorize] or y[0].items is not x[0].items
-            or list(y[1].vocab) != list(y[0].classes)): return None       # the label ids must be the category ids
-    items = list(dsets.items)
-    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items): return None
-    return x[0], np.asarray(items, dtype=np.int64)
-
-class BucketDL(SortedDL):
-    "fastai's `SortedDL` over a task's `Datasets`, with a seeded, resumable bucketed order; batches right-padded with `PAD_ID`."
-    def __init__(self,
-        dataset:Datasets,       # a split of `task_datasets(data)`, or a test set from `dls.test_dl`
-        bs:int=32,              # batch size
-        shuffle:bool=False,     # random bucketed order (training), else the order below
-        sort:bool=True,         # without shuffle: sorted by length, longest first (less padding); False keeps the data set's order
-        seed:int=42,            # the order of epoch e depends on (seed, e) only
-        bucket:int=50,          # batches per chunk that is sorted by length before batching
-        max_len:int|None=None,  # cut longer sequences (the data are normally cut already)
-        pad_multiple:int=1,     # pad each batch to a multiple of this (capped at max_len)
-        res=None,               # length of every item, for sorting (default: from the data, or by loading every item)
-        num_workers:int=0,      # worker processes (batches are cheap: none by default)
-        **kwargs,               # passed to fastai's `TfmdDL` (device, after_batch, ...)
-    ):
-        if not isinstance(dataset, Datasets):
-            raise TypeError(f"BucketDL needs a fastai Datasets (a split of data.task_datasets(...), or dls.test_dl's test set), got {type(dataset).__name__}")
-        for k, v in dict(bs=bs, bucket=bucket, pad_multiple=pad_multiple).items():
-            if not isinstance(v, int) or v < 1: raise ValueError(f"BucketDL: {k} must be a positive int, got {v!r}")
-        self.seed, self.bucket, self.max_len, self.pad_multiple, self.sort, self.epoch = seed, bucket, max_len, pad_multiple, sort, 0
-        view = _task_view(dataset)
-        self.tfm, self.gidx = view if view else (None, None)   # the fast path: `TokenIds` of the task, and the global index of every item
-        if res is None and view: res = self.tfm.items.lengths[self.gidx]
-        super().__init__(dataset, res=res, bs=bs, shuffle=shuffle, num_workers=num_workers, **kwargs)
-
-    def set_epoch(self, epoch:int):
-        "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
-        self.epoch = int(epoch)
-
-    def get_idxs(self):
-        lens, bs = np.asarray(self.res), self.bs
-        n = len(lens)
-        if not self.shuffle: return np.argsort(-lens, kind='stable').tolist() if self.sort else list(range(n))
-        rng = np.random.default_rng([self.seed, self.epoch])
-        self.epoch += 1
-        perm, chunk = rng.permutation(n), bs * self.bucket
-        batches = []
-        for s in range(0, n, chunk):
-            c = perm[s:s + chunk]
-            c = c[np.argsort(-lens[c], kind='stable')]
-            batches += [c[i:i + bs] for i in range(0, len(c), bs)]
-        full, part = [b for b in batches if len(b) == bs], [b for b in batches if len(b) < bs]  # at most one partial: it goes last
-        order = rng.permutation(len(full))
-        return np.concatenate([full[i] for i in order] + part).tolist() if n else []
-
-    @property
-    def cut(self)->int|None:
-        "The longest sequence a batch holds: the smaller of `max_len` and `TokenIds.max_len`."
-        cuts = [c for c in (self.max_len, getattr(self.tfm, 'max_len', None)) if c]
-        return min(cuts) if cuts else None
-
-    def create_item(self, s):
-        "A task example's global index (its batch is gathered in one step), else fastai's item through the `Datasets`' transforms."
-        if self.tfm is not None: return int(self.gidx[s or 0])
-        try: return super().create_item(s)
-        except ValueError as e: raise ValueError(f"item {s or 0} of the data set ({self.dataset.items[s or 0]!r:.80}): {e}") from None
-
-    def create_batch(self, b):
-        "`(TensorText (B, n), TensorCategory (B,))`, or `(TensorText,)` for a test set without labels."
-        cut = self.cut
-        if self.tfm is not None:
-            x, y = self.tfm.items.batch(b, max_len=cut)                              # (B, n), (B,)
-            rest = [y] if len(self.dataset.tls) == 2 else []
-        else:
-            x = pad_batch([s[0][:cut] if cut else s[0] for s in b])                  # (B, n)
-            rest = [torch.stack([torch.as_tensor(s[i]) for s in b]) for i in range(1, len(b[0]))]
-        if self.pad_multiple > 1:
-            n = min(-(-x.shape[1] // self.pad_multiple) * self.pad_multiple, cut or math.inf)
-            x = nn.functional.pad(x, (0, int(n) - x.shape[1]), value=PAD_ID)
-        return (TensorText(x), *[TensorCategory(r) for r in rest])
-
-    def retain(self, res, b): return res   # `create_batch` gives the fastai types already
-
-    def new(self, dataset=None, cls=None, **kwargs):
-        "A copy with other settings, keeping the bucketing parameters; with another data set (as `test_dl` makes), in that data set's order unless `sort=True`."
-        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple,
-                  sort=self.sort if dataset is None else False) | kwargs   # fastai's Interpretation reads a test set's predictions in its order
-        res = super().new(dataset=dataset, cls=cls, **kw)
-        res.epoch = self.epoch
-        return res
-
-    @property
-    def targets(self)->torch.Tensor:
-        "`(N,)` class ids of the loader's examples, in dataset order."
-        if self.tfm is None: raise TypeError("targets are known for a loader of task examples only (a split of task_datasets)")
-        return self.tfm.items.labels[torch.as_tensor(self.gidx)]
+from .core import EncoderClassifier, interactive_output, unwrap, variant_spec
+from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
+from .models import create_model, n_params
+from .batches import BucketDL
+from .config import TrainConfig, resolve_config
+from .config import DataConfig, preset_configs  # noqa: F401 -- imported from here by older code and pages
+from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
+from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
+from .fastai_fixes import FixedLearner
 
 # %% ../nbs/07_learner.ipynb #176dd2ad
 class TokenDataLoaders(DataLoaders):
@@ -158,6 +54,7 @@ class TokenDataLoaders(DataLoaders):
         "The test loader (index 2), for the final evaluation only."
         return self.loaders[2]
 
+# %% ../nbs/07_learner.ipynb #d7c0f00b
 def get_dls(
     data:TaskData,           # the task's numericalised splits
     bs:int=32,               # training batch size (evaluation uses twice that)
@@ -171,126 +68,9 @@ def get_dls(
     max_len = max_len or data.max_len
     dsets = task_datasets(data, max_len)
     pm = 8 if device.type == 'cuda' else 1
-    mk = lambda i, shuffle, b: BucketDL(dsets.subset(i), bs=b, shuffle=shuffle, seed=seed, bucket=bucket, max_len=max_len, pad_multiple=pm, device=device)
+    def mk(i, shuffle, b): return BucketDL(dsets.subset(i), bs=b, shuffle=shuffle, seed=seed, bucket=bucket,
+                                           max_len=max_len, pad_multiple=pm, device=device)
     return TokenDataLoaders(mk(0, True, bs), mk(1, False, 2 * bs), mk(2, False, 2 * bs), device=device)
-
-# %% ../nbs/07_learner.ipynb #72b9b133
-SCHEDS = ('constant', '1cycle')
-AMP_MODES = ('auto', 'bf16', 'fp16', 'off')
-
-def _check_fields(obj, ints=(), pos=(), nonneg=(), unit=()):
-    name = type(obj).__name__
-    for k in ints:
-        v = getattr(obj, k)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1): raise ValueError(f"{name}.{k} must be a positive int, got {v!r}")
-    for k in pos + nonneg + unit:
-        v = getattr(obj, k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v): raise ValueError(f"{name}.{k} must be a finite number, got {v!r}")
-    for k in pos:
-        if getattr(obj, k) <= 0: raise ValueError(f"{name}.{k} must be > 0, got {getattr(obj, k)!r}")
-    for k in nonneg:
-        if getattr(obj, k) < 0: raise ValueError(f"{name}.{k} must be >= 0, got {getattr(obj, k)!r}")
-    for k in unit:
-        if not 0 <= getattr(obj, k) < 1: raise ValueError(f"{name}.{k} must lie in [0, 1), got {getattr(obj, k)!r}")
-
-@dataclass
-class TrainConfig:
-    "How to train: the paper's Adam and schedule (`settings.ini` [DEFAULT]), batch size, stopping, clipping, seed."
-    lr:float = 5e-4            # Adam learning rate (constant; the peak for '1cycle')
-    beta1:float = 0.9          # Adam β1 (fastai: `mom`)
-    beta2:float = 0.98         # Adam β2 (fastai: `sqr_mom`)
-    eps:float = 1e-9           # Adam ε
-    weight_decay:float = 0.0   # weight decay (decoupled, as fastai's Adam does); the paper uses none
-    bs:int = 32                # training batch size (per process when distributed)
-    epochs:int = 30            # most epochs to train
-    patience:int = 4           # early stopping: epochs without a better validation loss
-    grad_clip:float = 1.0      # clip the gradient norm to this; 0 turns clipping off
-    recon_weight:float = 1.0   # weight of the model's `aux_loss` (TransJect's Σ reconstruction) in the training loss
-    seed:int = 42              # seed of the weights and the batch order
-    sched:str = 'constant'     # 'constant' (the paper's) or '1cycle'
-    amp:str = 'auto'           # mixed precision: 'auto' (bf16, else fp16, on CUDA; off on CPU), 'bf16', 'fp16' or 'off'
-    bucket:int = 50            # batches per length-sorted chunk of `BucketDL`
-
-    def __post_init__(self):
-        _check_fields(self, ints=('bs', 'epochs', 'patience', 'bucket'), pos=('lr', 'eps'), nonneg=('weight_decay', 'grad_clip', 'recon_weight'), unit=('beta1', 'beta2'))
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0: raise ValueError(f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
-        check_choice(self.sched, SCHEDS, 'schedule')
-        check_choice(self.amp, AMP_MODES, 'amp mode')
-
-# %% ../nbs/07_learner.ipynb #91b17cba
-@dataclass
-class DataConfig:
-    "Which data: sizes, validation share, data seed, a local source, and the ListOps generator's tree shape (see `data.load_task`)."
-    n_train:int|None = None    # training examples (None: all; the ListOps generator: 96,000)
-    n_valid:int|None = None    # validation examples (None: all / 2,000 generated)
-    n_test:int|None = None     # test examples (None: all / 2,000 generated)
-    valid_pct:float = 0.1      # share of train carved out for validation (not ListOps, which has its own)
-    data_seed:int = 42         # seed of the data (carving, subsets, the ListOps generator); fixed across training seeds
-    source:str|None = None     # local data folder (None: generate ListOps, download the others)
-    min_length:int|None = None # ListOps generator: keep trees longer than this ...
-    max_length:int|None = None # ... and shorter than this
-    max_depth:int|None = None  # ListOps generator: deepest level
-    max_args:int|None = None   # ListOps generator: most arguments per operator
-
-    def __post_init__(self):
-        _check_fields(self, ints=('n_train', 'n_valid', 'n_test', 'max_depth', 'max_args'))
-        for k in ('min_length', 'max_length'):
-            v = getattr(self, k)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0): raise ValueError(f"DataConfig.{k} must be an int >= 0, got {v!r}")
-        if isinstance(self.valid_pct, bool) or not isinstance(self.valid_pct, (int, float)) or not 0 < self.valid_pct < 1:
-            raise ValueError(f"DataConfig.valid_pct must lie in (0, 1), got {self.valid_pct!r}")
-        if not isinstance(self.data_seed, int) or isinstance(self.data_seed, bool) or self.data_seed < 0: raise ValueError(f"DataConfig.data_seed must be an int >= 0, got {self.data_seed!r}")
-
-    def load_kwargs(self)->dict:
-        "Keyword arguments for `load_task` (the ListOps generator's only when set)."
-        kw = dict(source=self.source, n_train=self.n_train, n_valid=self.n_valid, n_test=self.n_test, valid_pct=self.valid_pct, seed=self.data_seed)
-        return kw | {k: getattr(self, k) for k in ('min_length', 'max_length', 'max_depth', 'max_args') if getattr(self, k) is not None}
-
-# %% ../nbs/07_learner.ipynb #0f6b55b3
-PRESETS = ('auto',) + PRESET_KINDS   # 'auto': the paper's preset with CUDA, the CPU one without
-
-def model_fields(variant:str)->list:
-    "Config fields of `variant` that a run may set (its name's fixed fields and `vocab_sz`, `n_classes` excluded)."
-    spec = variant_spec(variant)
-    return [k for k in config_fields(spec.config_cls) if k not in ('vocab_sz', 'n_classes') and k not in spec.fixed]
-
-TRAIN_FIELDS, DATA_FIELDS = tuple(f.name for f in fields(TrainConfig)), tuple(f.name for f in fields(DataConfig))
-
-def valid_fields(variant:str)->dict:
-    "The names `get_learner` accepts for `variant`, by group."
-    return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
-
-def preset_configs()->tuple:
-    "The dataclasses a preset's values feed, for `core.load_preset`: `TrainConfig`, `DataConfig` and every variant's config, in that order (a name in several is typed by the first)."
-    return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
-
-def _preset_kind(preset:str)->str:
-    check_choice(preset, PRESETS, 'preset')
-    return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
-
-# %% ../nbs/07_learner.ipynb #e86a8961
-def resolve_config(
-    task:str,           # one of `TASKS`
-    variant:str,        # one of `VARIANTS`
-    preset:str='auto',  # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU preset unless CUDA is available)
-    **overrides,        # any model, training or data field
-)->dict:                # {'model': dict, 'train': TrainConfig, 'data': DataConfig, 'preset': section name}
-    "The settings of a run: the task's preset from `settings.ini`, then `overrides`; unknown names raise an error listing the valid ones."
-    check_choice(task, TASKS, 'task')
-    check_choice(variant, VARIANTS, 'variant')
-    kind = _preset_kind(preset)
-    spec, vf = variant_spec(variant), valid_fields(variant)
-    allowed = set(vf['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS) | set(spec.fixed)
-    if bad := sorted(k for k in overrides if k not in allowed):
-        raise TypeError(f"unknown field(s) {bad} for variant {variant!r}; valid fields are: model: {', '.join(vf['model'])}; "
-                        f"training: {', '.join(TRAIN_FIELDS)}; data: {', '.join(DATA_FIELDS)}")
-    if clash := {k: v for k, v in overrides.items() if k in spec.fixed and v != spec.fixed[k]}:
-        raise ValueError(f"variant {variant!r} fixes {spec.fixed}; got contradicting {clash}")
-    vals = load_preset(task, kind, configs=preset_configs()) | {k: v for k, v in overrides.items() if k not in spec.fixed}
-    model = {k: vals[k] for k in vf['model'] if k in vals}
-    train = TrainConfig(**{k: vals[k] for k in TRAIN_FIELDS if k in vals})
-    data = DataConfig(**{k: vals[k] for k in DATA_FIELDS if k in vals})
-    return dict(model=model, train=train, data=data, preset=preset_section(task, kind), n_classes=vals.get('n_classes'))
 
 # %% ../nbs/07_learner.ipynb #d1830db8
 class AuxLoss(Callback):
@@ -301,6 +81,7 @@ class AuxLoss(Callback):
         if not self.training or not self.weight or not len(self.yb): return
         self.learn.loss_grad = self.learn.loss_grad + self.weight * unwrap(self.model).aux_loss.float()
 
+# %% ../nbs/07_learner.ipynb #d7c0f00c
 class ReconLoss(Metric):
     "The model's `aux_loss` averaged over a validation pass."
     def reset(self): self.total, self.count = 0., 0
@@ -313,8 +94,9 @@ class ReconLoss(Metric):
     @property
     def name(self): return 'recon_loss'
 
+# %% ../nbs/07_learner.ipynb #d7c0f00d
 def has_aux_loss(model:nn.Module)->bool:
-    "Whether `model` produces a trainable `aux_loss` (checked with one tiny forward pass that leaves the RNG untouched)."
+    "Whether `model` makes a trainable `aux_loss`, found by one tiny forward pass that leaves the RNG untouched."
     was = model.training
     dev = next(model.parameters()).device
     with torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []):
@@ -322,160 +104,11 @@ def has_aux_loss(model:nn.Module)->bool:
     model.train(was)
     return bool(model.aux_loss.requires_grad)
 
-# %% ../nbs/07_learner.ipynb #8d465a8c
-class SaveBestCallback(SaveModelCallback):
-    "fastai's `SaveModelCallback` (best validation loss), saved atomically, never during a resumed run's replay, and loaded back `weights_only`."
-    def __init__(self, monitor='valid_loss', fname='best'):
-        super().__init__(monitor=monitor, fname=fname, with_opt=False)
-    @property
-    def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
-    def _save(self, name):
-        if rank_distrib(): return
-        self.last_saved_path = atomic_save(unwrap(self.model).state_dict(), self.path/self.model_dir/f'{name}.pth')
-    def after_epoch(self):
-        TrackerCallback.after_epoch(self)
-        if self.new_best and not getattr(self.learn, 'replaying', False): self._save(self.fname)
-    def after_fit(self, **kwargs):
-        if self.file.exists(): self.learn.load(self.fname, with_opt=False, weights_only=True)
-
-# %% ../nbs/07_learner.ipynb #20792c6b
-CKPT_VERSION = 1
-
-def _floats(xs)->list: return [float(x) for x in xs]
-
-class TrainCheckpoint(Callback):
-    "Atomically save weights, optimiser, epoch, history and RNG state after every epoch; on resume, restore them and replay the finished epochs."
-    order = 65   # after Recorder (50), progress/CSV (60), SaveBest (61), EarlyStopping (63); before fastai's SkipToEpoch (70)
-    _only_train_loop = True   # fastai's mark for callbacks that belong to `fit` alone: `learn.summary()` leaves them out
-    def __init__(self, fname:str='checkpoint', config:dict|None=None):
-        self.fname, self.config, self.state, self.times = fname, config or {}, None, []
-    @property
-    def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
-
-    def _opt_state(self)->dict:
-        sd = self.opt.state_dict()
-        return dict(state=[dict(s) for s in sd['state']], hypers=[{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in h.items()} for h in sd['hypers']])
-
-    def _record(self, done:bool, epoch:int)->dict:
-        rec = self.recorder
-        return dict(version=CKPT_VERSION, epoch=epoch, done=done, early_stopped=done and epoch + 1 < self.n_epoch,
-                    model=unwrap(self.model).state_dict(), opt=self._opt_state(),
-                    metric_names=list(rec.metric_names), values=[_floats(v) for v in rec.values], times=_floats(self.times),
-                    iters=[int(i) for i in rec.iters], losses=_floats(rec.losses), lrs=_floats(rec.lrs),
-                    smooth=dict(val=float(rec.smooth_loss.val), count=int(rec.smooth_loss.count)),
-                    torch_rng=torch.get_rng_state(), config=self.config)
-
-    def before_fit(self):
-        self.learn.replaying, self.start, self.times = False, 0, []
-        self.active = not hasattr(self.learn, 'lr_finder')        # fastai's lr_find also calls fit: no checkpoints then
-        st = self.state
-        if st is None or not self.active: return
-        self.start = st['epoch'] + 1
-        unwrap(self.model).load_state_dict(st['model'])
-        self.opt.load_state_dict(dict(state=st['opt']['state'], hypers=L(st['opt']['hypers'])))
-        rec = self.recorder
-        rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
-        rec.smooth_loss.val, rec.smooth_loss.count = torch.tensor(st['smooth']['val']), st['smooth']['count']
-        torch.set_rng_state(st['torch_rng'])
-
-    def before_epoch(self):
-        self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
-        dl = self.dls.train
-        dl = getattr(dl, 'dl', dl)                     # inside `DistributedDL` when distributed
-        if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch)
-
-    def after_cancel_epoch(self):
-        "A skipped epoch of a resumed run: hand its stored row to the Recorder, which logs it and feeds the trackers."
-        if not self.learn.replaying: return
-        self.recorder.log = L(self.epoch) + self.state['values'][self.epoch]
-        self.recorder.start_epoch = time.time() - self.state['times'][self.epoch]
-
-    def after_train(self): self.trained = True
-
-    def after_validate(self):
-        "An epoch's time, taken here because early stopping may end the fit before `after_epoch` reaches this callback."
-        if getattr(self, 'active', False) and self.training is False and not self.learn.replaying and hasattr(self, 't0'):
-            self.times.append(time.time() - self.t0); del self.t0
-
-    def after_epoch(self):
-        if not self.active: return
-        if self.learn.replaying:
-            self.recorder.iters[-1] = self.state['iters'][self.epoch]
-            self.times.append(self.state['times'][self.epoch])
-            return
-        if getattr(self, 'trained', False) and not rank_distrib(): atomic_save(self._record(False, self.epoch), self.file)   # not for an epoch without training
-
-    def after_fit(self):
-        self.learn.replaying = False
-        if not self.active: return
-        self.learn.epoch_times = list(self.times)
-        n_done = len(self.recorder.values)
-        if n_done and not rank_distrib(): atomic_save(self._record(True, n_done - 1), self.file)
-        self.state, self.active = None, False
-
-# %% ../nbs/07_learner.ipynb #f0caaa8a
-class HistoryCSV(CSVLogger):
-    "fastai's `CSVLogger` (every epoch's row to `history.csv`) that opens the file only to write a row, so that no open file lives in the Learner."
-    _only_train_loop = True   # `learn.summary()` must not rewrite the history
-    def before_fit(self):
-        if hasattr(self, 'gather_preds') or hasattr(self.learn, 'lr_finder'): return   # `lr_find` does not replace the run's history
-        self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path/self.fname).open('a' if self.append else 'w') as f: f.write(','.join(self.recorder.metric_names) + '\n')
-        self.old_logger, self.learn.logger = self.logger, self._write_line
-
-    def _write_line(self, log):
-        with (self.path/self.fname).open('a') as f:
-            f.write(','.join([str(t) for t in log]) + '\n')
-            f.flush(); os.fsync(f.fileno())
-        self.old_logger(log)
-
-    def after_fit(self):
-        if 'old_logger' in self.__dict__: self.learn.logger = self.__dict__.pop('old_logger')
-
-def load_checkpoint(
-    file,          # a checkpoint written by `TrainCheckpoint`
-)->dict:           # its content
-    "Read a training checkpoint with `torch.load(weights_only=True)`, with a clear error for a damaged or foreign file."
-    file = Path(file)
-    if not file.is_file(): raise FileNotFoundError(f"no checkpoint at {file}")
-    try: st = torch.load(file, map_location='cpu', weights_only=True)
-    except Exception as e: raise ValueError(f"checkpoint {file} is damaged or not a transject_nb checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(st, dict) or st.get('version') != CKPT_VERSION: raise ValueError(f"{file} is not a transject_nb training checkpoint (version {CKPT_VERSION})")
-    return st
-
-# %% ../nbs/07_learner.ipynb #ed1e19c4
-@dataclass
-class ModelRecipe:
-    "What rebuilds an encoder: its class, its config and its weights (picklable even when the model is not)."
-    cls:type        # an `EncoderClassifier` subclass, built as `cls(cfg)`
-    cfg:object      # its config dataclass
-    state:dict      # its `state_dict()`
-    training:bool = False
-    @classmethod
-    def of(cls, model:EncoderClassifier)->'ModelRecipe': return cls(type(model), model.cfg, model.state_dict(), model.training)
-    def build(self)->EncoderClassifier:
-        "The model, with its weights, on the device of the stored weights."
-        dev = next(iter(self.state.values())).device if self.state else torch.device('cpu')
-        m = self.cls(self.cfg).to(dev)
-        m.load_state_dict(self.state)
-        return m.train(self.training)
-
 # %% ../nbs/07_learner.ipynb #d9678ad9
-class TaskLearner(Learner):
-    "A fastai `Learner` that knows its task: it carries the tokenizer, class names and config, so that `predict` takes raw text."
-    @contextmanager
-    def evaluation_only(self):
-        "Run validation outside `fit` without the training-only callbacks and without touching the training history."
-        rec = self.recorder
-        keep = {k: getattr(rec, k, None) for k in ('lrs', 'iters', 'losses', 'values', 'metric_names')}
-        try:
-            with self.removed_cbs([c for c in self.cbs if getattr(c, '_only_train_loop', False)]): yield self
-        finally:
-            for k, v in keep.items():
-                if v is not None: setattr(rec, k, v)
-
+class TaskLearner(FixedLearner):
+    "A fastai `Learner` that knows its task: it carries tokenizer, class names and config, so `predict` takes raw text."
     def __getstate__(self):
-        "Pickle (`learn.export`) with the model as class + config + state dict: TransJect's parametrized modules cannot be pickled."
+        "Pickle (`learn.export`) with the model as a `ModelRecipe`: TransJect's parametrized modules cannot be pickled."
         d = super().__getstate__()
         if isinstance(d.get('model'), EncoderClassifier): d['model'] = ModelRecipe.of(d['model'])
         return d
@@ -484,61 +117,50 @@ class TaskLearner(Learner):
         if isinstance(d.get('model'), ModelRecipe): d['model'] = d['model'].build()
         super().__setstate__(d)
 
-    def fit(self, *args, **kwargs):
-        "fastai's `fit`; afterwards the logger is the one before (fastai's progress and CSV loggers restore theirs in the wrong order)."
-        logger = self.logger
-        try: return super().fit(*args, **kwargs)
-        finally: self.logger = logger
+# %% ../nbs/07_learner.ipynb #d7c0f010
+@patch
+def encode(self:TaskLearner,
+    texts,          # a raw text (for ListOps an expression, compact or LRA form), a list of them, or token ids
+)->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
+    "Token ids of raw texts, with this learner's tokenizer."
+    one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
+    if isinstance(texts, (str, torch.Tensor)) or one_ids: texts = [texts]
+    if not len(texts): raise ValueError("predict needs at least one text")
+    seqs = []
+    for t in texts:
+        if isinstance(t, str): ids = encode_text(self.tokenizer, t, self.max_len)
+        else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:self.max_len]
+        if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
+        seqs.append(ids)
+    return pad_batch(seqs)
 
-    def validate(self, ds_idx=1, dl=None, cbs=None):
-        "fastai's `validate` (returns `[loss, *metrics]`), leaving the training history, checkpoint and `history.csv` alone."
-        with self.evaluation_only(): return super().validate(ds_idx=ds_idx, dl=dl, cbs=cbs)
+@patch
+def predict_proba(self:TaskLearner,
+    texts,          # raw texts, or token ids (see `encode`)
+    bs:int=64,      # batch size
+)->torch.Tensor:    # `(B, n_classes)` class probabilities
+    "Class probabilities of raw texts, in evaluation mode."
+    model = unwrap(self.model)
+    x, dev, out = self.encode(texts), next(model.parameters()).device, []
+    was = model.training; model.eval()
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(x), bs): out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
+    finally: model.train(was)
+    return torch.cat(out)
 
-    def get_preds(self, *args, **kwargs):
-        "fastai's `get_preds`, leaving the training history, checkpoint and `history.csv` alone."
-        with self.evaluation_only(): return super().get_preds(*args, **kwargs)
-
-    def summary(self):
-        "fastai's `summary` (layers, output shapes, parameters, callbacks), leaving the training history alone."
-        with self.evaluation_only(): return super().summary()
-
-    def encode(self,
-        texts,          # a raw text (for ListOps an expression, compact or LRA form), a list of them, or token ids
-    )->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
-        "Token ids of raw texts, with this learner's tokenizer."
-        if isinstance(texts, (str, torch.Tensor)) or (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)): texts = [texts]
-        if not len(texts): raise ValueError("predict needs at least one text")
-        seqs = []
-        for t in texts:
-            ids = encode_text(self.tokenizer, t, self.max_len) if isinstance(t, str) else torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:self.max_len]
-            if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
-            seqs.append(ids)
-        return pad_batch(seqs)
-
-    def predict_proba(self,
-        texts,          # raw texts, or token ids (see `encode`)
-        bs:int=64,      # batch size
-    )->torch.Tensor:    # `(B, n_classes)` class probabilities
-        "Class probabilities of raw texts, in evaluation mode."
-        model = unwrap(self.model)
-        x, dev, out = self.encode(texts), next(model.parameters()).device, []
-        was = model.training; model.eval()
-        try:
-            with torch.inference_mode():
-                for i in range(0, len(x), bs): out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
-        finally: model.train(was)
-        return torch.cat(out)
-
-    def predict(self,
-        item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
-        rm_type_tfms=None,   # unused; fastai's signature
-        with_input=False,    # also return the token ids
-    ):                       # `(class name, class id, probabilities)` as fastai's `predict`, with the ids first if `with_input`
-        "The class of one raw text: `(class name, class id, probabilities)`."
-        p = self.predict_proba([item])[0]
-        i = int(p.argmax())
-        res = (self.classes[i], torch.tensor(i), p)
-        return (self.encode(item)[0],) + res if with_input else res
+# %% ../nbs/07_learner.ipynb #d7c0f011
+@patch
+def predict(self:TaskLearner,
+    item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
+    rm_type_tfms=None,   # unused; fastai's signature
+    with_input=False,    # also return the token ids
+):                       # `(class name, class id, probabilities)` as fastai's `predict`; the ids first if `with_input`
+    "The class of one raw text: `(class name, class id, probabilities)`."
+    p = self.predict_proba([item])[0]
+    i = int(p.argmax())
+    res = (self.classes[i], torch.tensor(i), p)
+    return (self.encode(item)[0],) + res if with_input else res
 
 # %% ../nbs/07_learner.ipynb #23d3c359
 def _amp_cb(amp:str, device:torch.device):
@@ -546,93 +168,102 @@ def _amp_cb(amp:str, device:torch.device):
     if amp == 'auto': amp = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
     return MixedPrecision(amp_mode=amp)
 
+# %% ../nbs/07_learner.ipynb #d7c0f014
+def train_callbacks(
+    tcfg:TrainConfig,      # the run's training settings
+    config:dict,           # the run's config, which its checkpoints carry
+    aux:bool,              # whether the model has a trainable `aux_loss` (`has_aux_loss`)
+    device:torch.device,   # where it trains
+)->list:                   # best model, early stopping, checkpoint, then aux loss, clipping, mixed precision, history
+    "The callbacks of a run: `SaveBestCallback`, early stopping, `TrainCheckpoint`, and those its settings ask for."
+    cb = [SaveBestCallback(), EarlyStoppingCallback(monitor='valid_loss', patience=tcfg.patience),
+          TrainCheckpoint(config=config)]
+    if aux and tcfg.recon_weight: cb.append(AuxLoss(tcfg.recon_weight))
+    if tcfg.grad_clip: cb.append(GradientClip(tcfg.grad_clip))
+    if (amp := _amp_cb(tcfg.amp, device)) is not None: cb.append(amp)
+    if not rank_distrib(): cb.append(HistoryCSV('history.csv'))
+    return cb
+
+# %% ../nbs/07_learner.ipynb #d7c0f01a
+def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->TaskData:
+    if data is None:
+        data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
+    if not isinstance(data, TaskData):
+        raise TypeError(f"data must be a TaskData from load_task, got {type(data).__name__}")
+    if data.task != task: raise ValueError(f"data are for task {data.task!r}, not {task!r}")
+    if rc['n_classes'] is not None and rc['n_classes'] != data.n_classes:
+        raise ValueError(f"preset {rc['preset']} says n_classes={rc['n_classes']} but the data have {data.n_classes}")
+    if data.max_len > max_len:
+        data = dataclasses.replace(data, train=data.train.truncate(max_len), valid=data.valid.truncate(max_len),
+                                   test=data.test.truncate(max_len), max_len=max_len)
+    return data
+
 # %% ../nbs/07_learner.ipynb #5882c96c
 def get_learner(
     task:str,                 # one of `TASKS`
     variant:str,              # one of `VARIANTS`
-    preset:str='auto',        # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU preset unless CUDA is available)
+    preset:str='auto',        # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU one unless CUDA is there)
     data:TaskData|None=None,  # the task's data, already loaded (else `load_task` with the data fields)
-    path=None,                # run folder for the best model, checkpoint, history and export (default `runs/<task>/<variant>`)
+    path=None,                # run folder: best model, checkpoint, history, export (default `runs/<task>/<variant>`)
     cbs=None,                 # more callbacks
     cache_dir=None,           # `load_task`'s cache folder (False: no cache)
     device=None,              # where to train (default: CUDA if available, else CPU)
-    **overrides,              # any model, training or data field (see `resolve_config`)
+    **overrides,              # any model, training or data field (see `config.resolve_config`)
 )->TaskLearner:
     "A fastai Learner for `variant` on `task`: presets from `settings.ini`, any field overridden."
     rc = resolve_config(task, variant, preset, **overrides)
     mcfg, tcfg, dcfg = rc['model'], rc['train'], rc['data']
     max_len = mcfg.setdefault('max_len', variant_spec(variant).config_cls.max_len)
-    if data is None: data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **dcfg.load_kwargs())
-    if not isinstance(data, TaskData): raise TypeError(f"data must be a TaskData from load_task, got {type(data).__name__}")
-    if data.task != task: raise ValueError(f"data are for task {data.task!r}, not {task!r}")
-    if rc['n_classes'] is not None and rc['n_classes'] != data.n_classes:
-        raise ValueError(f"preset {rc['preset']} says n_classes={rc['n_classes']} but the data have {data.n_classes}")
-    if data.max_len > max_len:
-        data = dataclasses.replace(data, train=data.train.truncate(max_len), valid=data.valid.truncate(max_len), test=data.test.truncate(max_len), max_len=max_len)
+    data = _run_data(task, data, rc, max_len, cache_dir)
     device = default_device() if device is None else torch.device(device)
     set_seed(tcfg.seed)
     model = create_model(variant, data.vocab_sz, data.n_classes, **mcfg).to(device)
     aux = has_aux_loss(model)
     dls = get_dls(data, tcfg.bs, tcfg.seed, max_len, tcfg.bucket, device)
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
-    config = dict(task=task, variant=variant, preset=rc['preset'], model=dict(mcfg), train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg),
-                  data_key=data.cache_key, data_source=data.source, vocab_sz=data.vocab_sz, n_classes=data.n_classes)
-    cb = [SaveBestCallback(), EarlyStoppingCallback(monitor='valid_loss', patience=tcfg.patience), TrainCheckpoint(config=config)]
-    if aux and tcfg.recon_weight: cb.append(AuxLoss(tcfg.recon_weight))
-    if tcfg.grad_clip: cb.append(GradientClip(tcfg.grad_clip))
-    if (amp := _amp_cb(tcfg.amp, device)) is not None: cb.append(amp)
-    if not rank_distrib(): cb.append(HistoryCSV('history.csv'))
+    config = dict(task=task, variant=variant, preset=rc['preset'], model=dict(mcfg), train=dataclasses.asdict(tcfg),
+                  data=dataclasses.asdict(dcfg), data_key=data.cache_key, data_source=data.source,
+                  vocab_sz=data.vocab_sz, n_classes=data.n_classes)
+    cbs = train_callbacks(tcfg, config, aux, device) + list(L(cbs))
     path = Path(path) if path is not None else Path('runs')/task/variant
-    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=opt_func, lr=tcfg.lr, wd=tcfg.weight_decay,
-                        metrics=[accuracy] + ([ReconLoss()] if aux else []), cbs=cb + list(L(cbs)), path=path)
-    learn.tokenizer, learn.classes, learn.task, learn.variant, learn.max_len = data.tokenizer, tuple(data.classes), task, variant, max_len
-    learn.config, learn.train_cfg, learn.data_summary = config, tcfg, data.summary()
+    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=opt_func, lr=tcfg.lr,
+                        wd=tcfg.weight_decay, metrics=[accuracy] + ([ReconLoss()] if aux else []), cbs=cbs, path=path)
+    learn.tokenizer, learn.classes, learn.task, learn.variant = data.tokenizer, tuple(data.classes), task, variant
+    learn.max_len, learn.config, learn.train_cfg, learn.data_summary = max_len, config, tcfg, data.summary()
     return learn
 
 # %% ../nbs/07_learner.ipynb #dad9e2bc
 class EpochLines(Callback):
-    "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for logs that are not a terminal."
-    order = 60   # fastai's ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63) may end the fit
+    "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for log files."
+    order = 60   # fastai's ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63)
     def after_epoch(self):
         row = dict(zip(self.recorder.metric_names, self.recorder.log))
         ep = row.pop('epoch', self.epoch)
         vals = ', '.join(f"{k} {v:.4f}" if isinstance(v, (float, np.floating)) else f"{k} {v}" for k, v in row.items())
         note = ' (replayed from the checkpoint)' if getattr(self.learn, 'replaying', False) else ''
-        print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)   # numbered from 0, as in `history` and history.csv
-
-def _restore_history(learn:Learner, st:dict):
-    rec = learn.recorder
-    rec.values, rec.iters = [list(v) for v in st['values']], list(st['iters'])
-    rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
-    rec.metric_names = L(st['metric_names'])
-    learn.epoch_times = list(st['times'])
-
-def _check_resumable(learn:Learner, st:dict, file:Path):
-    old, new = st.get('config', {}), learn.config
-    diff = {k: (old.get(k), new.get(k)) for k in ('task', 'variant', 'model', 'data_key', 'vocab_sz', 'n_classes') if old.get(k) != new.get(k)}
-    if diff: raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
-                              f"Use another path, or resume=False to start over")
+        print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)   # numbered from 0, as in `history`
 
 # %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
     epochs:int|None=None,  # most epochs (default: the config's)
-    progress:bool|str=True, # True: fastprogress bars and table in a notebook or terminal, else one line per epoch; 'bars', 'lines', or False
+    progress:bool|str=True, # True: bars and table in a notebook or terminal, else lines; or 'bars', 'lines', False
 )->TaskLearner:            # the same learner, holding the best weights
     "Train with the configured schedule, early stopping and checkpoints; resume an interrupted run."
     mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
-    if mode not in (False, 'bars', 'lines'): raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
+    if mode not in (False, 'bars', 'lines'):
+        raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
     tcfg, tcb = learn.train_cfg, learn.train_checkpoint
     epochs = epochs or tcfg.epochs
     st = None
     if resume and tcb.file.exists():
         st = load_checkpoint(tcb.file)
-        _check_resumable(learn, st, tcb.file)
-        if st['done']:
+        check_resumable(learn, st, tcb.file)
+        if st['done']:                                 # a finished run: its best weights and its history
             best = learn.save_best.file
             load_weights(learn, best if best.exists() else tcb.file)
-            _restore_history(learn, st)
+            restore_history(learn, st)
             return learn
     tcb.state = st
     start = st['epoch'] + 1 if st else 0
@@ -642,18 +273,9 @@ def train_learner(
     table = nullcontext() if mode == 'bars' else learn.no_logging()
     lines = learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib() else nullcontext()
     with ctx, bars, table, lines:
-        if tcfg.sched == '1cycle': learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay, start_epoch=start)
+        if tcfg.sched == '1cycle':
+            learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay, start_epoch=start)
         else: learn.fit(epochs, tcfg.lr, wd=tcfg.weight_decay, start_epoch=start)
-    return learn
-
-def load_weights(
-    learn:Learner,  # the learner whose model receives the weights
-    file,           # a state dict saved by `SaveBestCallback`, fastai's `learn.save`, or a `TrainCheckpoint`
-)->Learner:
-    "Load model weights safely, with `torch.load(weights_only=True)`: no code in the file is run."
-    st = torch.load(file, map_location='cpu', weights_only=True)
-    if isinstance(st, dict) and 'model' in st and isinstance(st['model'], dict): st = st['model']
-    unwrap(learn.model).load_state_dict(st)
     return learn
 
 # %% ../nbs/07_learner.ipynb #bace39b5
@@ -662,11 +284,13 @@ def history(
 )->pd.DataFrame:     # one row per epoch: train_loss, valid_loss, accuracy, (recon_loss), seconds
     "The per-epoch table of a run."
     names = [n for n in learn.recorder.metric_names if n not in ('epoch', 'time')]
-    df = pd.DataFrame([list(v) for v in learn.recorder.values], columns=names[:len(learn.recorder.values[0])] if learn.recorder.values else names)
+    values = learn.recorder.values
+    df = pd.DataFrame([list(v) for v in values], columns=names[:len(values[0])] if values else names)
     df.index.name = 'epoch'
     if (t := getattr(learn, 'epoch_times', None)) and len(t) == len(df): df['seconds'] = np.round(t, 2)
     return df
 
+# %% ../nbs/07_learner.ipynb #d7c0f016
 def evaluate(
     learn:TaskLearner,   # a trained learner
 )->dict:                 # test and validation loss and accuracy, with what to read them against
@@ -692,7 +316,8 @@ def plot_curves(
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     if isinstance(hist, Learner): hist = history(hist)
     if isinstance(hist, pd.DataFrame):
-        for c, s in (('train_loss', '--'), ('valid_loss', '-')): ax.plot(hist.index + 1, hist[c], s, marker='o', ms=3, label=c)
+        for c, s in (('train_loss', '--'), ('valid_loss', '-')):
+            ax.plot(hist.index + 1, hist[c], s, marker='o', ms=3, label=c)
         ax.set_ylabel('cross-entropy')
     else:
         metric = metric or 'accuracy'
@@ -710,81 +335,24 @@ def plot_curves(
     if title: ax.set_title(title)
     return ax
 
-# %% ../nbs/07_learner.ipynb #8bd84dc9
-def load_trained(
-    fname,            # a file written by `learn.export()` (or a run folder holding `export.pkl`)
-    cpu:bool=True,    # put the model on the CPU
-)->TaskLearner:
-    "Load an exported Learner with fastai's `load_learner`. This unpickles the file: only load files you trust."
-    fname = Path(fname)
-    if fname.is_dir(): fname = fname/'export.pkl'
-    if not fname.is_file(): raise FileNotFoundError(f"no exported learner at {fname}")
-    warnings.warn(f"load_trained({str(fname)!r}) unpickles a whole Learner, which can run arbitrary code: only load files you trust. "
-                  "For weights alone, use get_learner(...) and load_weights(learn, file) (weights_only=True).", UserWarning, stacklevel=2)
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='load_learner` uses Python')
-        return load_learner(fname, cpu=cpu)
-
-# %% ../nbs/07_learner.ipynb #c3e5a002
-def _show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc_at=150, **kwargs):
-    "fastai's `show_results` for text inputs (a table of texts, targets and predictions), calling the generic version through plum."
-    if ctxs is None: ctxs = get_empty_df(min(len(samples), max_n))
-    samples = L((s[0].truncate(trunc_at), *s[1:]) for s in samples)
-    ctxs = show_results.invoke(object, object, object, object)(x, y, samples, outs, ctxs=ctxs, max_n=max_n, **kwargs)
-    display_df(pd.DataFrame(ctxs))
-    return ctxs
-
-show_results.register(_show_text_results)
-
 # %% ../nbs/07_learner.ipynb #9c47aed4
 LR_FIND = 'find'   # the value of `lr` that asks `find_lr` for the rate
 
+# %% ../nbs/07_learner.ipynb #d7c0f018
 def find_lr(
     learn:TaskLearner,   # from `get_learner`, not trained yet
     num_it:int=100,      # mini-batches of the range test
 )->float:                # the rate chosen, now `learn.train_cfg.lr` and the run's recorded config
-    "fastai's `lr_find` (its valley suggestion) as the run's learning rate; the model, the run folder and the callbacks are left as they were."
+    "fastai's `lr_find` (its valley) as the run's learning rate; the model, run folder and callbacks stay as they were."
     from fastai.callback.schedule import valley
     if learn.train_checkpoint.file.exists():                            # a started run keeps its rate
         lr = float(load_checkpoint(learn.train_checkpoint.file)['config']['train']['lr'])
     else:
-        quiet = [cb for cb in learn.cbs if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback, EarlyStoppingCallback))]
+        quiet = [cb for cb in learn.cbs
+                 if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback, EarlyStoppingCallback))]
         with learn.removed_cbs(quiet), learn.no_bar(), learn.no_logging():
             lr = float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,), show_plot=False).valley)
         learn.opt = None                                                # training starts with a fresh optimizer
     learn.train_cfg = dataclasses.replace(learn.train_cfg, lr=lr)
     learn.config['train']['lr'] = learn.lr = lr                         # the checkpoint and results.json record it
     return lr
-
-# %% ../nbs/07_learner.ipynb #d417d3f9
-@patch
-def _broadcast(self:DistributedDL, t, rank):
-    "Broadcast `t` from `rank` to all ranks: on CUDA for NCCL, on the CPU for gloo (fastai always used CUDA)."
-    t = torch.LongTensor(t)
-    if torch.distributed.get_backend() == 'nccl': t = t.cuda()
-    torch.distributed.broadcast(t, rank)
-    return t.cpu().tolist()
-
-# %% ../nbs/07_learner.ipynb #2fa52603
-def _pm(m, s, n, pct=True):
-    f = (lambda v: f"{100 * v:.1f}") if pct else (lambda v: f"{v:.3f}")
-    return f"{f(m)} ± {f(s)}" if n > 1 and np.isfinite(s) else f(m)
-
-def results_table(
-    results:list,    # dicts from `evaluate`, one per run
-    fmt:bool=False,  # format as 'mean ± std' strings (accuracies in %)
-)->pd.DataFrame:     # one row per variant, in the order first seen
-    "Mean and std over seeds of each variant's test and validation accuracy, with parameters, epochs and time."
-    df = pd.DataFrame(results)
-    if df.empty: raise ValueError("no results to tabulate")
-    order = list(dict.fromkeys(df['variant']))
-    g = df.groupby('variant', sort=False)
-    out = pd.DataFrame({'seeds': g.size(), 'test_acc': g['test_acc'].mean(), 'test_acc_std': g['test_acc'].std(ddof=1),
-                        'valid_acc': g['valid_acc'].mean(), 'valid_acc_std': g['valid_acc'].std(ddof=1), 'majority': g['majority'].first(),
-                        'params': g['params'].first(), 'epochs': g['epochs'].mean(), 'train_secs': g['train_secs'].mean()}).loc[order]
-    if not fmt: return out
-    return pd.DataFrame({'seeds': out['seeds'],
-                         'test acc %': [_pm(m, s, n) for m, s, n in zip(out['test_acc'], out['test_acc_std'], out['seeds'])],
-                         'valid acc %': [_pm(m, s, n) for m, s, n in zip(out['valid_acc'], out['valid_acc_std'], out['seeds'])],
-                         'majority %': (100 * out['majority']).round(1), 'params': out['params'],
-                         'epochs': out['epochs'].round(1), 'train s': out['train_secs'].round(1)}, index=out.index)

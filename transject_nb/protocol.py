@@ -18,10 +18,12 @@ from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
 from sqlalchemy.exc import SQLAlchemyError
-from .core import TASKS, check_choice, preset_section, variant_spec
+from .core import TASKS, check_choice, check_fields, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task
-from .learner import get_learner, train_learner, evaluate, history, load_checkpoint, resolve_config
+from .config import resolve_config
+from .checkpoint import load_checkpoint
+from .learner import get_learner, train_learner, evaluate, history
 from .experiments import RESULT_COLUMNS
 
 # %% auto #0
@@ -59,7 +61,8 @@ class Protocol:
         seeds = tuple(self.seeds)
         if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds): raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
         if self.search_seed in seeds: raise ValueError(f"search_seed {self.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
-        if not isinstance(self.epochs, int) or not isinstance(self.patience, int) or not 1 <= self.patience < self.epochs:
+        check_fields(self, ints=('epochs', 'patience'), counts=('search_seed', 'prune_warmup', 'prune_startup'))
+        if not self.patience < self.epochs:
             raise ValueError(f"need ints 1 <= patience < epochs, got patience={self.patience!r}, epochs={self.epochs!r}")
         object.__setattr__(self, 'lrs', tuple(sorted(lrs))); object.__setattr__(self, 'seeds', seeds)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from .core import PAD_ID, check_choice
+from .core import PAD_ID, atomic_write, check_choice
 from .models import VARIANTS
 from .gradflow import mean_pairwise_cosine
 from .similarity import token_similarity
@@ -110,10 +110,8 @@ def probe_batch(
     x, y = learn.dls.valid.one_batch()
     return _plain(x)[:n], _plain(y)[:n]
 
-def _dump(obj, p:Path):
-    tmp = p.with_suffix('.tmp')
-    tmp.write_text(json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
-    tmp.replace(p)                                                      # a crash never leaves half a file
+def _dump(obj, p:Path):                                                 # a crash never leaves half a file
+    atomic_write(p, json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
 
 def run_cell(
     task:str,              # one of `TASKS`
@@ -121,7 +119,7 @@ def run_cell(
     cell:dict,             # field -> value for this cell
     seed:int,              # training seed
     path,                  # the run folder of this (variant, cell, seed)
-    preset:str='repro',    # a `learner.PRESETS` name
+    preset:str='repro',    # a `config.PRESETS` name
     progress=False,        # `train_learner`'s progress
     cache_dir=None,        # `load_task`'s cache
     **fixed,               # fields every cell shares (the cell's own win)
@@ -193,7 +191,7 @@ def run_grid(
     variants=None,          # variant names (default: all of `VARIANTS`)
     seeds=(1, 2),           # training seeds
     out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
-    preset:str='repro',     # a `learner.PRESETS` name
+    preset:str='repro',     # a `config.PRESETS` name
     tune:dict|None=None,    # field -> values chosen per (variant, cell) on validation accuracy with the first seed; the other seeds run the choice only
     extend:dict|None=None,  # the tuned field -> values beyond its grid, tried one at a time outward while the first seed's choice sits at that edge of the values tried
     progress:bool=True,     # one line per finished run, with the time left (a lower bound with `extend`: the steps beyond the grid are not foreseen)
