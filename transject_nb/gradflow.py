@@ -98,7 +98,9 @@ def estimate_cosine(
     if not (u.shape == q.shape == k.shape): raise ValueError(f"u, q and k must have the same shape (..., n, D), got {tuple(u.shape)}, {tuple(q.shape)}, {tuple(k.shape)}")
     scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])          # (2, ..., n, n): symmetric, asymmetric
     if mask is not None: scores = scores.masked_fill(~mask[..., None, :], float('-inf'))
-    steps = u - scores.softmax(-1) @ u                                                    # (2, ..., n, D)  u_i - (PU)_i
+    eye = torch.eye(scores.shape[-1], dtype=torch.bool, device=scores.device)
+    P = scores.masked_fill(eye, float('-inf')).softmax(-1).nan_to_num(0.)                # (2, ..., n, n) over j ≠ i: the j = i term is 0 anyway
+    steps = P.sum(-1, keepdim=True) * u - P @ u                                           # (2, ..., n, D)  ∝ Σ_{j≠i} e^{s_ij} (u_i - u_j), no underflow, no cancellation
     return F.cosine_similarity(steps[0], steps[1], dim=-1)
 
 # %% ../nbs/03_gradflow.ipynb #351e5a8b
