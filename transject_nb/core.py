@@ -165,17 +165,18 @@ class EncoderConfig:
 
 # %% ../nbs/00_core.ipynb #c2f58d20
 def unwrap(
-    model_or_learner,  # an `EncoderClassifier`, possibly compiled or data-parallel, or a fastai `Learner` (anything with `.model`) holding one
-)->EncoderClassifier:  # the encoder itself
-    "The `EncoderClassifier` inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting."
+    model_or_learner,  # an encoder or a model built around one (`.encoder`), possibly compiled or data-parallel, or a `Learner` holding one
+)->nn.Module:          # the `EncoderClassifier`, or the model around it (a `lm.LanguageModel`: its weights are the run's)
+    "The model inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting: an encoder or a model around one."
     m = model_or_learner
     if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model                 # a Learner
     while True:
         if hasattr(m, '_orig_mod'): m = m._orig_mod                                      # torch.compile
         elif isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
         else: break
-    if not isinstance(m, EncoderClassifier):
-        raise TypeError(f"expected an EncoderClassifier (from create_model) or a fastai Learner holding one, got {type(model_or_learner).__name__}")
+    if not isinstance(m, EncoderClassifier) and not isinstance(getattr(m, 'encoder', None), EncoderClassifier):
+        raise TypeError(f"expected an EncoderClassifier (from create_model), a model around one (.encoder), "
+                        f"or a fastai Learner holding either; got {type(model_or_learner).__name__}")
     return m
 
 # %% ../nbs/00_core.ipynb #24dac328

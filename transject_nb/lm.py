@@ -7,6 +7,7 @@ Docs: https://transject-nb.github.io/transject_nb/lm.html.md"""
 # %% ../nbs/14_lm.ipynb #1b0d396f
 from __future__ import annotations
 import dataclasses, hashlib, math
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -22,17 +23,23 @@ from fastai.data.core import DataLoaders
 from fastai.learner import Learner, Metric
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import Perplexity, accuracy
+from fastai.optimizer import Adam
 from fastai.text.data import LMDataLoader
+from fastai.torch_core import default_device, set_seed
 
 # %% auto #0
-__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageModel', 'lm_stream', 'lm_dls',
-           'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate',
-           'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus']
+__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'LMHead', 'LanguageModel', 'lm_stream', 'lm_loader',
+           'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner',
+           'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'get_lm_learner',
+           'evaluate_lm']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from .core import PAD_ID, EncoderClassifier, atomic_save, check_choice, config_fields, variant_spec
-from .models import VARIANTS, create_model
+from .core import PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec
+from .models import VARIANTS, create_model, n_params
 from .data import WordPieceTokenizer, cache_key, default_cache_dir, read_imdb, tokenizer_from_state
+from .config import resolve_config
+from .fastai_fixes import FixedLearner
+from .learner import ReconLoss, has_aux_loss, history, train_callbacks
 
 # %% ../nbs/14_lm.ipynb #cca7b082
 CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))  # the package's variants that can be causal
@@ -85,6 +92,11 @@ class LanguageModel(nn.Module):
         self.encoder, self.vocab_sz, self.objective = encoder, vocab_sz, objective
         self.head = LMHead(cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
 
+    @property
+    def cfg(self): return self.encoder.cfg                                                # the encoder's config
+    @property
+    def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss                        # the encoder's auxiliary loss (TransJect's Σ reconstruction)
+
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
     )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
@@ -105,6 +117,22 @@ def lm_stream(
         if bool((d == PAD_ID).any()): raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
     return torch.cat([torch.cat([d, d.new_tensor([sep_id])]) for d in docs])
 
+# %% ../nbs/14_lm.ipynb #a924348e
+def lm_loader(
+    docs,                  # documents, each a sequence of token ids
+    sep_id:int,            # separator after every document
+    bs:int, seq_len:int,   # rows per batch, tokens per row
+    shuffle:bool=False,    # reorder the documents every epoch
+    device=None,           # where batches go
+    what:str='',           # how an error names the stream
+)->LMDataLoader:
+    "fastai's `LMDataLoader` over documents with separators, checked long enough for `bs` rows."
+    s = [torch.cat([d, d.new_tensor([sep_id])]) for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1) for t in docs)]
+    lm_stream(docs, sep_id)                                                            # the same checks
+    n = sum(len(d) for d in s)
+    if (n - 1) // bs < 2: raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} (each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
+    return LMDataLoader(s, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
+
 # %% ../nbs/14_lm.ipynb #972c33c4
 def lm_dls(
     train_ids,             # training documents, each a sequence of token ids
@@ -116,13 +144,7 @@ def lm_dls(
     device=None,           # where batches go (default: fastai's default device)
 )->DataLoaders:            # `(train, valid)` fastai `LMDataLoader`s
     "fastai DataLoaders for language modelling: the documents as one stream with separators, batches `(x, y)` with `y` the next tokens."
-    def docs(ids, what):
-        s = [torch.cat([d, d.new_tensor([sep_id])]) for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1) for t in ids)]
-        lm_stream(ids, sep_id)                                                             # the same checks
-        n = sum(len(d) for d in s)
-        if (n - 1) // bs < 2: raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} (each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
-        return s
-    dl = lambda ids, what, shuf: LMDataLoader(docs(ids, what), bs=bs, seq_len=seq_len, shuffle=shuf, device=device)
+    dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
 # %% ../nbs/14_lm.ipynb #94a5e47c
@@ -357,3 +379,90 @@ def load_lm_corpus(
         st = {s: torch.cat(getattr(c, s)).to(dt) for s in ('train', 'valid', 'test')} | {s + '_len': torch.tensor([len(x) for x in getattr(c, s)]) for s in ('train', 'valid', 'test')}
         atomic_save(st | dict(tokenizer=tok.state(), dropped=dropped), cfile)
     return c
+
+# %% ../nbs/14_lm.ipynb #6acf353f
+@dataclass
+class LMConfig:
+    "What a language-model run adds to the model, training and data fields: the objective, the vocabulary, masking and warm-up."
+    objective:str = 'causal'   # one of `OBJECTIVES`
+    vocab_size:int = 8192      # WordPiece ids trained on the corpus (`load_lm_corpus`)
+    mask_p:float = 0.15        # masked: the share of positions to predict
+    warmup:int = 0             # optimiser steps over which the learning rate rises linearly to its value (0: none)
+
+    def __post_init__(self):
+        check_fields(self, ints=('vocab_size',), counts=('warmup',), open_unit=('mask_p',), choices=dict(objective=(OBJECTIVES, 'objective')))
+
+LM_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig))
+
+# %% ../nbs/14_lm.ipynb #3e6d6a82
+class WarmUp(Callback):
+    "Linear learning-rate warm-up: optimiser step s of a run trains at lr · min(1, (s+1)/steps), resumed runs counted from their start."
+    order = 55   # after fastai's ParamScheduler (if any) has set this batch's rate
+    def __init__(self, steps:int): self.steps, self.base = steps, None
+    def before_fit(self): self.base = None                                          # the run's rates, read at its first batch
+    def before_batch(self):
+        if not self.training: return
+        if self.base is None: self.base = [h['lr'] for h in self.opt.hypers]
+        f = min(1., (self.epoch * self.n_iter + self.iter + 1) / self.steps)
+        for h, b in zip(self.opt.hypers, self.base): h['lr'] = b * f
+    def after_fit(self):                                                            # also at the end of `validate`, which may have no optimiser
+        if self.opt is not None and self.base is not None:
+            for h, b in zip(self.opt.hypers, self.base): h['lr'] = b
+
+# %% ../nbs/14_lm.ipynb #7e11e812
+def _lm_corpus(dcfg, lcfg:LMConfig, cache_dir)->LMCorpus:
+    "The run's corpus: the task's reviews under `dcfg.source`, the first documents of each split."
+    if dcfg.source is None: raise ValueError("a language model reads the IMDb reviews: give source= the folder holding unsup.csv.gz, train.csv.gz and test.csv.gz (e.g. shared/data/imdb), or corpus=")
+    c = load_lm_corpus(dcfg.source, lcfg.vocab_size, seed=dcfg.data_seed, cache_dir=cache_dir)
+    return c.take(dcfg.n_train, dcfg.n_valid, dcfg.n_test)
+
+def get_lm_learner(
+    variant:str,               # causal: one of `CAUSAL_VARIANTS`; masked: any of `VARIANTS`
+    task:str='imdb',           # the task whose preset sizes the model (its reviews are the corpus)
+    preset:str='auto',         # the preset of `settings.ini` under every field (`config.PRESETS`)
+    corpus:LMCorpus|None=None, # the documents (default: `load_lm_corpus(source)`, cut to n_train, n_valid, n_test documents)
+    path=None,                 # run folder (default `runs/<task>-<objective>/<variant>`)
+    cbs=None,                  # more callbacks
+    cache_dir=None,            # the corpus cache
+    device=None,               # where to train (default: CUDA if available, else CPU)
+    **overrides,               # model, training and data fields (`config.resolve_config`), and `LMConfig`'s; `max_len` is the context
+)->FixedLearner:               # `train_learner` trains it, `evaluate_lm` scores it
+    "A language-model run of `variant`: its corpus, model, loaders and the classifier's run callbacks (best weights, early stopping, checkpoint, history)."
+    lcfg = LMConfig(**{k: overrides.pop(k) for k in LM_FIELDS if k in overrides})
+    causal = lcfg.objective == 'causal'
+    if overrides.get('causal', causal) is not causal: raise ValueError(f"a {lcfg.objective} language model has causal={causal}; got causal={overrides['causal']!r}")
+    rc = resolve_config(task, variant, preset, **overrides)
+    mcfg, tcfg, dcfg = rc['model'], rc['train'], rc['data']
+    seq_len = mcfg.setdefault('max_len', variant_spec(variant).config_cls.max_len)
+    if causal: mcfg['causal'] = True
+    corpus = corpus if corpus is not None else _lm_corpus(dcfg, lcfg, cache_dir)
+    device = default_device() if device is None else torch.device(device)
+    set_seed(tcfg.seed)
+    model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal, lcfg.objective).to(device)
+    aux = has_aux_loss(model)
+    dls = DataLoaders(*(lm_loader(getattr(corpus, s), corpus.sep_id, tcfg.bs, seq_len, s == 'train', device, s) for s in ('train', 'valid')))
+    config = dict(task=f"{task}:{lcfg.objective}", variant=variant, preset=rc['preset'], model=dict(mcfg), train=dataclasses.asdict(tcfg),
+                  data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg), data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
+    extra = ([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)]) + ([WarmUp(lcfg.warmup)] if lcfg.warmup else [])
+    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr, wd=tcfg.weight_decay,
+                         opt_func=partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay),
+                         metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else []),
+                         cbs=train_callbacks(tcfg, config, aux, device) + extra + list(L(cbs)),
+                         path=Path(path) if path is not None else Path('runs')/f"{task}-{lcfg.objective}"/variant)
+    learn.config, learn.train_cfg, learn.lm_cfg, learn.corpus, learn.task, learn.variant = config, tcfg, lcfg, corpus, task, variant
+    return learn
+
+# %% ../nbs/14_lm.ipynb #6a925e36
+def evaluate_lm(
+    learn:FixedLearner,   # a trained `get_lm_learner` run
+)->dict:                  # validation and test loss, perplexity and token accuracy, with the run's size and history
+    "Validation and test scores of a language-model run's current (best) weights; the only use of its test documents."
+    c, tcfg = learn.corpus, learn.train_cfg
+    test_dl = lm_loader(c.test, c.sep_id, tcfg.bs, learn.dls.train.seq_len, device=learn.dls.device, what='test')
+    with learn.no_bar(): va, te = learn.validate(), learn.validate(dl=test_dl)
+    h = history(learn) if learn.recorder.values else None
+    return dict(task=learn.task, objective=learn.lm_cfg.objective, variant=learn.variant, seed=tcfg.seed,
+                valid_loss=float(va[0]), valid_ppl=float(va[2]), valid_acc=float(va[1]), test_loss=float(te[0]), test_ppl=float(te[2]),
+                test_acc=float(te[1]), params=n_params(learn.model), epochs=0 if h is None else len(h),
+                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
+                train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
