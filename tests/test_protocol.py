@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
+from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
                                    study_runs, study_trials, plan_cost, plan_data, work)
 from transject_nb.cli import run_command
 
@@ -51,10 +51,14 @@ def test_bad_plans_are_refused_with_what_was_expected():
 def test_declared_plans_cover_every_task_and_variant():
     from transject_nb.core import TASKS
     from transject_nb.models import VARIANTS
-    assert {p.task for p in STUDIES.values()} == set(TASKS)
-    for p in STUDIES.values():
+    assert {p.task for p in CLASSIFICATION_STUDIES.values()} == set(TASKS)
+    for p in CLASSIFICATION_STUDIES.values():
         assert set(VARIANTS) <= {a.label for a in p.arms}
-        assert len(p.protocol.seeds) >= 3
+    for p in STUDIES.values(): assert len(p.protocol.seeds) >= 3
+    lm = {n: p for n, p in STUDIES.items() if p.objective}
+    assert {a.variant for a in lm['mlm-depth'].arms} == set(VARIANTS)                # TransJect's four as masked language models
+    assert len({(p.fixed['n_train'], p.fixed['max_len']) for p in lm.values()}) == 1   # one corpus and context for every language model
+    assert lm['lm-neutreno'].arm('neutreno+lam=0.4+n_layers=4').overrides == dict(lam=0.4, n_layers=4)   # the authors' LM λ
 
 
 def test_a_worker_runs_a_plan_and_early_stopping_fires(tmp_path):
@@ -156,7 +160,7 @@ def test_the_committed_tables_are_the_committed_storages():
     "Each exported runs.csv of nbs/results/fair is what the committed snapshot of the Optuna storage gives for its finished plans."
     fair = Path(__file__).parent.parent/'nbs'/'results'/'fair'
     if not (fair/'studies.db').is_file(): pytest.skip('no committed study yet')
-    done = [p for p in STUDIES.values() if (fair/p.task/'runs.csv').is_file()]
+    done = [p for p in CLASSIFICATION_STUDIES.values() if (fair/p.task/'runs.csv').is_file()]
     assert done, 'a snapshot without any exported plan'
     for p in done:
         t = study_trials(p, fair/'studies.db')

@@ -335,13 +335,15 @@ def imdb_texts(
     return dict(unsup=unsup, train=list(splits['train'].texts), test=list(splits['test'].texts))
 
 # %% ../nbs/14_lm.ipynb #5609eb52
-def _split_heldout(texts:dict, n_train, n_valid:int, n_test:int, seed:int)->tuple:
+def _split_heldout(texts:dict, n_train, n_valid, n_test, seed:int)->tuple:
     "Training texts (unsup + train, shuffled, the first n_train), held-out validation and test texts that no training candidate repeats, and how many held-out texts were dropped."
     rng = np.random.default_rng(seed)
     pool = texts['unsup'] + texts['train']
     train = [pool[i] for i in rng.permutation(len(pool))[:n_train]]
     seen, test = set(pool), list(dict.fromkeys(texts['test']))                     # every training candidate; the distinct test reviews
     held = [t for t in test if t not in seen]
+    n_valid = len(held) // 2 if n_valid is None else n_valid                       # None: half the held-out pool each
+    n_test = len(held) - n_valid if n_test is None else n_test
     if n_valid + n_test > len(held): raise ValueError(f"n_valid + n_test = {n_valid + n_test}, but only {len(held)} held-out reviews are not training documents")
     held = [held[i] for i in rng.permutation(len(held))[:n_valid + n_test]]
     return train, held[:n_valid], held[n_valid:], len(test) - len([t for t in test if t not in seen])
@@ -351,15 +353,15 @@ def load_lm_corpus(
     source,                  # an IMDb folder (see `imdb_texts`), e.g. `shared/data/imdb`
     vocab_size:int=8192,     # WordPiece ids trained on the training documents
     n_train:int|None=None,   # training documents (None: all 75,000)
-    n_valid:int=2000,        # validation documents, from the test split
-    n_test:int=2000,         # test documents, other reviews of the test split
+    n_valid:int|None=None,   # validation documents, from the test split (None: half the held-out reviews)
+    n_test:int|None=None,    # test documents, other reviews of the test split (None: the other half)
     seed:int=42,             # seed of the shuffles
     cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
     refresh:bool=False,      # rebuild even if cached
 )->LMCorpus:
     "IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, held-out test reviews to validate and test on."
     for k, v in dict(vocab_size=vocab_size, n_valid=n_valid, n_test=n_test).items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{k} must be a positive int, got {v!r}")
+        if (v is not None or k == 'vocab_size') and (not isinstance(v, int) or isinstance(v, bool) or v < 1): raise ValueError(f"{k} must be a positive int, got {v!r}")
     if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1): raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
     texts = imdb_texts(source)
     digest = hashlib.sha256('\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s]).encode()).hexdigest()   # the texts, not their files

@@ -24,15 +24,20 @@ from .data import TaskData, load_task
 from .config import resolve_config
 from .checkpoint import load_checkpoint
 from .learner import get_learner, train_learner, evaluate, history
+from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
 
 # %% auto #0
-__all__ = ['DATA_FOLDERS', 'TRIAL_COLUMNS', 'GATE', 'STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials',
-           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'task_source', 'plan_data',
-           'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost',
-           'snapshot_storage', 'export_study', 'run_workers', 'add_study_args', 'study_command']
+__all__ = ['METRICS', 'DATA_FOLDERS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
+           'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
+           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
+           'queue_next', 'task_source', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials',
+           'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers',
+           'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-2
+METRICS = dict(accuracy='maximize', perplexity='minimize')   # what a search reads on validation, and which way is better
+
 def _rates(xs, what:str)->tuple:
     xs = tuple(float(x) for x in xs)
     if any(not x > 0 or not math.isfinite(x) for x in xs): raise ValueError(f"{what} must be positive, finite learning rates, got {xs}")
@@ -51,6 +56,8 @@ class Protocol:
     patience:int = 3                            # early stopping: epochs without a lower validation loss
     prune_warmup:int = 1                        # a search run is never pruned before this many epochs have finished
     prune_startup:int = 2                       # search runs that finish before any is pruned
+    metric:str = 'accuracy'                     # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
+    warmup:int = 0                              # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
 
     def __post_init__(self):
         lrs, lo, hi = _rates(self.lrs, 'lrs'), _rates(self.below, 'below'), _rates(self.above, 'above')
@@ -61,14 +68,18 @@ class Protocol:
         seeds = tuple(self.seeds)
         if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds): raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
         if self.search_seed in seeds: raise ValueError(f"search_seed {self.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
-        check_fields(self, ints=('epochs', 'patience'), counts=('search_seed', 'prune_warmup', 'prune_startup'))
+        check_fields(self, ints=('epochs', 'patience'), counts=('search_seed', 'prune_warmup', 'prune_startup', 'warmup'),
+                     choices=dict(metric=(METRICS, 'metric')))
         if not self.patience < self.epochs:
             raise ValueError(f"need ints 1 <= patience < epochs, got patience={self.patience!r}, epochs={self.epochs!r}")
         object.__setattr__(self, 'lrs', tuple(sorted(lrs))); object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
-        return dict(epochs=self.epochs, patience=self.patience, sched='constant')
+        return dict(epochs=self.epochs, patience=self.patience, sched='constant') | (dict(warmup=self.warmup) if self.warmup else {})
+
+    @property
+    def maximize(self)->bool: return METRICS[self.metric] == 'maximize'   # whether a higher validation value is better
 
     def search_order(self)->list:
         "The grid from its middle outwards, so that the runs a pruner compares against come first."
@@ -88,6 +99,15 @@ class Arm:
         if self.label is None:
             object.__setattr__(self, 'label', '+'.join([self.variant, *(f"{k}={v}" for k, v in self.overrides.items())]))
 
+# %% ../nbs/13_protocol.ipynb #4da784ca
+def _check_lm_plan(plan, arms):
+    "A language-model plan reads the IMDb reviews, is judged by perplexity, and a causal one has only causal-capable arms."
+    check_choice(plan.objective, OBJECTIVES, 'objective')
+    if plan.task != 'imdb': raise ValueError(f"plan {plan.name!r}: language models read the IMDb reviews; its task must be 'imdb', got {plan.task!r}")
+    if plan.protocol.metric != 'perplexity': raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be 'perplexity'")
+    if plan.objective == 'causal' and (bad := [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]):
+        raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-4
 @dataclass(frozen=True)
 class StudyPlan:
@@ -99,6 +119,7 @@ class StudyPlan:
     fixed:dict = field(default_factory=dict)    # fields every run shares on top of the preset (what was shrunk, say)
     protocol:Protocol = Protocol()              # the rules
     note:str = ''                               # what differs from the preset and why
+    objective:str|None = None                   # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
 
     def __post_init__(self):
         check_choice(self.task, TASKS, 'task')
@@ -107,6 +128,8 @@ class StudyPlan:
         if len({a.label for a in arms}) < len(arms): raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
         if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
             raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
+        if self.objective is not None: _check_lm_plan(self, arms)
+        elif self.protocol.metric != 'accuracy': raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', got {self.protocol.metric!r}")
         object.__setattr__(self, 'arms', arms)
 
     def arm(self, label:str)->Arm:
@@ -134,7 +157,7 @@ def next_trials(
     search = [r for r in rows if r['phase'] == 'search']
     if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
-    best = chosen_rate(rows)
+    best = chosen_rate(rows, protocol.maximize)
     if best is None: return []                                          # no search run completed: nothing to choose from (see `arm_status`)
     tried = [r['lr'] for r in search]
     step = []
@@ -145,11 +168,13 @@ def next_trials(
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
 def chosen_rate(
-    rows:list,         # an arm's queued trials (see `next_trials`)
-)->float|None:         # the search rate with the best validation accuracy among completed search runs (ties: the lower rate); None if none completed
-    "The learning rate the search chose, on validation accuracy only."
+    rows:list,           # an arm's queued trials (see `next_trials`)
+    maximize:bool=True,  # whether a higher validation value is better (accuracy) or lower (perplexity)
+)->float|None:           # the search rate with the best validation value among completed search runs (ties: the lower rate); None if none completed
+    "The learning rate the search chose, on the validation metric only."
     done = sorted((r for r in rows if r['phase'] == 'search' and r['state'] == 'COMPLETE'), key=lambda r: r['lr'])
-    return max(done, key=lambda r: r['value'])['lr'] if done else None
+    if not done: return None
+    return (max(done, key=lambda r: r['value']) if maximize else min(done, key=lambda r: r['value']))['lr']
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
@@ -182,7 +207,7 @@ def arm_study(
 )->optuna.Study:       # created on first use, loaded after
     "The Optuna study of one arm: maximise validation accuracy; a median pruner stops hopeless search runs."
     p = plan.protocol
-    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction='maximize', load_if_exists=True,
+    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric], load_if_exists=True,
                                sampler=optuna.samplers.RandomSampler(seed=0),       # never used: every trial is queued with its rate and seed
                                pruner=optuna.pruners.MedianPruner(n_startup_trials=p.prune_startup, n_warmup_steps=p.prune_warmup))
 
@@ -245,9 +270,12 @@ def plan_data(
     plan:StudyPlan,   # the plan
     data=None,        # the data root (see `task_source`)
     cache_dir=None,   # `load_task`'s cache
-)->TaskData:          # the splits every run of the plan trains, validates and is tested on
+)->TaskData|LMCorpus:  # the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
     "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
     src = task_source(plan.task, data)
+    if plan.objective is not None:
+        f = plan.fixed
+        return load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir).take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
     rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed, **({} if src is None else dict(source=src)))
     max_len = rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
     return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
@@ -270,7 +298,7 @@ def make_objective(
     cache_dir=None,        # `load_task`'s cache
     source=None,           # the task's data folder (`task_source`)
     progress=False,        # `train_learner`'s progress
-):                         # `objective(trial) -> validation accuracy`, for `study.optimize`
+):                         # `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
     "Train one queued run (resuming its folder), with the pruner on search runs; record what it did as the trial's user attributes."
     def objective(trial:optuna.Trial)->float:
         phase = trial.user_attrs.get('phase')
@@ -278,18 +306,18 @@ def make_objective(
         lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
         if (d := _duplicate(trial.study, trial, lr, seed)) is not None: raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
         path = plan.run_dir(out, arm, lr, seed)
-        cbs = [FastAIV2PruningCallback(trial, monitor='accuracy')] if phase == 'search' else []
-        learn = get_learner(plan.task, arm.variant, preset=plan.preset, path=path, cache_dir=cache_dir, cbs=cbs,
-                            **plan.overrides(arm, lr, seed), **({} if source is None else dict(source=source)))
+        cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
+        kw = dict(preset=plan.preset, path=path, cache_dir=cache_dir, cbs=cbs, **plan.overrides(arm, lr, seed), **({} if source is None else dict(source=source)))
+        learn = get_learner(plan.task, arm.variant, **kw) if plan.objective is None else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw)
         trial.set_user_attr('run_dir', str(path))
         if (ck := path/'models'/'checkpoint.pth').exists(): trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)   # epochs already done
         try: train_learner(learn, resume=True, progress=progress)
         finally: _record(trial, learn)
         if phase == 'seed':
-            res = evaluate(learn)
+            res = evaluate(learn) if plan.objective is None else evaluate_lm(learn)
             for k in ('test_acc', 'test_loss', 'valid_loss', 'params'): trial.set_user_attr(k, res[k])
-            return res['valid_acc']
-        with learn.no_bar(): return float(learn.validate(ds_idx=1)[1])
+            return res['valid_acc' if plan.objective is None else 'valid_ppl']
+        with learn.no_bar(): return float(learn.validate(ds_idx=1)[1 if plan.objective is None else 2])
     return objective
 
 def _record(trial, learn):
@@ -337,34 +365,36 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
                            callbacks=[lambda s, t: done.append(t)])
             ran, busy = ran + 1, True
             if progress and done and 'phase' in done[0].user_attrs:
-                print(f"[{name}] {plan.study_name(arm)} {_say_trial(done[0], time.perf_counter() - t0)}", flush=True)
+                print(f"[{name}] {plan.study_name(arm)} {_say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)}", flush=True)
             break
         else:
             if not busy: return ran                                     # every arm is done
             time.sleep(poll)                                            # others hold the last trials; stale ones are retried on the next pass
     return ran
 
-def _say_trial(t, secs)->str:
-    u, p = t.user_attrs, t.params
-    val = f"valid {100 * t.value:.1f}%" if t.value is not None else ''
+def _say_trial(t, secs, metric='accuracy')->str:
+    u, p, acc = t.user_attrs, t.params, metric == 'accuracy'
+    val = (f"valid {100 * t.value:.1f}%" if acc else f"valid perplexity {t.value:.1f}") if t.value is not None else ''
     val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
-    test = f", test {100 * u['test_acc']:.1f}%" if 'test_acc' in u else ''
+    test = '' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc else f", test perplexity {math.exp(u['test_loss']):.1f}"
     return f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, {u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s"
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-14
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs', 'train_secs',
                  'params', 'data_key', 'number', 'retry_of')
+LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss',)   # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy
 
 def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
-)->pd.DataFrame:      # one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`value` is the validation accuracy)
+)->pd.DataFrame:      # one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language models); `value` is the validation metric
     "Every queued trial of a plan's studies, finished or not, as one table."
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     names = {s.study_name for s in storage.get_all_studies()}
     rows = [dict(task=plan.task, arm=a.label, variant=a.variant) | r for a in plan.arms if plan.study_name(a) in names
             for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
-    return pd.DataFrame([{k: r.get(k) for k in TRIAL_COLUMNS} for r in rows], columns=list(TRIAL_COLUMNS))
+    cols = TRIAL_COLUMNS if plan.objective is None else LM_TRIAL_COLUMNS
+    return pd.DataFrame([{k: r.get(k) for k in cols} for r in rows], columns=list(cols))
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-15
 def arm_status(
@@ -377,7 +407,8 @@ def arm_status(
         t = trials[trials.arm == a.label]
         rows = t.to_dict('records')
         s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE')]
-        lr, p = chosen_rate(rows), plan.protocol
+        p = plan.protocol
+        lr = chosen_rate(rows, p.maximize)
         nxt = next_trials(rows, p) if len(t) else None
         state = ('not started' if not len(t) else 'done' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() and len(d) == len(p.seeds)
                  else 'failed' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() else 'seeds' if (t.phase == 'seed').any() else 'search')
@@ -395,15 +426,44 @@ def study_runs(
     plan:StudyPlan,        # the plan
 )->pd.DataFrame:           # the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
     "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
-    from transject_nb.experiments import RESULT_COLUMNS
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
+    if plan.objective is not None: return _lm_runs(d, plan)
     df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value, best_epoch=d.best_epoch,
                            epochs=d.epochs, params=d.params, train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
     return df[[*RESULT_COLUMNS, 'lr']].astype({'seed': int}).reset_index(drop=True)
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-17
-_ALL = tuple(Arm(v) for v in VARIANTS)
+# %% ../nbs/13_protocol.ipynb #a139e7a9
+LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'test_loss', 'test_acc', 'best_epoch', 'epochs', 'params',
+                     'train_secs', 'data_key', 'preset', 'lr')   # a language-model table's runs: `variant` holds the arm's label
 
+def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
+    "A language-model plan's finished seed runs, columns `LM_RESULT_COLUMNS`."
+    df = pd.DataFrame(dict(task=d.task, objective=plan.objective, variant=d.arm, seed=d.seed, test_ppl=np.exp(d.test_loss.astype(float)),
+                           valid_ppl=d.value, test_loss=d.test_loss, test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
+                           train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
+    return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
+
+# %% ../nbs/13_protocol.ipynb #bfdb2578
+_ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
+LM_FIXED = dict(n_train=2000, n_valid=300, n_test=300, max_len=128, vocab_size=8192)   # every language-model run: 2,000 reviews (~0.66M tokens), contexts of 128
+LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2, metric='perplexity', warmup=100)
+LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
+NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
+_CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
+_at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
+
+LM_STUDIES = (
+    StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
+              note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, the repro preset's width (d 64)"),
+    StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4), fixed=LM_FIXED,
+              protocol=LM_PROTOCOL, objective='causal', note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
+    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
+              note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
+    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='masked',
+              note="every variant, TransJect's four included, as a masked language model (15% of the tokens) at L = 2 and 8"),
+)
+
+# %% ../nbs/13_protocol.ipynb #553ccc0e-17
 GATE = Arm('transject', dict(gate='input'))     # the ablation: the authors' input-dependent expert gate (02_transject)
 
 STUDIES = {p.name: p for p in (
@@ -411,7 +471,9 @@ STUDIES = {p.name: p for p in (
     StudyPlan('fair-listops', 'listops', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
     StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
     StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), note="the repro preset at 512 bytes, not 1,024, to fit the budget"),
+    *LM_STUDIES,
 )}
+CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}   # the fair tables of the TransJect paper, one per task
 
 def study_plan(
     name:str,   # a key of `STUDIES`
