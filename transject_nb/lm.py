@@ -28,10 +28,10 @@ from fastai.text.data import LMDataLoader
 from fastai.torch_core import default_device, set_seed
 
 # %% auto #0
-__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'LMHead', 'LanguageModel', 'lm_stream', 'lm_loader',
-           'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner',
-           'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'get_lm_learner',
-           'evaluate_lm']
+__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
+           'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
+           'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
+           'LMConfig', 'WarmUp', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec
@@ -40,6 +40,7 @@ from .data import WordPieceTokenizer, cache_key, default_cache_dir, read_imdb, t
 from .config import resolve_config
 from .fastai_fixes import FixedLearner
 from .learner import ReconLoss, has_aux_loss, history, train_callbacks
+from .stats import ALPHA, welch
 
 # %% ../nbs/14_lm.ipynb #cca7b082
 CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))  # the package's variants that can be causal
@@ -468,3 +469,30 @@ def evaluate_lm(
                 test_acc=float(te[1]), params=n_params(learn.model), epochs=0 if h is None else len(h),
                 best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
                 train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
+
+# %% ../nbs/14_lm.ipynb #51eb14c2
+NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 32.60}, 'test_ppl': {'transformer': 34.29, 'neutreno': 33.70}}
+                               ).rename_axis('model')   # NeuTRENO paper, Table 3: WikiText-103 perplexity, the softmax Transformer language model against NeuTRENO
+
+def lm_table(
+    runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+)->pd.DataFrame:         # per arm: seeds, test and validation perplexity (mean and std over seeds), token accuracy, epochs, the rate
+    "Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, its accuracy, epochs and rate."
+    g = runs.groupby('variant', sort=False)
+    return pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(), valid_ppl=g.valid_ppl.mean(),
+                             test_acc=g.test_acc.mean(), epochs=g.epochs.mean(), lr=g.lr.first())).rename_axis('arm')
+
+def lm_versus(
+    runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+    claims,              # (better, worse) arm labels: the claim that `better` has the lower test loss
+    alpha:float=ALPHA,   # the test's level
+)->pd.DataFrame:         # per claim: mean test perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
+    "Welch's t-test at `alpha` of 'a has the lower test loss than b' on the per-seed test losses, for each claim whose arms both have runs."
+    rows = []
+    for a, b in claims:
+        la, lb = (runs.loc[runs.variant == x, 'test_loss'].astype(float).to_numpy() for x in (a, b))
+        if not len(la) or not len(lb): continue
+        r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
+        rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()), ratio=math.exp(la.mean() - lb.mean()),
+                         diff_nats=lb.mean() - la.mean(), p=r['p'], verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
+    return pd.DataFrame(rows)

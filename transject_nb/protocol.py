@@ -445,7 +445,7 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
 
 # %% ../nbs/13_protocol.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
-LM_FIXED = dict(n_train=2000, n_valid=300, n_test=300, max_len=128, vocab_size=8192)   # every language-model run: 2,000 reviews (~0.66M tokens), contexts of 128
+LM_FIXED = dict(n_train=1000, n_valid=200, n_test=200, max_len=128, vocab_size=4096)   # every language-model run: 1,000 reviews (~0.3M tokens), 4,096 WordPiece ids, contexts of 128
 LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2, metric='perplexity', warmup=100)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
@@ -485,7 +485,7 @@ def study_plan(
 def plan_cost(
     plan:StudyPlan,             # the plan
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
-    secs_per_epoch:dict|None=None, # variant -> seconds per training epoch on this task where no run of the arm has finished (e.g. from the fixed-rate runs)
+    secs_per_epoch:dict|None=None, # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished (e.g. from the fixed-rate runs)
 )->pd.DataFrame:                # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left (a lower bound: steps past an edge are not foreseen)
     "What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs."
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
@@ -500,7 +500,8 @@ def plan_cost(
     rows = {}
     for a in plan.arms:                                                 # seconds per epoch: the arm's own, else given, else its family's on this task
         g = fin[fin.arm == a.label]
-        rate = next((r for r in (measured[a.label], secs_per_epoch.get(a.variant, np.nan), family[fam(a)]) if not np.isnan(r)), np.nan)
+        given = secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))   # by arm, else by variant
+        rate = next((r for r in (measured[a.label], given, family[fam(a)]) if not np.isnan(r)), np.nan)
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE')).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + d_left, secs_per_epoch=round(float(rate), 1),
