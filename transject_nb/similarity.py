@@ -37,7 +37,7 @@ def _real_mean(X, mask):
 def token_similarity(
     X:torch.Tensor,               # tokens `(..., n, d)`, e.g. `(B, n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; None: all real
-# $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, shape `(...)`; 0 for an all-zero X
+# $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, `(...)`; 0 for an all-zero X
 )->torch.Tensor:
     "Share of the squared Frobenius norm of the (real) tokens that lies in span{1}."
     mean, cnt = _real_mean(X, mask)                                                    # (..., 1, d), (..., 1, 1)

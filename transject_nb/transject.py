@@ -325,6 +325,7 @@ def token_distance_ratios(
     r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
     return r.min(1).values, r.max(1).values
 
+# %% ../nbs/02_transject.ipynb #ecf9223e
 def plot_distance_ratios(
     model:TransJect,    # a TransJect model; its current mode (train/eval) is used
     x:torch.Tensor,     # token ids `(B, n)`
