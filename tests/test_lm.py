@@ -176,4 +176,4 @@ def test_learner_trains_and_generates():
     assert greedy.tolist() == generate(learn, [5, 6, 7], n=5, top_k=1, seed=0).tolist()
     assert generate(learn, [5], n=8, seed=1).tolist() == generate(learn, [5], n=8, seed=1).tolist()
     assert not (generate(learn, [5], n=50, temperature=5., seed=0) == PAD_ID).any()
-    with pytest.raises(ValueError, match='a language model is causal'): lm_learner(dls, 'transformer', 16, causal=False)
+    with pytest.raises(ValueError, match='a causal language model has causal=True; got causal=False'): lm_learner(dls, 'transformer', 16, causal=False)
