@@ -8,9 +8,14 @@ export HYPOTHESIS_PROFILE ?= ci
 KATEX_VERSION ?= 0.19.1
 KATEX_STAMP := .cache/npm/katex-$(KATEX_VERSION).installed
 
-.PHONY: test check-clean check-export check-readme nbtest pytest readme katex docs-preview docs-check docs-serve lab-test
+.PHONY: test lint check-clean check-export check-readme nbtest pytest readme katex docs-preview docs-check docs-serve lab-test
 
-test: check-clean check-export check-readme nbtest pytest
+test: lint check-clean check-export check-readme nbtest pytest
+
+# ruff on the library (settings in pyproject.toml [tool.ruff]); .ci/lint.py leaves out the line length of the two
+# lines per module that nbdev writes itself (the docstring from the page's description, and `__all__`'s first line)
+lint:
+	$(BIN)/python .ci/lint.py $(BIN)/ruff transject_nb
 
 check-clean:
 	$(BIN)/nbdev-clean

@@ -27,8 +27,8 @@ def make(name, vocab_sz=100, n_classes=3, **cfg):
 @pytest.mark.parametrize('kw,msg', [
     (dict(n_heads=5), 'must be divisible by n_heads=5'),
     (dict(tau=1.5), 'tau (similarity removal τ) must lie in [0, 1]'),
-    (dict(lam=-1.), 'lam (NeuTRENO λ) must be >= 0'),
-    (dict(lam=float('nan')), 'lam must be a finite real number'),
+    (dict(lam=-1.), 'SoftmaxConfig.lam must be >= 0'),
+    (dict(lam=float('nan')), 'SoftmaxConfig.lam must be a finite number'),
     (dict(norm='sandwich'), "unknown norm 'sandwich'; valid norms are: post, pre, none"),
     (dict(sym='yes'), 'sym must be a bool'),
     (dict(dropout=1.0), 'dropout must lie in [0, 1)'),

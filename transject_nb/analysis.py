@@ -37,8 +37,9 @@ from .data import TokenSplit, pad_batch
 # %% ../nbs/09_analysis.ipynb #081467be
 def tokenizer_of(
     model_or_learner,  # a model, or a fastai `Learner` (anything with `.model`)
-):                     # the tokenizer attached to the learner, its `dls`, or the data they came from; None if there is none
-    "The tokenizer a `Learner` carries (None for a bare model): what the analyses use for texts when no `tokenizer=` is given."
+):                     # the tokenizer attached to the learner, its `dls`, or the data they came from; else None
+    ("The tokenizer a `Learner` carries (None for a bare model): "
+     "what the analyses use for texts when no `tokenizer=` is given.")
     learn = model_or_learner
     if isinstance(learn, nn.Module): return None
     dls = getattr(learn, 'dls', None)
@@ -52,7 +53,8 @@ def inference(
     model:nn.Module,  # the model
     device=None,      # where to run; None: where the model is
 ):
-    "Context: `model` in eval mode, gradients off, on `device`; its mode and device are restored afterwards. Yields the device."
+    ("Context: `model` in eval mode, gradients off, on `device`; its mode and device are restored afterwards. "
+     "Yields the device.")
     p = next(model.parameters(), None)
     old = p.device if p is not None else torch.device('cpu')
     dev = old if device is None else torch.device(device)
@@ -79,7 +81,9 @@ def token_ids(
 )->torch.Tensor:          # `(B, n)` LongTensor, right-padded with 0
     "One batch of token ids from a text, texts or ids."
     if _is_text(x) or (isinstance(x, (list, tuple)) and len(x) and all(_is_text(t) for t in x)):
-        if tokenizer is None: raise ValueError("text input needs a tokenizer (e.g. transject_nb.data.WordPieceTokenizer); pass tokenizer=")
+        if tokenizer is None:
+            raise ValueError("text input needs a tokenizer (e.g. transject_nb.data.WordPieceTokenizer); "
+                             "pass tokenizer=")
         seqs = [tokenizer.encode(t) for t in ([x] if _is_text(x) else x)]
     elif isinstance(x, torch.Tensor):
         if x.is_floating_point() or x.is_complex(): raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
@@ -174,7 +178,8 @@ def hidden_states(
     return [torch.cat([pad(o[l]) for o in out]) for l in range(len(out[0]))], torch.cat([pad(m) for m in masks])
 
 # %% ../nbs/09_analysis.ipynb #ace187e6
-PAPER_SENTENCE = "The characters are unlikeable and the script is awful. It's a waste of the talents of Deneuve and Auteuil."
+PAPER_SENTENCE = ("The characters are unlikeable and the script is awful. "
+                  "It's a waste of the talents of Deneuve and Auteuil.")
 PAPER_PAIRS = (('characters', 'unlikeable'), ('script', 'awful'), ('waste', 'talents'), ('deneuve', 'auteuil'))
 
 SAMPLE_TEXTS = (
@@ -201,7 +206,8 @@ SAMPLE_LABELS = (0, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0)  # 1: positive 
 def word_tokenizer(
     texts:Sequence,   # texts whose words make the vocabulary
 ):                    # a `data.WordPieceTokenizer`, deterministic
-    "A WordPiece tokenizer (bert normalisation) whose vocabulary is the sorted words and characters of `texts`: the same ids on every run."
+    ("A WordPiece tokenizer (bert normalisation) whose vocabulary is the sorted words and characters of `texts`: "
+     "the same ids on every run.")
     import tempfile
     from tokenizers import normalizers, pre_tokenizers
     from transject_nb.data import WordPieceTokenizer
@@ -209,7 +215,8 @@ def word_tokenizer(
     pre = pre_tokenizers.BertPreTokenizer()
     words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(norm.normalize_str(t))})
     chars = sorted({c for w in words for c in w})
-    vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + chars + ['##' + c for c in chars] + [w for w in words if w not in chars]
+    vocab = (['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + chars + ['##' + c for c in chars]
+             + [w for w in words if w not in chars])
     with tempfile.TemporaryDirectory() as d:
         p = Path(d)/'vocab.txt'
         p.write_text('\n'.join(vocab) + '\n', encoding='utf-8')
@@ -231,7 +238,8 @@ def set_residual_weight(
             for b in blocks: b.alpha_raw.fill_(math.atanh(alpha))
         elif all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in blocks):  # ReZero
             for b in blocks: b.alpha.fill_(alpha)
-        else: raise TypeError(f"{type(model).__name__} has no residual weight α; only the TransJect variants and transformer-rezero have one")
+        else: raise TypeError(f"{type(model).__name__} has no residual weight α; "
+                              "only the TransJect variants and transformer-rezero have one")
     return model
 
 def residual_weights(
@@ -241,7 +249,8 @@ def residual_weights(
     model = unwrap(model_or_learner)
     with torch.no_grad():
         if hasattr(model, 'alphas'): return [float(a) for a in model.alphas()]
-        if all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in model.blocks): return [float(b.alpha) for b in model.blocks]
+        if all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in model.blocks):
+            return [float(b.alpha) for b in model.blocks]
     return None
 
 # %% ../nbs/09_analysis.ipynb #e617306e
@@ -263,7 +272,9 @@ def layer_measures(
         vals = []
         for name, f in measures.items():
             v = torch.stack([f(h, mask).double() for h in hs])                       # (L+1, b)
-            if v.shape != (len(hs), mask.shape[0]): raise ValueError(f"measure {name!r} must return one value per sequence, shape (b,); got {tuple(v.shape[1:])}")
+            if v.shape != (len(hs), mask.shape[0]):
+                raise ValueError(f"measure {name!r} must return one value per sequence, shape (b,); "
+                                 f"got {tuple(v.shape[1:])}")
             vals.append(v.sum(1))
         s = torch.stack(vals, 1).cpu()                                                 # (L+1, M)
         tot, N = (s if tot is None else tot + s), N + mask.shape[0]
@@ -280,7 +291,8 @@ def oversmoothing_curve(
     progress:bool|None=None, # progress bar
 )->pd.Series:                # mean pairwise cosine (pairs i ≠ j) per layer, averaged over the sequences
     "NeuTRENO's over-smoothing measure: the mean cosine similarity of distinct token pairs, per layer, over a data set."
-    return layer_measures(model_or_learner, data, dict(cosine=mean_pairwise_cosine), tokenizer, device, bs, progress)['cosine']
+    measures = dict(cosine=mean_pairwise_cosine)
+    return layer_measures(model_or_learner, data, measures, tokenizer, device, bs, progress)['cosine']
 
 # %% ../nbs/09_analysis.ipynb #5b9e7266
 def plot_layer_curves(
@@ -295,8 +307,10 @@ def plot_layer_curves(
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for k, (label, c) in enumerate(curves.items()):
         c = c if isinstance(c, pd.Series) else pd.Series(np.asarray(c, dtype=float))
-        ax.plot(c.index, c.values, marker='o' if len(curves) <= 4 else None, ms=2.5, lw=1.2, ls='-' if k < 10 else '--', label=label)
-    ax.set(xlabel=next((c.index.name for c in curves.values() if isinstance(c, pd.Series) and c.index.name), 'layer'), ylabel=ylabel, title=title)
+        ax.plot(c.index, c.values, marker='o' if len(curves) <= 4 else None, ms=2.5, lw=1.2, ls='-' if k < 10 else '--',
+                label=label)
+    xlabel = next((c.index.name for c in curves.values() if isinstance(c, pd.Series) and c.index.name), 'layer')
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if logy: ax.set_yscale('log')
     if ylim is not None: ax.set_ylim(*ylim)
     ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
@@ -344,7 +358,9 @@ def token_pair_stats(
     idx = []
     for a, b in pairs:
         i, j = (p if isinstance(p, (int, np.integer)) else locate_word(text, p, tokenizer) for p in (a, b))
-        if not (0 <= i < n and 0 <= j < n) or i == j: raise ValueError(f"pair ({a!r}, {b!r}) maps to token positions ({i}, {j}); need two distinct positions below {n}")
+        if not (0 <= i < n and 0 <= j < n) or i == j:
+            raise ValueError(f"pair ({a!r}, {b!r}) maps to token positions ({i}, {j}); "
+                             f"need two distinct positions below {n}")
         idx.append((f"{a}–{b}", int(i), int(j)))
     rows = []
     for l, h in enumerate(hs):
@@ -354,7 +370,7 @@ def token_pair_stats(
                              cosine=F.cosine_similarity(h[i], h[j], dim=0).item()))
     df = pd.DataFrame(rows)
     d0 = df[df.layer == 0].set_index('pair').distance
-    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))                      # NaN for a pair that starts at distance 0
+    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))        # NaN for a pair that starts at distance 0
     return df
 
 # %% ../nbs/09_analysis.ipynb #e0e0cfd0
@@ -379,7 +395,8 @@ def plot_token_pairs(
     from matplotlib.lines import Line2D
     ax[0].legend([Line2D([], [], color=f'C{i}') for i in range(len(pair_names))], pair_names, fontsize=6, loc='best')
     if len(stats) > 1 or next(iter(stats)):
-        ax[1].legend([Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))], list(stats), fontsize=6, loc='lower left')
+        ax[1].legend([Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))], list(stats), fontsize=6,
+                     loc='lower left')
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -389,7 +406,8 @@ def spectral_gap(
     P:torch.Tensor,  # row-stochastic matrices `(..., n, n)`
 )->torch.Tensor:     # $1-|\lambda_2(P)|$ per matrix, shape `(...)`, float64
     "Spectral gap of row-stochastic matrices: 1 minus the largest modulus of an eigenvalue other than the eigenvalue 1."
-    if P.ndim < 2 or P.shape[-1] != P.shape[-2]: raise ValueError(f"expected square matrices (..., n, n), got shape {tuple(P.shape)}")
+    if P.ndim < 2 or P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"expected square matrices (..., n, n), got shape {tuple(P.shape)}")
     if P.shape[-1] < 2: raise ValueError("the spectral gap needs at least 2 tokens")
     ev = torch.linalg.eigvals(deflate(P.detach().double().cpu()))                       # (..., n)
     return 1 - ev.abs().amax(-1)
@@ -402,8 +420,11 @@ def attention_spectrum(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->dict:                     # 'table': per block, mean $|\lambda_2|$, mean and min gap over sequences and heads; 'eigvals': per block the eigenvalues `(H, m)` of the first sequence
-    "Spectra of every layer's attention matrices over a data set: $|\\lambda_2|$ and the spectral gap, per block (softmax variants)."
+# 'table': per block, mean $|\lambda_2|$, mean and min gap over sequences and heads;
+# 'eigvals': per block the eigenvalues `(H, m)` of the first sequence
+)->dict:
+    ("Spectra of every layer's attention matrices over a data set: $|\\lambda_2|$ and the spectral gap, per block "
+     "(softmax variants).")
     lam2, first = None, None
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=True):
         attn = ctx.attn                                                               # L x (b, H, n, n)
@@ -419,7 +440,8 @@ def attention_spectrum(
             lam2 = r if lam2 is None else torch.cat([lam2, r])
     if lam2 is None: raise ValueError("no sequence with at least 2 real tokens: the spectral gap is undefined")
     table = pd.DataFrame(dict(lambda2=lam2.mean((0, 2)).numpy(), gap=(1 - lam2).mean((0, 2)).numpy(),
-                              min_gap=(1 - lam2).amin((0, 2)).numpy()), index=pd.RangeIndex(1, lam2.shape[1] + 1, name='block'))
+                              min_gap=(1 - lam2).amin((0, 2)).numpy()),
+                         index=pd.RangeIndex(1, lam2.shape[1] + 1, name='block'))
     return dict(table=table, eigvals=list(first))
 
 # %% ../nbs/09_analysis.ipynb #650f841e
@@ -455,19 +477,24 @@ def _masked_J(h, K, mask, normalize):
 def functional_J(
     model_or_learner,        # an encoder or a `Learner` (a softmax variant for `kernel='attention'`)
     data,                    # anything `batches` accepts
-    kernel:str='uniform',    # 'uniform' ($K=\mathbf 1\mathbf 1^\top$, any model) or 'attention' ($K=n\bar P^\ell$ at block ℓ's input)
+    # 'uniform' ($K=\mathbf 1\mathbf 1^\top$, any model) or 'attention' ($K=n\bar P^\ell$ at block ℓ's input)
+    kernel:str='uniform',
     normalize:bool=True,     # divide by the mean squared token norm (scale-free)
-    at:str='input',          # kernel='attention' only: J of block ℓ's kernel at the block's 'input' $H^{\ell-1}$ or its 'output' $H^\ell$
+    # kernel='attention' only: J of block ℓ's kernel at the block's 'input' $H^{\ell-1}$ or its 'output' $H^\ell$
+    at:str='input',
     tokenizer=None,          # for texts
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.Series:                # mean over sequences of J, per layer (uniform: layers 0..L) or per block (attention: blocks 1..L)
+)->pd.Series:                # mean over sequences of J, per layer (uniform: 0..L) or per block (attention: blocks 1..L)
     "The nonlocal functional J of NeuTRENO's gradient-flow reading, per layer, averaged over a data set."
-    if kernel not in ('uniform', 'attention'): raise ValueError(f"kernel must be 'uniform' or 'attention', got {kernel!r}")
-    if at not in ('input', 'output'): raise ValueError(f"at must be 'input' or 'output' (where block ℓ's kernel is evaluated), got {at!r}")
+    if kernel not in ('uniform', 'attention'):
+        raise ValueError(f"kernel must be 'uniform' or 'attention', got {kernel!r}")
+    if at not in ('input', 'output'):
+        raise ValueError(f"at must be 'input' or 'output' (where block ℓ's kernel is evaluated), got {at!r}")
     tot, N = None, 0
-    for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=kernel == 'attention'):
+    passes = forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=kernel == 'attention')
+    for _, hs, mask, ctx in passes:
         b, n = mask.shape
         if kernel == 'uniform':
             ones = torch.ones(b, n, n, device=mask.device)
@@ -478,14 +505,16 @@ def functional_J(
                              for h, A in zip(hs[:-1] if at == 'input' else hs[1:], ctx.attn)])      # (L, b)
         tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + b
     s = pd.Series((tot / N).numpy(), name=f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})')
-    s.index = pd.RangeIndex(0 if kernel == 'uniform' else 1, len(s) + (0 if kernel == 'uniform' else 1), name='layer' if kernel == 'uniform' else 'block')
+    first = 0 if kernel == 'uniform' else 1
+    s.index = pd.RangeIndex(first, len(s) + first, name='layer' if kernel == 'uniform' else 'block')
     return s
 
 # %% ../nbs/09_analysis.ipynb #13ae3743
 def _as_samples(X)->torch.Tensor:
     X = torch.as_tensor(X)
     if X.ndim == 1: X = X[:, None]
-    if X.ndim != 2 or X.shape[0] < 2: raise ValueError(f"expected samples (N, d) with N >= 2, got shape {tuple(X.shape)}")
+    if X.ndim != 2 or X.shape[0] < 2:
+        raise ValueError(f"expected samples (N, d) with N >= 2, got shape {tuple(X.shape)}")
     return X.detach().double().cpu()
 
 def gaussian_entropy(
@@ -502,13 +531,14 @@ def spacing_entropy(
     "Nonparametric (m-spacing) differential entropy of each neuron, by `scipy.stats.differential_entropy`."
     from scipy.stats import differential_entropy
     X = _as_samples(X)
-    with np.errstate(divide='ignore'):                                                # tied values: a zero spacing gives -inf, as it should
+    with np.errstate(divide='ignore'):                      # tied values: a zero spacing gives -inf, as it should
         return torch.as_tensor(differential_entropy(X.numpy(), axis=0, method=method), dtype=torch.float64).reshape(-1)
 
 def paper_entropy(
     X,                # samples `(N, d)` (or `(N,)`)
 )->torch.Tensor:      # `(d,)` float64: $\mathbb E[-\log X]$ per neuron, NaN where some value is ≤ 0
-    "TransJect's Eq. 8 taken literally, $\\mathbb E[-\\log X]$ per neuron: undefined (NaN) unless every value is positive."
+    ("TransJect's Eq. 8 taken literally, $\\mathbb E[-\\log X]$ per neuron: "
+     "undefined (NaN) unless every value is positive.")
     X = _as_samples(X)
     pos = (X > 0).all(0)
     return torch.where(pos, -X.clamp_min(torch.finfo(X.dtype).tiny).log().mean(0), torch.full_like(X[0], float('nan')))
@@ -524,8 +554,11 @@ def layer_entropy(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.DataFrame:             # index `layer`; means over neurons: `gaussian`, `spacing`; over the neurons where Eq. 8 is defined: `paper_eq8`, `spacing_eq8`; `paper_defined`: their share
-    "Layer-wise differential entropy of the hidden states, per neuron over the real tokens of a data set, averaged over neurons."
+# index `layer`; means over neurons: `gaussian`, `spacing`; over the neurons where Eq. 8 is defined:
+# `paper_eq8`, `spacing_eq8`; `paper_defined`: their share
+)->pd.DataFrame:
+    ("Layer-wise differential entropy of the hidden states, per neuron over the real tokens of a data set, "
+     "averaged over neurons.")
     toks = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         t = [h[mask].float().cpu() for h in hs]                                       # L+1 x (T, d)
@@ -540,7 +573,8 @@ def layer_entropy(
         ok = ~pe.isnan()
         nan = float('nan')
         rows.append(dict(gaussian=gaussian_entropy(X).mean().item(), spacing=sp.mean().item(),
-                         paper_eq8=pe[ok].mean().item() if ok.any() else nan, spacing_eq8=sp[ok].mean().item() if ok.any() else nan,
+                         paper_eq8=pe[ok].mean().item() if ok.any() else nan,
+                         spacing_eq8=sp[ok].mean().item() if ok.any() else nan,
                          paper_defined=ok.double().mean().item()))
     df = pd.DataFrame(rows)
     df.index.name = 'layer'
@@ -554,7 +588,8 @@ def expert_weights(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.DataFrame:             # index `block`; columns `expert 1..E` (mean λ), `spread` (std over inputs, mean over experts), `balance`
+# index `block`; columns `expert 1..E` (mean λ), `spread` (std over inputs, mean over experts), `balance`
+)->pd.DataFrame:
     "Expert weights λ of every TransJect layer over a data set (TransJect Fig. 5b), with their spread and balance."
     tot = sq = None; cnt = 0
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
@@ -562,15 +597,18 @@ def expert_weights(
             raise TypeError("this model records no expert weights in ctx.expert_weights; "
                             "only the TransJect variants have experts")
         W = torch.stack([w.detach().double().cpu().reshape(-1, w.shape[-1]).expand(mask.shape[0], -1) if w.ndim == 1
-                         else w.detach().double().cpu().reshape(-1, w.shape[-1]) for w in ctx.expert_weights])   # (L, k, E)
+                         else w.detach().double().cpu().reshape(-1, w.shape[-1])
+                         for w in ctx.expert_weights])                                     # (L, k, E)
         tot = W.sum(1) if tot is None else tot + W.sum(1)
         sq = W.pow(2).sum(1) if sq is None else sq + W.pow(2).sum(1)
         cnt += W.shape[1]
     mean = tot / cnt                                                                  # (L, E)
     spread = (sq / cnt - mean.pow(2)).clamp_min(0).sqrt().mean(-1)                    # (L,)
     E = mean.shape[-1]
-    bal = -(mean * mean.clamp_min(1e-300).log()).sum(-1) / math.log(E) if E > 1 else torch.ones(len(mean), dtype=torch.float64)
-    df = pd.DataFrame(mean.numpy(), columns=[f'expert {e + 1}' for e in range(E)], index=pd.RangeIndex(1, len(mean) + 1, name='block'))
+    bal = (-(mean * mean.clamp_min(1e-300).log()).sum(-1) / math.log(E) if E > 1
+           else torch.ones(len(mean), dtype=torch.float64))
+    df = pd.DataFrame(mean.numpy(), columns=[f'expert {e + 1}' for e in range(E)],
+                      index=pd.RangeIndex(1, len(mean) + 1, name='block'))
     df['spread'], df['balance'] = spread.numpy(), bal.numpy()
     return df
 
@@ -602,12 +640,14 @@ def activation_bounds(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.DataFrame:             # index `layer` (0..L): measured `lo`, `hi` over all token pairs; Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
-    "Smallest and largest token distance ratio (layer l against layer 0) over a data set, beside Theorem 2's bounds (TransJect Fig. 5c)."
+# index `layer` (0..L): measured `lo`, `hi` over all token pairs; Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
+)->pd.DataFrame:
+    ("Smallest and largest token distance ratio (layer l against layer 0) over a data set, "
+     "beside Theorem 2's bounds (TransJect Fig. 5c).")
     model = unwrap(model_or_learner)
     lo = hi = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
-        if int(mask.sum(-1).max()) < 2: continue                                      # no pair of real tokens in this batch
+        if int(mask.sum(-1).max()) < 2: continue                            # no pair of real tokens in this batch
         l, h = (t.cpu() for t in token_distance_ratios(hs, mask))
         lo, hi = (l, h) if lo is None else (torch.minimum(lo, l), torch.maximum(hi, h))
     if lo is None: raise ValueError("no sequence with two real tokens: distance ratios are undefined")
@@ -625,7 +665,8 @@ def plot_activation_bounds(
     ax=None,             # matplotlib Axes; a new figure if None
     title:str='',        # axes title
 ):                       # the Axes
-    "Measured min..max distance ratios per layer as bands, with the theoretical bounds as dashed lines of the same colour."
+    ("Measured min..max distance ratios per layer as bands, "
+     "with the theoretical bounds as dashed lines of the same colour.")
     bounds = bounds if isinstance(bounds, dict) else {'': bounds}
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for k, (label, df) in enumerate(bounds.items()):
@@ -649,7 +690,7 @@ def isomap_layers(
     n_components:int=2,      # output dimension
     align:bool=True,         # rotate/reflect each layer's projection onto the previous one
     device=None,             # where to run
-)->dict:                     # 'tokens': token strings; 'layers': layer indices; 'coords': one `(m, n_components)` array per layer
+)->dict:                     # 'tokens': token strings; 'layers': layer indices; 'coords': `(m, n_components)` per layer
     "Isomap projections of the tokens of one text, layer by layer (TransJect Fig. 6)."
     from sklearn.manifold import Isomap
     from scipy.linalg import orthogonal_procrustes
@@ -661,7 +702,8 @@ def isomap_layers(
     m = int(real.sum())
     if m < 3: raise ValueError(f"Isomap needs at least 3 real tokens, got {m}")
     layers = list(range(len(hs))) if layers is None else [int(l) for l in layers]
-    if bad := [l for l in layers if not 0 <= l < len(hs)]: raise ValueError(f"layers {bad} out of range 0..{len(hs) - 1}")
+    if bad := [l for l in layers if not 0 <= l < len(hs)]:
+        raise ValueError(f"layers {bad} out of range 0..{len(hs) - 1}")
     coords, prev = [], None
     for l in layers:
         X = hs[l][0][real].double().numpy()                                          # (m, d)

@@ -19,16 +19,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .core import PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_choice, sinusoidal_pe
+from .core import PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_fields, sinusoidal_pe
 from .gradflow import mean_pairwise_cosine
 from .similarity import remove_similarity
 
-# %% ../nbs/04_baselines.ipynb #53616a14
-NORMS = ('post', 'pre', 'none')
+# %% ../nbs/04_baselines.ipynb #fae8e607
+NORMS = ('post', 'pre', 'none')   # where the LayerNorm goes: after the residual add, before the sublayer, nowhere
 
+# %% ../nbs/04_baselines.ipynb #53616a14
 @dataclass
 class SoftmaxConfig(EncoderConfig):
-    "Config of the softmax-attention encoders; the registered variants fix `norm`, `rezero` and the knobs they do not use."
+    ("Config of the softmax-attention encoders; "
+     "the registered variants fix `norm`, `rezero` and the knobs they do not use.")
     n_heads:int = 4         # attention heads; must divide d_model
     d_ff:int = 128          # hidden width of the feed-forward sublayer
     dropout:float = 0.0     # dropout on embeddings, attention probabilities, sublayer outputs and the FFN hidden layer
@@ -41,24 +43,17 @@ class SoftmaxConfig(EncoderConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for k in ('n_heads', 'd_ff'):
-            v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"config field {k} must be a positive int, got {v!r}")
+        name = type(self).__name__
+        check_fields(self, ints=('n_heads', 'd_ff'), unit=('dropout',), nonneg=('lam',),
+                     choices={'norm': (NORMS, 'norm')})
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.d_model % 2: raise ValueError(f"d_model must be even (sinusoidal positions), got {self.d_model}")
-        def real(k):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"config field {k} must be a finite real number, got {v!r}")
-            return v
-        if not 0 <= real('dropout') < 1: raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if real('lam') < 0: raise ValueError(f"lam (NeuTRENO λ) must be >= 0, got {self.lam}")
-        if not 0 <= real('tau') <= 1: raise ValueError(f"tau (similarity removal τ) must lie in [0, 1], got {self.tau}")
+        t = self.tau                                               # a share with both ends allowed; NaN fails the range
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+            raise ValueError(f"{name}.tau (similarity removal τ) must lie in [0, 1], got {t!r}")
         for k in ('sym', 'rezero', 'causal'):
-            if not isinstance(getattr(self, k), bool): raise ValueError(f"config field {k} must be a bool, got {getattr(self, k)!r}")
-        check_choice(self.norm, NORMS, 'norm')
+            if not isinstance(v := getattr(self, k), bool): raise ValueError(f"{name}.{k} must be a bool, got {v!r}")
 
 # %% ../nbs/04_baselines.ipynb #f93e588f
 def attention_mask(
@@ -188,7 +183,7 @@ def remove_similarity_causal(
     "Subtract from every token τ times the mean of the real tokens at or before it: the causal $(I-\\tau C)Y$."
     Yf = Y if Y.dtype == torch.float64 else Y.float()
     m = torch.ones_like(Yf[..., :1]) if mask is None else mask[..., None].to(Yf.dtype)  # (..., n, 1)
-    prefix = (Yf * m).cumsum(-2) / m.cumsum(-2).clamp_min(1)                           # (..., n, d): mean of real tokens <= t
+    prefix = (Yf * m).cumsum(-2) / m.cumsum(-2).clamp_min(1)               # (..., n, d): mean of real tokens <= t
     return Y - (tau * prefix).to(Y.dtype)
 
 # %% ../nbs/04_baselines.ipynb #f7a2baa4
@@ -281,8 +276,12 @@ def future_leak(
     t:int,             # the last position that must not change; token t+1 is replaced
 )->float:              # the largest absolute change of any layer's hidden states at positions <= t
     "How much the hidden states at positions ≤ t move when token t+1 of every sequence is replaced by another id."
-    if not 0 <= t < x.shape[1] - 1: raise ValueError(f"t must lie in [0, {x.shape[1] - 2}] for sequences of length {x.shape[1]} (token t+1 is replaced), got {t}")
-    if model.training: raise ValueError("future_leak needs the model in eval mode (dropout would change every position); call model.eval()")
+    if not 0 <= t < x.shape[1] - 1:
+        raise ValueError(f"t must lie in [0, {x.shape[1] - 2}] for sequences of length {x.shape[1]} "
+                         f"(token t+1 is replaced), got {t}")
+    if model.training:
+        raise ValueError("future_leak needs the model in eval mode (dropout would change every position); "
+                         "call model.eval()")
     x2 = x.clone()
-    x2[:, t + 1] = x[:, t + 1] % (model.cfg.vocab_sz - 1) + 1                      # another real id (padding becomes a token)
+    x2[:, t + 1] = x[:, t + 1] % (model.cfg.vocab_sz - 1) + 1              # another real id (padding becomes a token)
     return max((a[:, :t + 1] - b[:, :t + 1]).abs().max().item() for a, b in zip(model.encode(x), model.encode(x2)))

@@ -24,8 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from . import transject as _tj
-from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice, convert_field, field_owners, progress_iter,
-                               sinusoidal_pe, split_choices, split_fields, variant_spec)
+from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice, convert_field, field_owners,
+                               progress_iter, sinusoidal_pe, split_choices, split_fields, variant_spec)
 from .models import VARIANTS, create_model
 from . import cpu as _cpu
 from .cpu import INV_LEAF
@@ -77,7 +77,8 @@ def matmul_peak(
     for m, k, n in shapes:
         a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
         out = torch.empty(m, n, device=device, dtype=dtype)
-        res[f'{m}x{k}x{n}'] = 2 * m * k * n / statistics.median(time_fn(lambda: torch.mm(a, b, out=out), reps, 1, device)) / 1e9
+        t = statistics.median(time_fn(lambda: torch.mm(a, b, out=out), reps, 1, device))
+        res[f'{m}x{k}x{n}'] = 2 * m * k * n / t / 1e9
     res['peak'] = max(res.values())
     return res
 
@@ -103,7 +104,8 @@ class _TorchEncoderStack(nn.Module):
     def forward(self, h, mask, ctx): return self.enc(h, src_key_padding_mask=None if bool(mask.all()) else ~mask)
 
 class TorchEncoder(EncoderClassifier):
-    "`nn.TransformerEncoder` with the package's embedding, sinusoidal positions, masked pooling and head: the reference of every benchmark."
+    ("`nn.TransformerEncoder` with the package's embedding, sinusoidal positions, masked pooling and head: "
+     "the reference of every benchmark.")
     def __init__(self, cfg:TorchEncoderConfig):
         super().__init__(cfg)
         d = cfg.d_model
@@ -111,7 +113,8 @@ class TorchEncoder(EncoderClassifier):
         nn.init.normal_(self.emb.weight, std=d ** -0.5)
         self.register_buffer('pe', sinusoidal_pe(cfg.max_len, d), persistent=False)
         layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff or 4 * d, cfg.dropout, batch_first=True)
-        self.blocks = nn.ModuleList([_TorchEncoderStack(nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False))])
+        stack = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.blocks = nn.ModuleList([_TorchEncoderStack(stack)])
 
     def embed(self, x, mask): return self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]]   # (B, n, d)
 
@@ -125,9 +128,10 @@ def reference_encoder(
 
 REFERENCE = 'nn.TransformerEncoder'
 
-# %% ../nbs/10_bench.ipynb #2a612dcb
+# %% ../nbs/10_bench.ipynb #a216347e
 def _gemm(m, k, n): return 2 * m * k * n
 
+# %% ../nbs/10_bench.ipynb #549e853d
 def inverse_flops(
     d:int,             # matrix size
     leaf:int=INV_LEAF, # `block_inverse`'s leaf size
@@ -136,22 +140,26 @@ def inverse_flops(
     if d <= leaf: return 0, 2 * d ** 3
     h1, h2 = d // 2, d - d // 2
     (g1, l1), (g2, l2) = inverse_flops(h1, leaf), inverse_flops(h2, leaf)
-    g = _gemm(h1, h1, h2) + _gemm(h2, h1, h1) + _gemm(h2, h1, h2) + _gemm(h2, h2, h1) + _gemm(h1, h2, h1) + _gemm(h1, h2, h2)
+    g = (_gemm(h1, h1, h2) + _gemm(h2, h1, h1) + _gemm(h2, h1, h2)
+         + _gemm(h2, h2, h1) + _gemm(h1, h2, h1) + _gemm(h1, h2, h2))
     return g1 + g2 + g, l1 + l2
 
+# %% ../nbs/10_bench.ipynb #2a612dcb
 def transject_flops(
     cfg:TransJectConfig,  # the model's config
     B:int,                # batch size
     n:int,                # sequence length
     train:bool=True,      # forward+backward (with the orthogonal maps), or inference forward (maps cached)
-    fused:bool=False,     # count the experts as the fused kernel computes them: Σ folded in where `cpu.layer_path` says 'fold'
+    fused:bool=False,     # count the experts as the fused kernel does: Σ folded in where `cpu.layer_path` says 'fold'
 )->dict:                  # FLOPs per part, 'lapack' apart, and 'total'
-    "FLOPs of one step of `TransJect` from its equations: the products of the readable layer, or with Σ folded into the experts where the fused kernel folds."
+    ("FLOPs of one step of `TransJect` from its equations: the products of the readable layer, "
+     "or with Σ folded into the experts where the fused kernel folds.")
     d, E, L, k = cfg.d_model, cfg.n_experts, cfg.n_layers, 3 if train else 1
     G, N, R = (1, B * n, B * n) if cfg.sigma == 'random' else (B, n, B * n)
     f = dict.fromkeys(('sigma', 'orthogonal maps', 'fold', 'experts', 'ffn', 'head', 'lapack'), 0)
     if cfg.sigma == 'approx':
-        if d <= n: f['sigma'] = B * (_gemm(d, n, d) + _gemm(d, d, d) + (_gemm(d, d, d) + _gemm(n, d, d) if train else 0))
+        if d <= n:
+            f['sigma'] = B * (_gemm(d, n, d) + _gemm(d, d, d) + (_gemm(d, d, d) + _gemm(n, d, d) if train else 0))
         else: f['sigma'] = B * (_gemm(n, d, d) + _gemm(n, d, n)) * (3 if train else 1)
     if train:
         for m in [2 * E + 2] * L + ([1] if cfg.sigma == 'approx' else []):
@@ -159,7 +167,8 @@ def transject_flops(
             f['orthogonal maps'] += m * (g + 3 * _gemm(d, d, d))         # inverse, B P, backward (BP)^T dQ P^T
             f['lapack'] += m * lap
     for _ in range(L):
-        if fused and _cpu.layer_path(N, d) == 'fold': f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
+        if fused and _cpu.layer_path(N, d) == 'fold':
+            f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
         else: f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))   # h [U_1|..|U_E], then each (h U_e Σ) V_e
         f['ffn'] += k * 2 * _gemm(R, d, d)
     f['head'] = k * _gemm(B, d, cfg.n_classes)
@@ -176,15 +185,17 @@ def softmax_flops(
     "FLOPs of one step of a softmax-attention encoder, from its equations (attention by the explicit formula)."
     d, L, k, R = cfg.d_model, cfg.n_layers, 3 if train else 1, B * n
     d_ff = cfg.d_ff or 4 * d
-    f = dict(qkv=k * L * _gemm(R, d, (2 if getattr(cfg, 'sym', False) else 3) * d), attention=k * L * B * 2 * _gemm(n, d, n),
-             proj=k * L * _gemm(R, d, d), ffn=k * L * 2 * _gemm(R, d, d_ff), head=k * _gemm(B, d, cfg.n_classes))
+    f = dict(qkv=k * L * _gemm(R, d, (2 if getattr(cfg, 'sym', False) else 3) * d),
+             attention=k * L * B * 2 * _gemm(n, d, n), proj=k * L * _gemm(R, d, d), ffn=k * L * 2 * _gemm(R, d, d_ff),
+             head=k * _gemm(B, d, cfg.n_classes))
     f['total'] = sum(f.values())
     return f
 
 def uses_fused(
     model:TransJect,  # a TransJect model
 )->bool:              # True if its layers run `cpu.fused_layer` where its parameters are
-    "Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' on the CPU) rather than the readable layer."
+    ("Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' on the CPU) "
+     "rather than the readable layer.")
     return model.blocks[0].uses_fused(next(model.parameters()).device)
 
 def flop_count(
@@ -210,7 +221,7 @@ def make_step(
 ):                            # a function of no arguments; `.model` is the model
     "One step of `model` on `x` as a function of no arguments."
     dev = x.device.type
-    fwd = model if compiled is None else compiled                       # not `compiled or model`: a compiled module has no truth value
+    fwd = model if compiled is None else compiled       # not `compiled or model`: a compiled module has no truth value
     if y is None: y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     def ctxs():
         stack = contextlib.ExitStack()
@@ -238,14 +249,15 @@ def measured_flops(
     x:torch.Tensor,           # token ids `(B, n)`
     train:bool=True,          # forward+backward, or inference forward
 )->int:                       # FLOPs counted by `FlopCounterMode`
-    "FLOPs that torch's `FlopCounterMode` counts in one step, on one thread, with SDPA's math backend and without `nn.TransformerEncoderLayer`'s fused inference path, so that every product is visible."
+    ("FLOPs that torch's `FlopCounterMode` counts in one step, on one thread, with SDPA's math backend and without "
+     "`nn.TransformerEncoderLayer`'s fused inference path, so that every product is visible.")
     from torch.nn.attention import SDPBackend
     step = make_step(model, x, train=train, sdpa=SDPBackend.MATH)
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         with _cpu.threads(1):                                        # the fused kernel's blocks on this thread
-            step()                                                       # warm-up (evaluation caches the orthogonal matrices)
+            step()                                              # warm-up (evaluation caches the orthogonal matrices)
             with FlopCounterMode(display=False) as fc: step()
     finally: torch.backends.mha.set_fastpath_enabled(fast)
     return fc.get_total_flops()
@@ -303,7 +315,7 @@ def peak_memory(
     mem = sorted((e['ts'], e['args']['Total Allocated'], e['args'].get('Bytes', 0)) for e in events
                  if e.get('name') == '[memory]' and 'Total Allocated' in e.get('args', {}))
     if not mem: return 0.
-    base = mem[0][1] - mem[0][2]                                         # the profiler's running total before the step's first allocation
+    base = mem[0][1] - mem[0][2]             # the profiler's running total before the step's first allocation
     return max(t for _, t, _ in mem) / 2**20 - base / 2**20
 
 # %% ../nbs/10_bench.ipynb #43086e05
@@ -315,7 +327,8 @@ def train_briefly(
     lr:float=1e-3,            # learning rate
     seed:int=0,               # data seed
 )->list:                      # the training losses
-    "Train `model` on random sequences labelled by the parity of their first token, so that timed weights are trained ones."
+    ("Train `model` on random sequences labelled by the parity of their first token, "
+     "so that timed weights are trained ones.")
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -336,22 +349,27 @@ def gc_collect(device='cpu'):
     if torch.device(device).type == 'cuda': torch.cuda.empty_cache()
 
 def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->list:
-    "The lengths `ns` as ints, once every argument of `bench_table` is checked; else a ValueError saying what was expected."
+    ("The lengths `ns` as ints, once every argument of `bench_table` is checked; "
+     "else a ValueError saying what was expected.")
     if not models: raise ValueError("bench_table needs at least one model")
     try: ns = [operator.index(n) for n in ns]                            # ints, numpy ints; not floats or strings
     except TypeError: raise ValueError(f"ns must be positive integer lengths, got {ns}") from None
     if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
-    if B < 1 or reps < 1 or warmup < 0: raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
-    if torch.device(device).type == 'cuda' and not torch.cuda.is_available(): raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if B < 1 or reps < 1 or warmup < 0:
+        raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
+    if torch.device(device).type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available")
     if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
-        raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} (build them with max_len >= {max(ns)})")
+        raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} "
+                         f"(build them with max_len >= {max(ns)})")
     return ns
 
 # %% ../nbs/10_bench.ipynb #775c6c70
 _PROBE = (8192, 256, 1024)   # (m, k, n) of the product timed beside the models in every round
 
 def _matmul_probe(dtype, device)->dict:
-    "Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 in-cache row blocks; the faster is the round's matmul peak."
+    ("Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 in-cache row blocks; "
+     "the faster is the round's matmul peak.")
     m, k, n = _PROBE
     pa, pb = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
     pout = torch.empty(m, n, device=device, dtype=dtype)
@@ -360,7 +378,8 @@ def _matmul_probe(dtype, device)->dict:
     return {'_matmul': lambda: torch.mm(pa, pb, out=pout), '_matmul_blocks': blocks}
 
 def _time_rounds(steps:dict, reps:int, warmup:int, device, slow:set)->dict:
-    "`interleaved_times` of `steps`; out of memory, one step at a time, and a step still out of memory gets None and joins `slow`."
+    ("`interleaved_times` of `steps`; out of memory, one step at a time, "
+     "and a step still out of memory gets None and joins `slow`.")
     try: return interleaved_times(steps, reps, warmup, device)
     except RuntimeError as e:
         if not _oom(e): raise
@@ -380,6 +399,24 @@ def _peak_mib(step, device)->float:
         if not _oom(e): raise
         return float('nan')
 
+# %% ../nbs/10_bench.ipynb #ffc88311
+def _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_s)->list:
+    "`bench_table`'s rows of one length from its rounds `ts`; a model slower than `max_step_s` per step joins `slow`."
+    t = min(statistics.median(ts.pop('_matmul')), statistics.median(ts.pop('_matmul_blocks')))   # the faster probe
+    peak = 2 * math.prod(_PROBE) / t / 1e9
+    load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan')
+    rows = []
+    for k, t in ts.items():
+        if t is None: rows.append(dict(n=n, model=k)); continue
+        med, fl = statistics.median(t), flop_count(models[k], B, n, train)['total']
+        mem = _peak_mib(steps[k], device) if memory else float('nan')
+        rows.append(dict(n=n, model=k, tokens_per_s=B * n / med, tok_s_min=B * n / max(t), tok_s_max=B * n / min(t),
+                         step_ms=1e3 * med, gflop=fl / 1e9, gflops_per_s=fl / med / 1e9, peak_gflops_per_s=peak,
+                         frac_peak=fl / med / 1e9 / peak, peak_mib=mem, load=round(load, 2),
+                         threads=torch.get_num_threads()))
+        if med > max_step_s: slow.add(k)
+    return rows
+
 # %% ../nbs/10_bench.ipynb #775c6c73
 def bench_table(
     models:dict,             # name -> model (same vocabulary); the reference's name is `reference`
@@ -396,9 +433,11 @@ def bench_table(
     sdpa=None,               # SDPA backend(s) for the softmax models
     device='cpu',            # where to run
     seed:int=0,              # token seed
-    progress:bool|None=None, # progress over the lengths (a bar in a notebook or terminal, a line per length in a log); None: unless run as a test by `nbdev-test` (`IN_TEST` set)
+    # progress over the lengths: a bar in a notebook or terminal, a line per length in a log; None: unless `IN_TEST`
+    progress:bool|None=None,
 )->pd.DataFrame:             # one row per (n, model)
-    "Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak probed in the same rounds (the faster of one (8192×256)(256×1024) product and the same in 16 row blocks), and peak memory, for every model and length."
+    ("Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak "
+     "probed in the same rounds (`_matmul_probe`), and peak memory, for every model and length.")
     ns = _check_bench_args(models, ns, B, reps, warmup, device)
     rows, slow = [], set()
     vocab = min(m.cfg.vocab_sz for m in models.values())
@@ -412,19 +451,11 @@ def bench_table(
         steps = {k: make_step(m, x, y, train, dtype, compiled.get(k), sdpa if not isinstance(m, TransJect) else None)
                  for k, m in models.items() if k not in slow} | probe
         ts = _time_rounds(steps, reps, warmup, device, slow)
-        peak = 2 * math.prod(_PROBE) / min(statistics.median(ts.pop('_matmul')), statistics.median(ts.pop('_matmul_blocks'))) / 1e9
-        load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan')
-        for k, t in ts.items():
-            if t is None: rows.append(dict(n=n, model=k)); continue
-            med, fl = statistics.median(t), flop_count(models[k], B, n, train)['total']
-            mem = _peak_mib(steps[k], device) if memory else float('nan')
-            rows.append(dict(n=n, model=k, tokens_per_s=B * n / med, tok_s_min=B * n / max(t), tok_s_max=B * n / min(t),
-                             step_ms=1e3 * med, gflop=fl / 1e9, gflops_per_s=fl / med / 1e9, peak_gflops_per_s=peak,
-                             frac_peak=fl / med / 1e9 / peak, peak_mib=mem, load=round(load, 2), threads=torch.get_num_threads()))
-            if med > max_step_s: slow.add(k)
+        rows += _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_s)
         gc_collect(device)
     df = pd.DataFrame(rows)
-    if reference in models and 'tokens_per_s' in df: df['ratio'] = df.tokens_per_s / df.n.map(df[df.model == reference].set_index('n').tokens_per_s)
+    if reference in models and 'tokens_per_s' in df:
+        df['ratio'] = df.tokens_per_s / df.n.map(df[df.model == reference].set_index('n').tokens_per_s)
     return df
 
 # %% ../nbs/10_bench.ipynb #ab4de674
@@ -434,7 +465,8 @@ def crossover(
     b:str=REFERENCE,        # the model overtaken
     col:str='tokens_per_s', # what is compared
 )->float:                   # the length from which `a` is faster (the smallest length if always, nan if never)
-    "The sequence length at which model `a`'s throughput overtakes model `b`'s, interpolated in log-log between measured lengths."
+    ("The sequence length at which model `a`'s throughput overtakes model `b`'s, "
+     "interpolated in log-log between measured lengths.")
     t = df.pivot_table(index='n', columns='model', values=col).sort_index()[[a, b]].dropna()
     r = (t[a] / t[b]).apply(math.log)
     if (r > 0).all(): return float(t.index[0])
@@ -450,17 +482,20 @@ def plot_throughput(
     title:str='',           # the title
     mark_crossover:bool=True, # for tokens/s: a vertical line where each model overtakes `REFERENCE`
 ):                          # the Axes
-    "Tokens/s against n on log-log axes, one line per model, the min..max over rounds shaded, and the crossover lengths marked."
+    ("Tokens/s against n on log-log axes, one line per model, the min..max over rounds shaded, "
+     "and the crossover lengths marked.")
     import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     models = list(dict.fromkeys(df.dropna(subset=[col]).model))
     for i, (k, g) in enumerate(df.dropna(subset=[col]).groupby('model', sort=False)):
         ref = k == REFERENCE
-        ax.plot(g.n, g[col], marker='o', ms=3, lw=2 if ref else 1.3, color='k' if ref else f'C{i}', ls='--' if ref else '-', label=k)
-        if col == 'tokens_per_s': ax.fill_between(g.n, g.tok_s_min, g.tok_s_max, color='k' if ref else f'C{i}', alpha=0.15)
+        ax.plot(g.n, g[col], marker='o', ms=3, lw=2 if ref else 1.3, color='k' if ref else f'C{i}',
+                ls='--' if ref else '-', label=k)
+        if col == 'tokens_per_s':
+            ax.fill_between(g.n, g.tok_s_min, g.tok_s_max, color='k' if ref else f'C{i}', alpha=0.15)
         if col == 'tokens_per_s' and mark_crossover and not ref and REFERENCE in models:
             x = crossover(df, k)
-            if x == x and x > df.n.min():                                # nan: never; the smallest length: faster everywhere
+            if x == x and x > df.n.min():                    # nan: never; the smallest length: faster everywhere
                 ax.axvline(x, color=f'C{i}', ls=':', lw=1, label=f'{k} overtakes at n ≈ {x:.0f}')
     ax.set_xscale('log', base=2); ax.set_yscale('log')
     ax.set_xlabel('sequence length n'); ax.set_ylabel(col.replace('_', ' '))
@@ -481,35 +516,42 @@ def plot_memory(
     ax.set_ylabel('peak memory of a step (MiB)'); ax.legend(fontsize=7)
     return ax
 
-# %% ../nbs/10_bench.ipynb #adfaaaee
+# %% ../nbs/10_bench.ipynb #c83922fc
 def _solve_cayley_forward(self, W):
-    "CayleyOrthogonal.forward as it was: one solve per matrix on the CPU (oneMKL's batched-LU bug), autograd through it."
+    ("CayleyOrthogonal.forward as it was: one solve per matrix on the CPU (oneMKL's batched-LU bug), "
+     "autograd through it.")
     A = W.tril(); A = A - A.mT
     d = W.shape[-1]
     I = torch.eye(d, dtype=W.dtype, device=W.device)
     lhs, rhs = I - A / 2, I + A / 2
     if W.device.type == 'cpu' and W.ndim > 2 and d >= 128:
-        C = torch.stack([torch.linalg.solve(l, r) for l, r in zip(lhs.reshape(-1, d, d), rhs.reshape(-1, d, d))]).reshape(W.shape)
+        pairs = zip(lhs.reshape(-1, d, d), rhs.reshape(-1, d, d))
+        C = torch.stack([torch.linalg.solve(l, r) for l, r in pairs]).reshape(W.shape)
     else: C = torch.linalg.solve(lhs, rhs)
     return C if self.base is None else self.base @ C
 
+# %% ../nbs/10_bench.ipynb #adfaaaee
 def unfused_transject_(
     model:TransJect,   # changed in place
 )->TransJect:          # the same model, computing the same function the way it was computed before the optimisation
-    "Put `model` back on the pre-optimisation implementation: the readable layer (`kernel='readable'`), the Cayley map by a solve per matrix."
+    ("Put `model` back on the pre-optimisation implementation: the readable layer (`kernel='readable'`), "
+     "the Cayley map by a solve per matrix.")
     for m in model.modules():
-        if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'                             # `transject.transject_layer`
+        if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'                       # `transject.transject_layer`
         if isinstance(m, _cpu.CayleyOrthogonal): m.forward = types.MethodType(_solve_cayley_forward, m)
     return model
 
+# %% ../nbs/10_bench.ipynb #b1ec80e7
 _GEMM_OPS = ('aten::mm', 'aten::bmm', 'aten::addmm', 'aten::baddbmm', 'aten::addmm_', 'aten::baddbmm_')
 
+# %% ../nbs/10_bench.ipynb #0db0f2f9
 def profile_step(
     step,              # a step from `make_step`
     row_limit:int=12,  # operations listed
     threads:int=1,     # torch's intra-op threads during the profile
 )->tuple:              # (top operations by own time, own time per kind in ms)
-    "Profile one step (after one unprofiled step): the operations with the most own CPU time, and that time sorted into matrix products, LAPACK and the rest."
+    ("Profile one step (after one unprofiled step): the operations with the most own CPU time, "
+     "and that time sorted into matrix products, LAPACK and the rest.")
     from torch.profiler import profile, ProfilerActivity
     prev = torch.get_num_threads(); torch.set_num_threads(threads)
     try:
@@ -519,29 +561,38 @@ def profile_step(
                 with profile(activities=[ProfilerActivity.CPU]) as prof: step()
                 ev = [e for e in prof.key_averages() if e.key.startswith('aten::')]
     finally: torch.set_num_threads(prev)
-    ops = pd.DataFrame([dict(op=e.key, self_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in ev]).sort_values('self_ms', ascending=False)
-    kind = lambda k: 'matrix products' if k in _GEMM_OPS else 'LAPACK' if k.startswith('aten::linalg_') or k.startswith('aten::_linalg') else 'element-wise, copies, allocation'
+    ops = pd.DataFrame([dict(op=e.key, self_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in ev])
+    ops = ops.sort_values('self_ms', ascending=False)
+    kind = lambda k: ('matrix products' if k in _GEMM_OPS
+                      else 'LAPACK' if k.startswith('aten::linalg_') or k.startswith('aten::_linalg')
+                      else 'element-wise, copies, allocation')
     return ops.head(row_limit).reset_index(drop=True), ops.assign(kind=ops.op.map(kind)).groupby('kind').self_ms.sum()
 
 # %% ../nbs/10_bench.ipynb #8e7192d1
-BENCH_HELP = "time training or inference of variants against nn.TransformerEncoder: tokens/s, ratio, FLOP rate, fraction of the matmul peak, peak memory"
-BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the headline setting; d_ff is 4 d_model unless given
+BENCH_HELP = ("time training or inference of variants against nn.TransformerEncoder: tokens/s, ratio, FLOP rate, "
+              "fraction of the matmul peak, peak memory")
+BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the headline; d_ff is 4 d_model unless given
 
 def add_bench_args(
     p:argparse.ArgumentParser,  # the parser (or subparser) to extend
 ):
     "The `bench` command's options."
-    p.add_argument('--variants', default='transject', help="'all' or a comma-separated list of variants (nn.TransformerEncoder is always measured)")
-    p.add_argument('--kernels', default='readable,fused', help="TransJect's layer: 'readable', 'fused' or both, comma-separated; one row per variant and kernel")
+    p.add_argument('--variants', default='transject',
+                   help="'all' or a comma-separated list of variants (nn.TransformerEncoder is always measured)")
+    p.add_argument('--kernels', default='readable,fused',
+                   help="TransJect's layer: 'readable', 'fused' or both, comma-separated; "
+                        "one row per variant and kernel")
     p.add_argument('--n', default='128,512,1024,2048,4096', help='comma-separated sequence lengths')
     p.add_argument('--batch', type=int, default=8, help='batch size')
     p.add_argument('--mode', choices=('train', 'eval'), default='train', help='forward+backward, or inference forward')
-    p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'), default='float32', help='bfloat16/float16: under torch.autocast')
+    p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'), default='float32',
+                   help='bfloat16/float16: under torch.autocast')
     p.add_argument('--reps', type=int, default=3, help='timed rounds per length')
     p.add_argument('--warmup', type=int, default=1, help='untimed rounds per length')
     p.add_argument('--threads', type=int, default=None, help='torch threads (default: torch\'s)')
     p.add_argument('--device', default='cpu', help="'cpu' or 'cuda'")
-    p.add_argument('--train-steps', type=int, default=0, help='train the TransJect models this many Adam steps on random data first')
+    p.add_argument('--train-steps', type=int, default=0,
+                   help='train the TransJect models this many Adam steps on random data first')
     p.add_argument('--compile', action='store_true', help='time torch.compile(model)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
@@ -561,11 +612,15 @@ def _bench_fields(
     variants:list,   # the variants benchmarked
     overrides:dict,  # model config field -> value: text from the command line, or already typed
 )->dict:             # the overrides, typed
-    "Check that every override is a field of a benchmarked model's config (the reference's included), and type the text ones by its annotation."
-    if 'kernel' in overrides: raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); drop --kernel")
+    ("Check that every override is a field of a benchmarked model's config (the reference's included), "
+     "and type the text ones by its annotation.")
+    if 'kernel' in overrides:
+        raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); "
+                         "drop --kernel")
     owners = field_owners([*(variant_spec(v).config_cls for v in variants), TorchEncoderConfig])
     for k in overrides: check_choice(k, owners, 'model config field')
-    return {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v for k, v in overrides.items()}
+    return {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v
+            for k, v in overrides.items()}
 
 # %% ../nbs/10_bench.ipynb #e0c85ae7
 def _bench_models(
@@ -576,11 +631,13 @@ def _bench_models(
     train_steps:int=0,   # train the TransJect models this many Adam steps on random data first
 )->dict:                 # name -> model
     "The models benchmarked: each variant (a TransJect one once per kernel, with the same weights) and the reference."
-    pick = lambda cls: {k: v for k, v in cfg.items() if k in {f.name for f in fields(cls)} and k not in ('vocab_sz', 'n_classes')}
+    pick = lambda cls: {k: v for k, v in cfg.items()
+                        if k in {f.name for f in fields(cls)} and k not in ('vocab_sz', 'n_classes')}
     torch.manual_seed(0)
     def build(v, **kw):
         spec = variant_spec(v)
-        return create_model(v, 30522, 2, **{k: x for k, x in pick(spec.config_cls).items() if k not in spec.fixed}, **kw).to(device)
+        own = {k: x for k, x in pick(spec.config_cls).items() if k not in spec.fixed}
+        return create_model(v, 30522, 2, **own, **kw).to(device)
     models = {}
     for v in vs:
         if not issubclass(variant_spec(v).config_cls, TransJectConfig): models[v] = build(v); continue
@@ -609,11 +666,14 @@ def bench_command(
     if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
     models = _bench_models(vs, kernels, cfg, a.device, a.train_steps)
     dtype = None if a.dtype == 'float32' else getattr(torch, a.dtype)
-    df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype, memory=not a.no_memory, compile=a.compile, device=a.device)
+    df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype, memory=not a.no_memory,
+                     compile=a.compile, device=a.device)
     info = machine_info(a.device)
-    print(f"transject-nb bench: {a.mode}, {a.dtype}, batch {a.batch}, {info['threads']} threads, {info.get('gpu', info['cpu'])}, "
-          f"torch {info['torch']}; model {', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'max_len')}", flush=True)
-    cols = [c for c in ('n', 'model', 'tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio', 'gflops_per_s', 'frac_peak', 'peak_mib', 'load') if c in df]
+    print(f"transject-nb bench: {a.mode}, {a.dtype}, batch {a.batch}, {info['threads']} threads, "
+          f"{info.get('gpu', info['cpu'])}, torch {info['torch']}; "
+          f"model {', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'max_len')}", flush=True)
+    cols = [c for c in ('n', 'model', 'tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio', 'gflops_per_s', 'frac_peak',
+                        'peak_mib', 'load') if c in df]
     print(df[cols].round(2).to_string(index=False), flush=True)
     for v in (k for k in models if k != REFERENCE):
         if 'tokens_per_s' not in df: continue
@@ -624,6 +684,7 @@ def bench_command(
     if a.csv: df.to_csv(a.csv, index=False)
     return df
 
+# %% ../nbs/10_bench.ipynb #20776f00
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 )->pd.DataFrame:          # the table printed

@@ -39,7 +39,8 @@ def power_iteration(
     "Largest singular value of `A` (of each matrix in a batch) by power iteration on $A^\\top A$."
     _check_float(A, 'A')
     if A.ndim < 2: raise ValueError(f"A must be a matrix (m, k) or a batch (..., m, k), got shape {tuple(A.shape)}")
-    if A.shape[-1] == 0 or A.shape[-2] == 0: raise ValueError(f"A must have non-empty matrix dimensions, got shape {tuple(A.shape)}")
+    if A.shape[-1] == 0 or A.shape[-2] == 0:
+        raise ValueError(f"A must have non-empty matrix dimensions, got shape {tuple(A.shape)}")
     if int(iters) < 1: raise ValueError(f"iters must be a positive int, got {iters}")
     wd = torch.float32 if A.dtype in (torch.float16, torch.bfloat16) else A.dtype  # iterate in at least fp32
     with torch.autocast(A.device.type, enabled=False):
@@ -60,27 +61,31 @@ def power_iteration(
 def row_stochastic(
     A:torch.Tensor,   # non-negative scores `(..., n, k)`, every row with a positive sum
 )->torch.Tensor:      # $D^{-1}A$ with $D=\mathrm{diag}(A\mathbf 1)$, rows summing to 1, same shape
-    "Normalise non-negative scores by their row sums: the paper's $D^{-1}A$ (softmax attention is `row_stochastic(scores.exp())`)."
+    ("Normalise non-negative scores by their row sums: the paper's $D^{-1}A$ "
+     "(softmax attention is `row_stochastic(scores.exp())`).")
     _check_float(A, 'A')
     if A.ndim < 2: raise ValueError(f"A must be a matrix (n, k) or a batch (..., n, k), got shape {tuple(A.shape)}")
-    if bool((A < 0).any()): raise ValueError("A must be entrywise non-negative (e.g. exp of attention scores), got negative entries")
+    if bool((A < 0).any()):
+        raise ValueError("A must be entrywise non-negative (e.g. exp of attention scores), got negative entries")
     d = A.sum(-1, keepdim=True)                                          # (..., n, 1)
     if bool((d <= 0).any()): raise ValueError("every row of A needs a positive sum; got a row of zeros")
     return A / d
 
-# %% ../nbs/01_bounds.ipynb #8fc2d147
+# %% ../nbs/01_bounds.ipynb #4ac13794
 def _jvp_quiet(f, x, v):
     with warnings.catch_warnings():  # torch scripts its forward-AD decompositions on first use, with a FutureWarning
         warnings.filterwarnings('ignore', message='.*torch.jit.script.*', category=FutureWarning)
         return torch.func.jvp(f, (x,), (v,))[1]
 
+# %% ../nbs/01_bounds.ipynb #8fc2d147
 def local_lipschitz(
     f:Callable,       # a differentiable map from a tensor of any shape to a tensor of any shape
     x:torch.Tensor,   # the point at which to take the Jacobian, floating point
     iters:int=50,     # maximum number of products with $J^\top J$ (one `jvp` and one `vjp` each)
     tol:float=1e-6,   # stop once the Ritz residual is below `tol` relative to the estimate of $\|J\|^2$
 )->float:             # $\|J_f(x)\|_2$, the local Lipschitz constant of `f` at `x` (approached from below)
-    "Largest singular value of the Jacobian of `f` at `x`: Lanczos-accelerated power iteration on $J^\\top J$ with `torch.func.jvp`/`vjp` (no full Jacobian)."
+    ("Largest singular value of the Jacobian of `f` at `x`: Lanczos-accelerated power iteration on $J^\\top J$ "
+     "with `torch.func.jvp`/`vjp` (no full Jacobian).")
     if not callable(f): raise TypeError(f"f must be callable, got {type(f).__name__}")
     _check_float(x, 'x')
     if int(iters) < 1: raise ValueError(f"iters must be a positive int, got {iters}")
@@ -104,21 +109,24 @@ def local_lipschitz(
             w = w - a * q - beta * q_prev
             diag.append(a)
             T = torch.diag(torch.tensor(diag, dtype=torch.float64))     # (k, k) tridiagonal T_k = Q^T M Q
-            if off: T += torch.diag(torch.tensor(off, dtype=torch.float64), 1) + torch.diag(torch.tensor(off, dtype=torch.float64), -1)
+            if off: b = torch.tensor(off, dtype=torch.float64); T += torch.diag(b, 1) + torch.diag(b, -1)
             evals, evecs = torch.linalg.eigh(T)
             theta, beta = max(evals[-1].item(), 0.), torch.linalg.vector_norm(w).item()
-            if beta * abs(evecs[-1, -1].item()) <= tol * theta or beta <= torch.finfo(w.dtype).eps * max(theta, 1e-300): break
+            if beta * abs(evecs[-1, -1].item()) <= tol * theta or beta <= torch.finfo(w.dtype).eps * max(theta, 1e-300):
+                break
             off.append(beta)
             q_prev, q = q, w / beta
         return math.sqrt(theta)
 
-# %% ../nbs/01_bounds.ipynb #a3b07b13
+# %% ../nbs/01_bounds.ipynb #cb73ebe6
 def _check_out(fx, x):
     if not (isinstance(fx, torch.Tensor) and fx.is_floating_point()):
         raise TypeError(f"f must return a floating-point tensor, got {type(fx).__name__}")
     if fx.ndim != x.ndim or fx.shape[:-1] != x.shape[:-1]:
-        raise ValueError(f"f must map points (..., d) to points (..., d') with the same leading shape; input {tuple(x.shape)} gave output {tuple(fx.shape)}")
+        raise ValueError("f must map points (..., d) to points (..., d') with the same leading shape; "
+                         f"input {tuple(x.shape)} gave output {tuple(fx.shape)}")
 
+# %% ../nbs/01_bounds.ipynb #a3b07b13
 def pair_ratios(
     f:Callable,       # a map acting on points along the last dimension: `(..., d) -> (..., d')`
     x:torch.Tensor,   # first points `(..., d)`
@@ -126,37 +134,51 @@ def pair_ratios(
 )->torch.Tensor:      # `(...)`: $\|f(x)-f(y)\|/\|x-y\|$ for every pair
     "Distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ of every pair of points (last dimension = the point)."
     _check_float(x, 'x'); _check_float(y, 'y')
-    if x.shape != y.shape: raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
     den = torch.linalg.vector_norm(x - y, dim=-1)                         # (...)
-    if bool((den == 0).any()): raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (den == 0).nonzero()[0])}; every pair must be distinct")
+    if bool((den == 0).any()):
+        raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (den == 0).nonzero()[0])}; "
+                         "every pair must be distinct")
     fx, fy = f(x), f(y)
     _check_out(fx, x)
     return torch.linalg.vector_norm(fx - fy, dim=-1) / den
 
-# %% ../nbs/01_bounds.ipynb #1ff44a69
-def worst_ratio(
-    f:Callable,            # a map acting on points along the last dimension: `(..., d) -> (..., d')`
-    x:torch.Tensor,        # starting points `(..., d)`, floating point
-    y:torch.Tensor=None,   # second starting points, same shape; default: `x` plus a random offset of length 0.01*(rms(x)+1)
-    steps:int=200,         # Adam steps
-    lr:float=1e-2,         # Adam learning rate (steps are relative to the scale of the points)
-    minimize:bool=False,   # search for the smallest ratio instead of the largest
-    seed:int=0,            # seed of the default offset
-)->tuple:                  # `(ratio, x, y)`: the worst ratio over the batch (float) and the pair of batches where it was found
-    "Gradient-based search for the largest (or smallest) distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ near the given points."
+# %% ../nbs/01_bounds.ipynb #b342e8ca
+def _rms(t): return t.pow(2).mean(-1, keepdim=True).sqrt()              # (..., 1)
+
+def _start_pair(f, x, y, steps, lr, seed):
+    "`worst_ratio`'s checked start: `x`, `y` (default: `x` plus a small seeded offset) and their distances `(..., 1)`."
     if not callable(f): raise TypeError(f"f must be callable, got {type(f).__name__}")
     _check_float(x, 'x')
     if x.ndim == 0: raise ValueError("x must hold points along its last dimension, shape (..., d); got a scalar")
     if int(steps) < 0 or not lr > 0: raise ValueError(f"steps must be >= 0 and lr > 0, got steps={steps}, lr={lr}")
     x = x.detach()
-    rms = lambda t: t.pow(2).mean(-1, keepdim=True).sqrt()               # (..., 1)
-    if y is None: y = x + 1e-2 * (rms(x) + 1) * _unit(_randn_like(x, seed + 1))
+    if y is None: y = x + 1e-2 * (_rms(x) + 1) * _unit(_randn_like(x, seed + 1))
     _check_float(y, 'y')
-    if y.shape != x.shape: raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if y.shape != x.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
     y = y.detach().to(x)
     r0 = torch.linalg.vector_norm(x - y, dim=-1, keepdim=True)          # (..., 1) starting distances
-    if bool((r0 == 0).any()): raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (r0[..., 0] == 0).nonzero()[0])}; every pair must be distinct")
-    scale = (rms(x) + rms(y)) / 2 + r0                                    # (..., 1) step scale of the centre
+    if bool((r0 == 0).any()):
+        raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (r0[..., 0] == 0).nonzero()[0])}; "
+                         "every pair must be distinct")
+    return x, y, r0
+
+# %% ../nbs/01_bounds.ipynb #1ff44a69
+def worst_ratio(
+    f:Callable,            # a map acting on points along the last dimension: `(..., d) -> (..., d')`
+    x:torch.Tensor,        # starting points `(..., d)`, floating point
+    y:torch.Tensor=None,   # second starting points, same shape; default `x` + a random offset of length 0.01*(rms(x)+1)
+    steps:int=200,         # Adam steps
+    lr:float=1e-2,         # Adam learning rate (steps are relative to the scale of the points)
+    minimize:bool=False,   # search for the smallest ratio instead of the largest
+    seed:int=0,            # seed of the default offset
+)->tuple:                  # `(ratio, x, y)`: the worst ratio over the batch (float), the pair of batches giving it
+    ("Gradient-based search for the largest (or smallest) distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ "
+     "near the given points.")
+    x, y, r0 = _start_pair(f, x, y, steps, lr, seed)                     # (..., d), (..., d), (..., 1) distances
+    scale = (_rms(x) + _rms(y)) / 2 + r0                                  # (..., 1) step scale of the centre
     c0, u0 = (x + y) / 2, (x - y) / r0                                    # (..., d) centre, unit direction
     z, u, rho = torch.zeros_like(c0), u0.clone(), torch.zeros_like(r0)
     ps = [p.requires_grad_() for p in (z, u, rho)]
@@ -190,7 +212,8 @@ def residual_bounds(
 )->tuple:             # `(lo, hi)` $=(1-|a|L_F,\ 1+|a|L_F)$, the bi-Lipschitz constants of $x+aF(x)$
     "Bi-Lipschitz constants of the residual map $x \\mapsto x + a F(x)$ when $|a| \\mathrm{Lip}(F) < 1$ (Lemma 3)."
     a, lip = float(a), float(lip)
-    if not (math.isfinite(a) and math.isfinite(lip)) or lip < 0: raise ValueError(f"a must be finite and lip finite and >= 0, got a={a}, lip={lip}")
+    if not (math.isfinite(a) and math.isfinite(lip)) or lip < 0:
+        raise ValueError(f"a must be finite and lip finite and >= 0, got a={a}, lip={lip}")
     if abs(a) * lip >= 1:
         raise ValueError(f"x + a*F(x) is guaranteed injective only when |a|*Lip(F) < 1; got |a|*lip = {abs(a) * lip:g}")
     return 1 - abs(a) * lip, 1 + abs(a) * lip
@@ -199,13 +222,16 @@ def residual_bounds(
 def layer_bounds(
     alphas,           # $|\alpha_k|$ of each layer so far: a list or 1-D tensor of values in [-1, 1] (signs are ignored)
     L:int=None,       # total number of layers $L$ of the encoder (the $1/L$ in $\alpha_k/L$); default `len(alphas)`
-)->tuple:             # `(lo, hi)`: float64 tensors of length `len(alphas)+1`, the bounds after 0, 1, ... layers (starting at 1)
-    "Cumulative bounds on the distance ratio of two tokens after each layer, two residual sublayers of weight $|\\alpha_k|/L$ per layer (Theorem 2)."
+)->tuple:             # `(lo, hi)`: float64, length `len(alphas)+1`, the bounds after 0, 1, ... layers (starting at 1)
+    ("Cumulative bounds on the distance ratio of two tokens after each layer, "
+     "two residual sublayers of weight $|\\alpha_k|/L$ per layer (Theorem 2).")
     a = alphas.detach() if isinstance(alphas, torch.Tensor) else torch.as_tensor(alphas)
-    if a.ndim != 1: raise ValueError(f"alphas must be a 1-D list or tensor (one value per layer), got shape {tuple(a.shape)}")
+    if a.ndim != 1:
+        raise ValueError(f"alphas must be a 1-D list or tensor (one value per layer), got shape {tuple(a.shape)}")
     a = a.to(torch.float64).abs()
     if bool((~torch.isfinite(a)).any()) or bool((a > 1).any()):
-        raise ValueError(f"every |alpha| must be finite and at most 1 (TransJect uses alpha = tanh(w)), got {a.tolist()}")
+        raise ValueError(f"every |alpha| must be finite and at most 1 (TransJect uses alpha = tanh(w)), "
+                         f"got {a.tolist()}")
     L = len(a) if L is None else L
     if not isinstance(L, int) or isinstance(L, bool) or L < max(1, len(a)):
         raise ValueError(f"L must be an int >= max(1, len(alphas)) = {max(1, len(a))}, got {L!r}")
@@ -239,14 +265,16 @@ def plot_bounds(
     Ls=range(1, 25),  # numbers of layers to draw
     ax=None,          # matplotlib Axes to draw on; a new (6, 3.5) figure if None
 ):                    # the matplotlib Axes
-    "Plot Theorem 2's worst-case lower and upper bounds against $L$, with $e^{\\pm 2}$ and the paper's 0.25 (log y axis)."
+    ("Plot Theorem 2's worst-case lower and upper bounds against $L$, with $e^{\\pm 2}$ "
+     "and the paper's 0.25 (log y axis).")
     import matplotlib.pyplot as plt
     Ls = [int(L) for L in Ls]
     if not Ls or min(Ls) < 1: raise ValueError(f"Ls must be a non-empty collection of positive ints, got {Ls}")
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     lo, hi = zip(*(transject_bounds(L) for L in Ls))
     ax.plot(Ls, hi, 'o-', ms=3, c='C0', label=r'upper $(1+1/L)^{2L}$')
-    ax.plot([L for L, v in zip(Ls, lo) if v > 0], [v for v in lo if v > 0], 'o-', ms=3, c='C1', label=r'lower $(1-1/L)^{2L}$')
+    ax.plot([L for L, v in zip(Ls, lo) if v > 0], [v for v in lo if v > 0], 'o-', ms=3, c='C1',
+            label=r'lower $(1-1/L)^{2L}$')
     ax.axhline(math.e ** 2, ls='--', lw=1, c='C0', label=r'$e^{2}$')
     ax.axhline(math.exp(-2), ls='--', lw=1, c='C1', label=r'$e^{-2}$')
     ax.axhline(0.25, ls=':', lw=1.5, c='C3', label="paper's lower bound 0.25")

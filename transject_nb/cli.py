@@ -38,15 +38,17 @@ from .protocol import STUDY_HELP, add_study_args, study_command
 # %% ../nbs/08_cli.ipynb #7921553b
 DEMO = dict(
     task='listops', preset='cpu', seeds=(42,),
-    overrides=dict(max_len=64, n_train=6000, n_valid=500, n_test=1000, min_length=8, max_length=64, max_depth=4, max_args=5,
-                   d_model=64, n_layers=2, epochs=5, patience=3, lr='find', bs=32),   # each variant's rate from fastai's lr_find
+    overrides=dict(max_len=64, n_train=6000, n_valid=500, n_test=1000, min_length=8, max_length=64, max_depth=4,
+                   max_args=5, d_model=64, n_layers=2, epochs=5, patience=3,
+                   lr='find', bs=32),   # each variant's rate from fastai's lr_find
 )
 
 # %% ../nbs/08_cli.ipynb #c05fa3fa
 def field_configs(
     variants,   # the variants that will be run
 )->dict:        # field name -> the config dataclass whose annotation types it
-    "The dataclass of every field a run of `variants` accepts: each variant's config for its model fields, `TrainConfig`, `DataConfig`."
+    ("The dataclass of every field a run of `variants` accepts: each variant's config for its model fields, "
+     "`TrainConfig`, `DataConfig`.")
     out = {}
     for v in variants:
         for k in valid_fields(v)['model']: out.setdefault(k, variant_spec(v).config_cls)
@@ -56,13 +58,15 @@ def parse_overrides(
     args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
     variants,        # the variants that will be run
 )->dict:             # field -> typed value
-    "Parse `--field value` words against the fields a run of `variants` accepts, each typed by its dataclass's annotation."
+    ("Parse `--field value` words against the fields a run of `variants` accepts, "
+     "each typed by its dataclass's annotation.")
     owners, out = field_configs(variants), {}
     for k, v in split_fields(args):
         check_choice(k, owners, 'field')
         if (k, v) == ('lr', LR_FIND): out[k] = LR_FIND; continue        # `--lr find`: the rate from fastai's lr_find
         try: out[k] = convert_field(owners[k], k, v, where=f'--{k}')
-        except ValueError as e: raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr' else str(e)) from None
+        except ValueError as e:
+            raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr' else str(e)) from None
     return out
 
 # %% ../nbs/08_cli.ipynb #9e19e694
@@ -177,7 +181,8 @@ def _rank0()->bool: return rank_distrib() == 0
 
 def _out_dir(out, task:str)->Path:
     if out is not None: return Path(out)
-    if num_distrib() > 1: raise ValueError("with several processes, pass --out so that all of them write to the same folder")
+    if num_distrib() > 1:
+        raise ValueError("with several processes, pass --out so that all of them write to the same folder")
     return Path('runs')/task/datetime.now().strftime('%Y%m%d-%H%M%S')
 
 def _check_fresh(path:Path, resume:bool):
@@ -196,11 +201,13 @@ def _say_presets(section:str):
 # %% ../nbs/08_cli.ipynb #73602e19
 def run_env(
     device=None,   # the device the run used (a `torch.device` or its name); None: the CPU
-)->dict:           # package, commit, python, device, date, and `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
+)->dict:           # package, commit, python, device, date; `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
     "Where and with what a run ran, for its results file."
-    git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent, capture_output=True, text=True, timeout=10)
+    git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent, capture_output=True, text=True,
+                                    timeout=10)
     try:
-        tracked = git('ls-files', '--error-unmatch', '__init__.py').returncode == 0    # a checkout that tracks this very file, not an install inside some repo
+        # a checkout that tracks this very file, not an install inside some repo
+        tracked = git('ls-files', '--error-unmatch', '__init__.py').returncode == 0
         commit = (git('describe', '--always', '--dirty').stdout.strip() or None) if tracked else None
     except (OSError, subprocess.SubprocessError): commit = None      # no git
     dev = 'cpu' if device is None else str(device)
@@ -217,7 +224,8 @@ def run_one(
     resume:bool=False,      # continue the run in `path` if there is one
     export:bool=True,       # also write `export.pkl`
     cache_dir=None,         # `load_task`'s cache folder
-    progress:bool|str=True, # while training: bars in a notebook or terminal, else one line per epoch (see `train_learner`); False: nothing
+    # while training: bars in a notebook or terminal, else one line per epoch (see `train_learner`); False: nothing
+    progress:bool|str=True,
     **overrides,            # any model, training or data field; `lr='find'`: the rate from `learner.find_lr`
 )->tuple:                   # `(learner, results dict)`
     "Train one variant, evaluate it on the test set, and save the model, its history and a JSON of the results."
@@ -244,7 +252,8 @@ def to_markdown(df:pd.DataFrame)->str:
     rows = [[str(i)] + [str(v) for v in r] for i, r in zip(df.index, df.itertuples(index=False))]
     w = [max(len(c), *(len(r[j]) for r in rows)) if rows else len(c) for j, c in enumerate(cols)]
     line = lambda r: '| ' + ' | '.join(x.ljust(w[j]) if j == 0 else x.rjust(w[j]) for j, x in enumerate(r)) + ' |'
-    return '\n'.join([line(cols), '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':' for j in range(len(cols))) + '|'] + [line(r) for r in rows])
+    rule = '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':' for j in range(len(cols))) + '|'
+    return '\n'.join([line(cols), rule] + [line(r) for r in rows])
 
 # %% ../nbs/08_cli.ipynb #c8c0f002
 def _pm(m, s, n)->str: return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
@@ -270,24 +279,49 @@ def _seeds(seeds)->list:
         try: seeds = [int(s) for s in seeds.split(',') if s.strip()]
         except ValueError: raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
     seeds = list(seeds)
-    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds): raise ValueError(f"seeds must be non-negative integers, got {seeds}")
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"seeds must be non-negative integers, got {seeds}")
     return seeds
 
-def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
+def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list,
+                     summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
     "Write `compare`'s tables, curves and JSON into `out`; return the Markdown table."
     pd.DataFrame(results).to_csv(out/'results.csv', index=False)
     results_table(pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))).to_csv(out/'summary.csv')
     md = to_markdown(summary)
-    (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over seeds; "
-                                  f"majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
+    (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over "
+                                  f"seeds; majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
     ax = plot_curves(hists, 'accuracy', title=f'{task}: validation accuracy')
     ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
     ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
     import matplotlib.pyplot as plt; plt.close(ax.figure)
     js = dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides,
-              wall_secs=round(wall, 1), env=run_env(device), data=data.summary().reset_index().to_dict('list'), results=results)
+              wall_secs=round(wall, 1), env=run_env(device), data=data.summary().reset_index().to_dict('list'),
+              results=results)
     atomic_write(out/'results.json', json.dumps(js, indent=1, default=_json_default))
     return md
+
+# %% ../nbs/08_cli.ipynb #845b3a37
+def _per_variant(overrides:dict, vs:list)->dict:
+    "Each variant's share of `overrides`: its own model fields, and every training and data field."
+    ok = lambda v, k: k in set(valid_fields(v)['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS)
+    per = {v: {k: x for k, x in overrides.items() if ok(v, k)} for v in vs}
+    if unused := sorted(set(overrides) - {k for p in per.values() for k in p}):
+        raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
+    return per
+
+def _say_run(v, s, res, n_done, n_all):
+    "`compare`'s line after a run."
+    print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, "
+          f"lr {res['lr']:.2g}, {res['epochs']} epochs (best: epoch {res['best_epoch']}), {res['train_secs']} s; "
+          f"run {n_done} of {n_all} done", flush=True)
+
+def _say_summary(task, seeds, results, md, wall, out):
+    "`compare`'s closing table."
+    print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; "
+          f"the majority class scores {100 * results[0]['majority']:.1f}%", flush=True)
+    print(md, flush=True)
+    print(f"\n{len(results)} runs in {wall:.0f} s; tables, curves and models in {out}", flush=True)
 
 # %% ../nbs/08_cli.ipynb #80d5f8bc
 def compare(
@@ -303,12 +337,12 @@ def compare(
     **overrides,            # any model, training or data field; a model field goes to the variants that have it
 )->pd.DataFrame:            # the formatted summary: one row per variant, mean ± std over seeds
     "Train each variant for each seed on the same data, print and save a results table and the learning curves."
-    if task is None: task, preset, seeds, overrides = DEMO['task'], preset or DEMO['preset'], seeds or DEMO['seeds'], DEMO['overrides'] | overrides
+    if task is None:
+        task, preset, seeds = DEMO['task'], preset or DEMO['preset'], seeds or DEMO['seeds']
+        overrides = DEMO['overrides'] | overrides
     check_choice(task, TASKS, 'task')
     vs, seeds, preset = split_choices(variants, VARIANTS, 'variant'), _seeds(seeds or (42,)), preset or 'auto'
-    per = {v: {k: x for k, x in overrides.items() if k in set(valid_fields(v)['model']) | set(TRAIN_FIELDS) | set(DATA_FIELDS)} for v in vs}
-    if unused := sorted(set(overrides) - {k for p in per.values() for k in p}):
-        raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
+    per = _per_variant(overrides, vs)
     out = _out_dir(out, task)
     rc = resolve_config(task, vs[0], preset, **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
@@ -321,25 +355,26 @@ def compare(
             learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data, resume=resume, export=export,
                                  cache_dir=cache_dir, progress=not quiet, **(per[v] | dict(seed=s)))
             results.append(res); hists.setdefault(v, []).append(history(learn))
-            if _rank0() and not quiet:
-                print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, lr {res['lr']:.2g}, {res['epochs']} epochs "
-                      f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; run {len(results)} of {len(vs) * len(seeds)} done", flush=True)
+            if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
     summary = summary_table(results)
     if _rank0():
         wall = time.perf_counter() - t0
-        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall, learn.dls.device)
-        print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; the majority class scores {100 * results[0]['majority']:.1f}%", flush=True)
-        print(md, flush=True)
-        print(f"\n{len(results)} runs in {wall:.0f} s; tables, curves and models in {out}", flush=True)
+        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall,
+                              learn.dls.device)
+        _say_summary(task, seeds, results, md, wall, out)
     return summary
 
 # %% ../nbs/08_cli.ipynb #1091e3c9
 def _common(p):
-    p.add_argument('--preset', choices=PRESETS, default=None, help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), or auto (CPU unless CUDA)")
+    p.add_argument('--preset', choices=PRESETS, default=None,
+                   help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), "
+                        "or auto (CPU unless CUDA)")
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
     p.add_argument('--resume', action='store_true', help='continue the run(s) in --out')
-    p.add_argument('--cache-dir', default=None, help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
-    p.add_argument('--quiet', action='store_true', help='no progress reports (bars in a terminal, plain lines in a log)')
+    p.add_argument('--cache-dir', default=None,
+                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
+    p.add_argument('--quiet', action='store_true',
+                   help='no progress reports (bars in a terminal, plain lines in a log)')
 
 def _cache(a): return False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
 
@@ -354,8 +389,8 @@ def _train(a, words):
     out = _out_dir(a.out, a.task)
     fixed = {k: v for k, v in overrides.items() if (k, v) != ('lr', LR_FIND)}   # `--lr find`: the rate is `find_lr`'s
     if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **fixed)['preset'])
-    learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export, cache_dir=_cache(a),
-                         progress=not a.quiet, **overrides)
+    learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export,
+                         cache_dir=_cache(a), progress=not a.quiet, **overrides)
     if _rank0():
         print(history(learn).to_string(), flush=True)
         print(json.dumps(res, indent=1, default=_json_default), flush=True)
@@ -375,13 +410,18 @@ def _compare_args(p):
 
 def _compare(a, words):
     overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
-    return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a), export=a.export, quiet=a.quiet, **overrides)
+    return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a), export=a.export,
+                   quiet=a.quiet, **overrides)
 
-def _bench(a, words): return bench_command(a, dict(split_fields(words)))   # `bench` types the values: it knows the models' config classes
+# `bench` types the values: it knows the models' config classes
+def _bench(a, words): return bench_command(a, dict(split_fields(words)))
 
-COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it on the parsed options and the remaining words)
-    train=('train one variant, evaluate it on the test set, save the model and a JSON of the results', _train_args, _train),
-    compare=('train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot', _compare_args, _compare),
+# subcommand -> (help, adds its options to a parser, runs it on the parsed options and the remaining words)
+COMMANDS = dict(
+    train=('train one variant, evaluate it on the test set, save the model and a JSON of the results',
+           _train_args, _train),
+    compare=('train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot',
+             _compare_args, _compare),
     bench=(BENCH_HELP, add_bench_args, _bench),
     study=(STUDY_HELP, add_study_args, study_command),
 )
@@ -389,7 +429,9 @@ COMMANDS = dict(   # subcommand -> (help, adds its options to a parser, runs it 
 # %% ../nbs/08_cli.ipynb #1091e3ce
 def make_parser()->argparse.ArgumentParser:
     "The `transject-nb` argument parser, one subparser per command of `COMMANDS`."
-    p = argparse.ArgumentParser(prog='transject-nb', description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer encoders.',
+    p = argparse.ArgumentParser(prog='transject-nb',
+                                description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer '
+                                            'encoders.',
                                 epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 '
                                        "--lr 1e-3; --lr find takes the rate from fastai's lr_find); "
                                        '`transject-nb train --help` lists them, with their defaults.')
@@ -404,7 +446,7 @@ def make_parser()->argparse.ArgumentParser:
 
 def run_command(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
-):                        # what the command returned (a results dict for `train`, the summary table for `compare` and `bench`)
+):                        # the command's result: `train`'s results dict, the summary table of `compare` and `bench`
     "Parse `argv` and run the subcommand; bad arguments exit with status 2 and a message listing the valid ones."
     p = make_parser()
     a, words = p.parse_known_args(argv)
@@ -418,4 +460,4 @@ def main(
     run_command(argv)
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
-if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`; not when this notebook runs
+if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`, not this notebook's run

@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 # %% auto #0
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'EncoderClassifier', 'BatchContext', 'Trace',
-           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'EncoderConfig', 'unwrap', 'check_choice', 'check_fields',
+           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'check_choice', 'check_fields', 'EncoderConfig', 'unwrap',
            'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_save', 'atomic_write', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
-           'field_owners', 'convert_field', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
+           'atomic_write', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
+           'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
            'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
@@ -99,21 +99,26 @@ def check_tokens(
     if x.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"expected integer token ids (torch.long), got dtype {x.dtype}")
     if x.ndim != 2:
-        raise ValueError(f"expected token ids of rank 2, shape (batch, seq_len); got rank {x.ndim} with shape {tuple(x.shape)}")
+        raise ValueError(f"expected token ids of rank 2, shape (batch, seq_len); "
+                         f"got rank {x.ndim} with shape {tuple(x.shape)}")
     B, n = x.shape
     if B == 0 or n == 0:
-        raise ValueError(f"empty batch: got shape {tuple(x.shape)}, expected at least one sequence of at least one token")
+        raise ValueError(f"empty batch: got shape {tuple(x.shape)}, "
+                         "expected at least one sequence of at least one token")
     if n > max_len:
-        raise ValueError(f"sequence length {n} exceeds max_len={max_len}; truncate the input or build the model with a larger max_len")
+        raise ValueError(f"sequence length {n} exceeds max_len={max_len}; "
+                         "truncate the input or build the model with a larger max_len")
     lo, hi = torch.aminmax(x)
     if int(lo) < 0 or int(hi) >= vocab_sz:
         bad = int(hi) if int(hi) >= vocab_sz else int(lo)
         pos = tuple(int(i) for i in (x == bad).nonzero()[0])
-        raise ValueError(f"token id {bad} at position {pos} is out of vocabulary: ids must lie in [0, {vocab_sz}) (vocab_sz={vocab_sz}, 0 is padding)")
+        raise ValueError(f"token id {bad} at position {pos} is out of vocabulary: "
+                         f"ids must lie in [0, {vocab_sz}) (vocab_sz={vocab_sz}, 0 is padding)")
     mask = x != PAD_ID
     empty = ~mask.any(1)
     if bool(empty.any()):
-        raise ValueError(f"sequence {int(empty.nonzero()[0])} of the batch is all padding (id {PAD_ID}); every sequence needs at least one real token")
+        raise ValueError(f"sequence {int(empty.nonzero()[0])} of the batch is all padding (id {PAD_ID}); "
+                         "every sequence needs at least one real token")
     return mask
 
 # %% ../nbs/00_core.ipynb #c22a1b6c
@@ -144,41 +149,6 @@ def masked_pool(
     if how == 'max': return h.masked_fill(~m, torch.finfo(h.dtype).min).amax(1)
     raise ValueError(f"unknown pooling {how!r}; expected one of {POOLINGS}")
 
-# %% ../nbs/00_core.ipynb #33b37500
-@dataclass
-class EncoderConfig:
-    "Fields every encoder shares; each family's config extends it."
-    vocab_sz:int            # number of token ids, padding (0) included
-    n_classes:int           # number of output classes
-    d_model:int = 64        # width of the token representations
-    n_layers:int = 2        # number of encoder blocks L
-    max_len:int = 512       # longest accepted sequence
-    pooling:str = 'mean'    # 'mean' or 'max' over non-padding tokens
-
-    def __post_init__(self):
-        for k in ('vocab_sz', 'n_classes', 'd_model', 'n_layers', 'max_len'):
-            v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"config field {k} must be a positive int, got {v!r}")
-        if self.vocab_sz < 2: raise ValueError(f"vocab_sz must be at least 2 (id 0 is padding), got {self.vocab_sz}")
-        if self.pooling not in POOLINGS: raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-
-# %% ../nbs/00_core.ipynb #c2f58d20
-def unwrap(
-    model_or_learner,  # an encoder or a model built around one (`.encoder`), possibly compiled or data-parallel, or a `Learner` holding one
-)->nn.Module:          # the `EncoderClassifier`, or the model around it (a `lm.LanguageModel`: its weights are the run's)
-    "The model inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting: an encoder or a model around one."
-    m = model_or_learner
-    if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model                 # a Learner
-    while True:
-        if hasattr(m, '_orig_mod'): m = m._orig_mod                                      # torch.compile
-        elif isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
-        else: break
-    if not isinstance(m, EncoderClassifier) and not isinstance(getattr(m, 'encoder', None), EncoderClassifier):
-        raise TypeError(f"expected an EncoderClassifier (from create_model), a model around one (.encoder), "
-                        f"or a fastai Learner holding either; got {type(model_or_learner).__name__}")
-    return m
-
 # %% ../nbs/00_core.ipynb #24dac328
 def check_choice(
     value,         # what the user gave
@@ -187,7 +157,8 @@ def check_choice(
 ):                 # `value`, when it is one of `valid`
     "`value` if it is in `valid`, else a `ValueError` saying so and listing the valid names."
     valid = list(valid)
-    if value not in valid: raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
     return value
 
 # %% ../nbs/00_core.ipynb #c4f1e1d1
@@ -219,6 +190,40 @@ def check_fields(
     for k, (valid, what) in (choices or {}).items(): check_choice(getattr(obj, k), valid, what)
     return obj
 
+# %% ../nbs/00_core.ipynb #33b37500
+@dataclass
+class EncoderConfig:
+    "Fields every encoder shares; each family's config extends it."
+    vocab_sz:int            # number of token ids, padding (0) included
+    n_classes:int           # number of output classes
+    d_model:int = 64        # width of the token representations
+    n_layers:int = 2        # number of encoder blocks L
+    max_len:int = 512       # longest accepted sequence
+    pooling:str = 'mean'    # 'mean' or 'max' over non-padding tokens
+
+    def __post_init__(self):
+        check_fields(self, ints=dict(vocab_sz=2, n_classes=1, d_model=1, n_layers=1, max_len=1),   # id 0 is padding
+                     choices={'pooling': (POOLINGS, 'pooling')})
+
+# %% ../nbs/00_core.ipynb #c2f58d20
+def unwrap(
+    # an encoder or a model built around one (`.encoder`), possibly compiled or data-parallel,
+    # or a fastai `Learner` (anything with `.model`) holding one
+    model_or_learner,
+)->nn.Module:  # the `EncoderClassifier`, or the model around it (a `lm.LanguageModel`: its weights are the run's)
+    ("The model inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting: "
+     "an encoder, or a model around one.")
+    m = model_or_learner
+    if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model                 # a Learner
+    while True:
+        if hasattr(m, '_orig_mod'): m = m._orig_mod                                      # torch.compile
+        elif isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
+        else: break
+    if not isinstance(m, EncoderClassifier) and not isinstance(getattr(m, 'encoder', None), EncoderClassifier):
+        raise TypeError("expected an EncoderClassifier (from create_model), a model around one (.encoder), "
+                        f"or a fastai Learner holding either; got {type(model_or_learner).__name__}")
+    return m
+
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
     "A registered variant: what builds it, what its name fixes, its family, its knob and a one-line description."
@@ -241,11 +246,14 @@ def register_variant(
     knob:str|None=None,    # a config field, or 'alpha' for every layer's residual weight, or None
     **fixed,               # config fields the name fixes
 )->VariantSpec:
-    "Register a named variant so that `create_model` can build it; registering a name again replaces its entry in place."
+    ("Register a named variant so that `create_model` can build it; "
+     "registering a name again replaces its entry in place.")
     names = {f.name for f in fields(config_cls)}
-    if bad := set(fixed) - names: raise ValueError(f"{name}: fixed fields {sorted(bad)} are not fields of {config_cls.__name__}")
+    if bad := set(fixed) - names:
+        raise ValueError(f"{name}: fixed fields {sorted(bad)} are not fields of {config_cls.__name__}")
     if knob is not None and knob != 'alpha' and knob not in names:
-        raise ValueError(f"{name}: knob {knob!r} is neither a field of {config_cls.__name__} nor 'alpha' (the residual weight)")
+        raise ValueError(f"{name}: knob {knob!r} is neither a field of {config_cls.__name__} "
+                         "nor 'alpha' (the residual weight)")
     if knob in fixed: raise ValueError(f"{name}: knob {knob!r} is one of the fields the name fixes, {fixed}")
     family = family or config_cls.__name__.removesuffix('Config').lower()
     _REGISTRY[name] = VariantSpec(name, config_cls, model_cls, dict(fixed), doc, family, knob)
@@ -266,7 +274,8 @@ def variant_spec(
     try: check_choice(name, _REGISTRY, 'variant')
     except ValueError as e:
         if 'transject_nb.models' in sys.modules: raise
-        raise ValueError(f"{e} (the package's own variants are registered by `import transject_nb.models`, which has not run)") from None
+        raise ValueError(f"{e} (the package's own variants are registered by `import transject_nb.models`, "
+                         "which has not run)") from None
 
 # %% ../nbs/00_core.ipynb #fef8ed75
 def config_fields(cfg_cls:type)->list:
@@ -288,29 +297,15 @@ def build_config(
         raise ValueError(f"variant {name!r} fixes {spec.fixed}; got contradicting {clash}")
     return spec.config_cls(vocab_sz=vocab_sz, n_classes=n_classes, **{**config, **spec.fixed})
 
-# %% ../nbs/00_core.ipynb #69da7eaf
-def atomic_save(
-    obj,            # anything `torch.save` takes
-    path,           # destination; its folder is created
-)->Path:            # the path written
-    "`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: readers see the old file or the new one, never a partial one."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-    return path
-
-# %% ../nbs/00_core.ipynb #c4f1e1d6
+# %% ../nbs/00_core.ipynb #0990cec6
 _UMASK = os.umask(0o022); os.umask(_UMASK)   # read once: a written file gets the permissions `open` would give it
 
+# %% ../nbs/00_core.ipynb #c4f1e1d6
 def atomic_write(
     path,      # destination; its folder is created
     content,   # `str` (written as UTF-8), `bytes`, or a function `write(f)` writing to a file open in binary mode
 )->Path:       # the path written
-    "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`, as `atomic_save` does."
+    "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`: never a partial file."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode() if isinstance(content, str) else content
     write = content if callable(content) else lambda f: f.write(data)
@@ -323,9 +318,19 @@ def atomic_write(
         Path(tmp).unlink(missing_ok=True); raise
     return path
 
+# %% ../nbs/00_core.ipynb #69da7eaf
+def atomic_save(
+    obj,            # anything `torch.save` takes
+    path,           # destination; its folder is created
+)->Path:            # the path written
+    ("`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: "
+     "readers see the old file or the new one, never a partial one.")
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
-PRESET_KINDS = ('paper', 'cpu', 'repro')   # the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
+# the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
+PRESET_KINDS = ('paper', 'cpu', 'repro')
 
 def preset_section(
     task:str,            # one of `TASKS`
@@ -335,61 +340,61 @@ def preset_section(
     check_choice(kind, PRESET_KINDS, 'kind')
     return task if kind == 'paper' else f'{task}-{kind}'
 
-PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # the sections a presets file may have
+PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # sections a presets file may have
 
 # %% ../nbs/00_core.ipynb #a7c41e02
-_TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header that starts with a task's name
+_TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header starting with a task's name
 
 def packaged_settings()->Path:
-    "The presets shipped with the package, `transject_nb/settings.ini` (in the repository, a link to the top-level `settings.ini`)."
+    ("The presets shipped with the package, `transject_nb/settings.ini` "
+     "(in the repository, a link to the top-level `settings.ini`).")
     return Path(importlib.resources.files('transject_nb'))/'settings.ini'
 
 def is_presets_file(
     p,       # a path
 )->bool:     # whether `p` is a transject_nb presets file
-    "Whether `p` is a file with a section named after a task (`[listops]`, `[listops-cpu]`, ...); another tool's `settings.ini` has none."
+    ("Whether `p` is a file with a section named after a task (`[listops]`, `[listops-cpu]`, ...); "
+     "another tool's `settings.ini` has none.")
     p = Path(p)
     return p.is_file() and bool(_TASK_SECTION.search(p.read_text(encoding='utf-8', errors='replace')))
 
 def settings_files()->list:
-    "The presets files read, in order: the shipped ones, then the user's override if any (`$TRANSJECT_SETTINGS`, else the nearest `settings.ini` with a task section in or above the working directory)."
+    ("The presets files read, in order: the shipped ones, then the user's override if any (`$TRANSJECT_SETTINGS`, "
+     "else the nearest `settings.ini` with a task section in or above the working directory).")
     base = packaged_settings()
-    if not base.is_file(): raise FileNotFoundError(f"the presets shipped with transject_nb are missing ({base}): reinstall the package")
+    if not base.is_file():
+        raise FileNotFoundError(f"the presets shipped with transject_nb are missing ({base}): reinstall the package")
     if env := os.environ.get('TRANSJECT_SETTINGS'):
         user = Path(env).expanduser()
-        if not user.is_file(): raise FileNotFoundError(f"$TRANSJECT_SETTINGS is {env!r}, which is not a file; point it at a presets file (the shipped one is {base}) or unset it")
+        if not user.is_file():
+            raise FileNotFoundError(f"$TRANSJECT_SETTINGS is {env!r}, which is not a file; "
+                                    f"point it at a presets file (the shipped one is {base}) or unset it")
     else:
         cwd = Path.cwd().resolve()
         user = next((d/'settings.ini' for d in [cwd, *cwd.parents] if is_presets_file(d/'settings.ini')), None)
     return [base] if user is None or user.resolve() == base.resolve() else [base, user]
 
-# %% ../nbs/00_core.ipynb #c0d3f1e1
-def field_owners(
-    configs,   # config dataclasses, in the order to look in them
-)->dict:       # field name -> the first of `configs` that has that field
-    "Which dataclass types each field name: the first of `configs` that declares it."
-    out = {}
-    for cls in configs:
-        for f in fields(cls): out.setdefault(f.name, cls)
-    return out
-
+# %% ../nbs/00_core.ipynb #07bcead1
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
 _TEXT_TYPES = (int, float, bool, str, type(None))   # the annotations text converts to
 
 def _options(t)->tuple: return typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
 
+# %% ../nbs/00_core.ipynb #c0d3f1e1
 def convert_field(
-    cfg_cls:type,   # a dataclass, e.g. a variant's config or `learner.TrainConfig`
+    cfg_cls:type,   # a dataclass, e.g. a variant's config or `config.TrainConfig`
     name:str,       # one of its fields
     text:str,       # the value as written
     where:str='',   # how an error names the value: '--d_model', 'settings.ini [imdb] bs' (default: the field's name)
 ):                  # `text` as the field's type: int, float, bool or str, or None where the annotation allows it
-    "`text` converted to the annotated type of `cfg_cls.name` (`typing.get_type_hints`), or a ValueError naming the value, the text and the type expected."
+    ("`text` converted to the annotated type of `cfg_cls.name` (`typing.get_type_hints`), "
+     "or a ValueError naming the value, the text and the type expected.")
     hints = typing.get_type_hints(cfg_cls)
     try: check_choice(name, [f.name for f in fields(cfg_cls)], 'field')
     except ValueError as e: raise ValueError(f"{where or cfg_cls.__name__}: {e}") from None
     opts, s = _options(hints[name]), text.strip()
-    if any(o not in _TEXT_TYPES for o in opts): raise TypeError(f"{cfg_cls.__name__}.{name} is annotated {hints[name]}, which text does not convert to")
+    if any(o not in _TEXT_TYPES for o in opts):
+        raise TypeError(f"{cfg_cls.__name__}.{name} is annotated {hints[name]}, which text does not convert to")
     if type(None) in opts and s.lower() in ('none', 'null'): return None
     for o in opts:
         if o is bool and s.lower() in _TRUE + _FALSE: return s.lower() in _TRUE
@@ -399,6 +404,16 @@ def convert_field(
         if o is str: return s
     expected = '|'.join('None' if o is type(None) else o.__name__ for o in opts)
     raise ValueError(f"{where or name}: expected {expected}, got {text!r}")
+
+# %% ../nbs/00_core.ipynb #678dff30
+def field_owners(
+    configs,   # config dataclasses, in the order to look in them
+)->dict:       # field name -> the first of `configs` that has that field
+    "Which dataclass types each field name: the first of `configs` that declares it."
+    out = {}
+    for cls in configs:
+        for f in fields(cls): out.setdefault(f.name, cls)
+    return out
 
 # %% ../nbs/00_core.ipynb #c0d3f1e4
 def split_fields(
@@ -429,9 +444,9 @@ def split_choices(
     if not names: raise ValueError(f"no {what} given; valid {what}s are: all, {', '.join(valid)}")
     return [check_choice(n, valid, what) for n in names]
 
-# %% ../nbs/00_core.ipynb #6b7d9c85
+# %% ../nbs/00_core.ipynb #e3324dc0
 def _read_presets(p:Path)->configparser.ConfigParser:
-    cp = configparser.ConfigParser(default_section='')   # '' is no section a file can name: [DEFAULT] is read as a section of its own
+    cp = configparser.ConfigParser(default_section='')   # no file names '': [DEFAULT] is read as a section of its own
     try: cp.read_string(p.read_text(encoding='utf-8'), source=str(p))
     except configparser.Error as e: raise ValueError(f"malformed presets file {p}: {e}") from None
     try:
@@ -439,22 +454,27 @@ def _read_presets(p:Path)->configparser.ConfigParser:
     except ValueError as e: raise ValueError(f"presets file {p}: {e}") from None
     return cp
 
+# %% ../nbs/00_core.ipynb #6b7d9c85
 def load_preset(
     task:str,          # one of `TASKS`
-    kind:str='paper',  # one of `PRESET_KINDS`: the paper's (`[task]`), the small CPU one (`[task-cpu]`), the reproduction's (`[task-repro]`)
+    # one of `PRESET_KINDS`: the paper's `[task]`, the small CPU one `[task-cpu]`, the reproduction's `[task-repro]`
+    kind:str='paper',
     path=None,         # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
     *,
-    configs,           # the dataclasses the preset feeds (`learner.preset_configs()`); each value is typed by the first that has its key
-    strict:bool=True,  # a key none of `configs` has is an error; False: such keys are left out (they feed other dataclasses)
+    # the dataclasses the preset feeds (`config.preset_configs()`); each value is typed by the first that has its key
+    configs,
+    # a key none of `configs` has is an error; False: such keys are left out (they feed other dataclasses)
+    strict:bool=True,
 )->dict:               # field -> typed value, `[DEFAULT]` included
-    "Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file, each value typed by the field it sets."
+    ("Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file, "
+     "each value typed by the field it sets.")
     check_choice(task, TASKS, 'task')
     files = settings_files() if path is None else [packaged_settings(), Path(path)]
     if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
     sec, vals, owners = preset_section(task, kind), {}, field_owners(configs)
     parsed = [_read_presets(p) for p in files]
     if not parsed[0].has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
-    for p, cp in zip(files, parsed):                       # later files win; within a file, the section beats its [DEFAULT]
+    for p, cp in zip(files, parsed):        # later files win; within a file, the section beats its [DEFAULT]
         for s in ('DEFAULT', sec):
             if cp.has_section(s): vals |= {k: (text, f'{p} [{s}]') for k, text in cp[s].items()}
     out = {}
@@ -468,12 +488,15 @@ def load_preset(
 
 # %% ../nbs/00_core.ipynb #3b47be8c
 def in_notebook()->bool:
-    "Whether this runs in a Jupyter kernel or Colab, where bars redraw in place (not IPython's terminal, nor a test runner's capture shell)."
+    ("Whether this runs in a Jupyter kernel or Colab, where bars redraw in place "
+     "(not IPython's terminal, nor a test runner's capture shell).")
     ip = sys.modules.get('IPython')
-    return 'google.colab' in sys.modules or (ip is not None and type(ip.get_ipython()).__name__ == 'ZMQInteractiveShell')
+    return 'google.colab' in sys.modules or (ip is not None
+                                             and type(ip.get_ipython()).__name__ == 'ZMQInteractiveShell')
 
 def interactive_output()->bool:
-    "Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal (not a file, a pipe or a CI log)."
+    ("Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal "
+     "(not a file, a pipe or a CI log).")
     if in_notebook(): return True
     try: return bool(sys.stdout.isatty())
     except (AttributeError, ValueError): return False   # no stdout, or a closed one
@@ -484,12 +507,13 @@ def progress_iter(
     show:bool=True,        # report progress at all
     bars:bool|None=None,   # a fastprogress bar (True) or plain lines (False); None: `interactive_output()`
 ):                         # yields the items
-    "Iterate `items` with a fastprogress bar in a notebook or terminal, else with one plain line per finished item and no carriage return."
+    ("Iterate `items` with a fastprogress bar in a notebook or terminal, "
+     "else with one plain line per finished item and no carriage return.")
     items = list(items)
     use_bars = interactive_output() if bars is None else bars
     if not show: yield from items
     elif use_bars:
-        from fastprogress.fastprogress import progress_bar               # only when bars are drawn: importing core stays light
+        from fastprogress.fastprogress import progress_bar   # only when bars are drawn: importing core stays light
         yield from progress_bar(items, leave=False)
     else:
         t0 = time.perf_counter()

@@ -89,7 +89,8 @@ def cayley_map(
     A:torch.Tensor,     # `(..., d, d)` skew-symmetric
     base=None,          # `(..., d, d)` orthogonal base $B$ (no gradient), or None for $I$
 )->torch.Tensor:        # `(..., d, d)` orthogonal $B\,(I-\frac A2)^{-1}(I+\frac A2)$
-    "The Cayley map with a base, computed as $B(2P-I)$, $P=(I-A/2)^{-1}$ by `block_inverse`, with a two-product backward."
+    ("The Cayley map with a base, computed as $B(2P-I)$, $P=(I-A/2)^{-1}$ by `block_inverse`, "
+     "with a two-product backward.")
     return _Cayley.apply(A, base)
 
 # %% ../nbs/02a_cpu.ipynb #055f4b43
@@ -224,7 +225,8 @@ def _plan(G, N, row_bytes, device, chunk_rows=None):
     if chunk_rows is None:
         if device.type != 'cpu': return [(slice(0, G), slice(0, N))]
         chunk_rows = max(16, CHUNK_BYTES // row_bytes)
-    if N >= chunk_rows: return [(slice(g, g + 1), slice(r, min(r + chunk_rows, N))) for g in range(G) for r in range(0, N, chunk_rows)]
+    if N >= chunk_rows:
+        return [(slice(g, g + 1), slice(r, min(r + chunk_rows, N))) for g in range(G) for r in range(0, N, chunk_rows)]
     k = max(1, chunk_rows // N)
     return [(slice(g, min(g + k, G)), slice(0, N)) for g in range(0, G, k)]
 
@@ -233,21 +235,24 @@ _THREADS = ContextVar('transject_nb_fused_threads', default=None)
 
 @contextlib.contextmanager
 def threads(
-    k:int|None,   # worker threads sharing the blocks on the CPU; 1: the calling thread alone; None: `torch.get_num_threads()`
+    k:int|None,   # worker threads sharing the CPU's blocks; 1: the calling thread only; None: `torch.get_num_threads()`
 ):
     "Run the fused kernel inside the block with `k` worker threads, then restore the previous setting."
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1): raise ValueError(f"threads: expected a positive int or None, got {k!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"threads: expected a positive int or None, got {k!r}")
     token = _THREADS.set(k)
     try: yield
     finally: _THREADS.reset(token)
 
 def n_threads(device)->int: # worker threads the kernel would use now on `device`
-    "The number of worker threads of the fused kernel here: the innermost `threads(k)`, else torch's thread count on the CPU; 1 on other devices."
+    ("The number of worker threads of the fused kernel here: the innermost `threads(k)`, "
+     "else torch's thread count on the CPU; 1 on other devices.")
     return (_THREADS.get() or torch.get_num_threads()) if torch.device(device).type == 'cpu' else 1
 
 # %% ../nbs/02a_cpu.ipynb #05e42403
 def _units(blocks, threads):
-    "Units of work: the blocks of one group each when there are at least `threads` groups, else `threads` interleaved shares; and whether each group lies in one unit."
+    ("Units of work: the blocks of one group each when there are at least `threads` groups, "
+     "else `threads` interleaved shares; and whether each group lies in one unit.")
     items = list(enumerate(blocks))
     groups = {}
     for it in items: groups.setdefault((it[1][0].start, it[1][0].stop), []).append(it)
@@ -264,7 +269,8 @@ def _units(blocks, threads):
 _POOL = {}
 
 def _run_units(fn, units, threads):
-    "`fn(unit)` for every unit, on up to `threads` worker threads (one intra-op thread each) that take the next unit when free; results in unit order."
+    ("`fn(unit)` for every unit, on up to `threads` worker threads (one intra-op thread each) "
+     "that take the next unit when free; results in unit order.")
     k = min(threads, len(units))
     if k <= 1: return [fn(u) for u in units]
     if k not in _POOL: _POOL[k] = ThreadPoolExecutor(k, thread_name_prefix='transject')
@@ -283,7 +289,8 @@ def _run_units(fn, units, threads):
 
 # %% ../nbs/02a_cpu.ipynb #f7b47bdd
 class KernelInputs(NamedTuple):
-    "The tensors the fused kernel reads (and, in its backward pass, their gradients), tokens grouped by Σ into `G` groups of `N` rows."
+    ("The tensors the fused kernel reads (and, in its backward pass, their gradients), "
+     "tokens grouped by Σ into `G` groups of `N` rows.")
     h:torch.Tensor               # `(G, N, d)` tokens
     M:torch.Tensor|None          # `(G, d, E*d)` experts with Σ folded in (fold path), else None
     Ucat:torch.Tensor|None       # `(d, E*d)` $[U_1|\dots|U_E]$ (direct path), else None
@@ -313,11 +320,14 @@ def kernel_inputs(
     path:str='auto',     # 'fold', 'direct', or 'auto' (`layer_path`)
     chunk_rows=None,     # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
 )->tuple:                # `(KernelInputs, Plan)`
-    "What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, the mixture's weights; and how it runs."
+    ("What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, the mixture's weights; "
+     "and how it runs.")
     (B, n, d), E = h.shape, p.U.shape[0]
-    if sigma.shape != (B, d) and sigma.shape != (1, d): raise ValueError(f"sigma must have shape ({B}, {d}) or (1, {d}), got {tuple(sigma.shape)}")
+    if sigma.shape != (B, d) and sigma.shape != (1, d):
+        raise ValueError(f"sigma must have shape ({B}, {d}) or (1, {d}), got {tuple(sigma.shape)}")
     if p.U.shape != (E, d, d) or p.V.shape != (E, d, d) or p.lam.shape != (E,):
-        raise ValueError(f"expected U, V of shape (E, {d}, {d}) and lam of shape (E,); got {tuple(p.U.shape)}, {tuple(p.V.shape)}, {tuple(p.lam.shape)}")
+        raise ValueError(f"expected U, V of shape (E, {d}, {d}) and lam of shape (E,); "
+                         f"got {tuple(p.U.shape)}, {tuple(p.V.shape)}, {tuple(p.lam.shape)}")
     shared = sigma.shape[0] == 1 or sigma.stride(0) == 0                 # one Σ for the batch: one group of B*n rows
     G = 1 if shared else B
     sig, hg = sigma[:1] if shared else sigma, h.reshape(G, B * n // G, d)
@@ -332,13 +342,15 @@ def kernel_inputs(
         M, Ucat, V, sg = c(M), None, None, None
     else: M, Ucat, V, sg = None, c(p.U.permute(1, 0, 2).reshape(d, E * d)), c(p.V), c(sig)
     w, cx = mix_weights(p, d)
-    k = KernelInputs(hg, M, Ucat, V, sg, w.to(h.dtype), None if cx is None else cx.to(h.dtype), c(p.W1), c(p.b1), c(p.W2), c(p.b2),
-                     torch.as_tensor(p.a, dtype=h.dtype, device=h.device))
-    return k, Plan(E, _plan(G, hg.shape[1], E * d * torch.finfo(cd).bits // 8, h.device, chunk_rows), cd, n_threads(h.device))
+    k = KernelInputs(hg, M, Ucat, V, sg, w.to(h.dtype), None if cx is None else cx.to(h.dtype),
+                     c(p.W1), c(p.b1), c(p.W2), c(p.b2), torch.as_tensor(p.a, dtype=h.dtype, device=h.device))
+    blocks = _plan(G, hg.shape[1], E * d * torch.finfo(cd).bits // 8, h.device, chunk_rows)
+    return k, Plan(E, blocks, cd, n_threads(h.device))
 
 # %% ../nbs/02a_cpu.ipynb #ef70b475
 def _forward_blocks(out, part, k:KernelInputs, plan:Plan, save:bool):
-    "The layer on the blocks `part` (a list of `(index, (group slice, row slice))`), written into `out`; returns what the backward pass needs."
+    ("The layer on the blocks `part` (a list of `(index, (group slice, row slice))`), written into `out`; "
+     "returns what the backward pass needs.")
     E, d, saved = plan.E, k.h.shape[-1], []
     mm = lambda t: t if t.dtype == plan.cd else t.to(plan.cd)
     for i, (gs, rs) in part:
@@ -363,9 +375,11 @@ def _forward_blocks(out, part, k:KernelInputs, plan:Plan, save:bool):
     return saved
 
 def _layer_forward(k:KernelInputs, plan:Plan, save:bool):
-    "The layer block by block, the blocks dealt to `plan.threads` workers; `save`: keep what the backward pass needs, in block order."
+    ("The layer block by block, the blocks dealt to `plan.threads` workers; "
+     "`save`: keep what the backward pass needs, in block order.")
     out = torch.empty_like(k.h)
-    parts = _run_units(lambda part: _forward_blocks(out, part, k, plan, save), _units(plan.blocks, plan.threads)[0], plan.threads)
+    parts = _run_units(lambda part: _forward_blocks(out, part, k, plan, save), _units(plan.blocks, plan.threads)[0],
+                       plan.threads)
     return out, [s for _, s in sorted((x for p in parts for x in p), key=lambda x: x[0])]
 
 # %% ../nbs/02a_cpu.ipynb #5fbb996e
@@ -375,7 +389,8 @@ def _acc_mm(acc, a, b):
     return torch.baddbmm(acc, a, b, out=acc) if a.ndim == 3 else torch.addmm(acc, a, b, out=acc)
 
 def _ffn_backward(acc:KernelInputs, g, h1, e1, e2, k:KernelInputs, mm):
-    "One block of the FFN sublayer: adds the gradients of $a, W_1, b_1, W_2, b_2$ into `acc`, returns the one of $h_1$ `(R, d)`."
+    ("One block of the FFN sublayer: adds the gradients of $a, W_1, b_1, W_2, b_2$ into `acc`, "
+     "returns the one of $h_1$ `(R, d)`.")
     acc.a.add_((g * e2).sum())                                           # g: d/d out (R, d)
     du2 = mm(_elu_grad(e2).mul_(g).mul_(k.a))                            # (R, d)  d/d(e1 W2 + b2)
     _acc_mm(acc.W2, e1.T, du2); acc.b2.add_(du2.sum(0))
@@ -385,7 +400,8 @@ def _ffn_backward(acc:KernelInputs, g, h1, e1, e2, k:KernelInputs, mm):
 
 # %% ../nbs/02a_cpu.ipynb #d0d5cca0
 def _experts_backward(acc:KernelInputs, g1, hc, gs, A, Z1, k:KernelInputs, plan:Plan, mm):
-    "One block of the attention sublayer: adds the gradients of $c^x$, $w$ and the experts' maps into `acc`, returns the one of the tokens `(nb, nr, d)`."
+    ("One block of the attention sublayer: adds the gradients of $c^x$, $w$ and the experts' maps into `acc`, "
+     "returns the one of the tokens `(nb, nr, d)`.")
     (nb, nr, d), E = hc.shape, plan.E; R = nb * nr
     dhc = (g1 if k.cx is None else g1 * k.cx).view(nb, nr, d)
     if k.cx is not None: acc.cx.add_((g1 * hc.reshape(R, d)).sum(0))
@@ -397,7 +413,7 @@ def _experts_backward(acc:KernelInputs, g1, hc, gs, A, Z1, k:KernelInputs, plan:
             dZ = dZ.view(nb, nr, E * d)
             _acc_mm(acc.M[gs], mm(hc).mT, dZ)
             return dhc + dZ @ k.M[gs].mT
-        g = gs.start if k.M.shape[0] > 1 else 0                          # rows of one sequence (or of the shared Σ's one group)
+        g = gs.start if k.M.shape[0] > 1 else 0              # rows of one sequence (or of the shared Σ's one group)
         dZ = dZ.view(R, E * d)
         _acc_mm(acc.M[g], mm(hc[0]).T, dZ)
         return dhc + (dZ @ k.M[g].mT).view(nb, nr, d)
@@ -414,11 +430,13 @@ def _experts_backward(acc:KernelInputs, g1, hc, gs, A, Z1, k:KernelInputs, plan:
 
 # %% ../nbs/02a_cpu.ipynb #8d71cc8b
 def _backward_blocks(dh, part, gout, k:KernelInputs, plan:Plan, dM=None, dsig=None)->KernelInputs:
-    "Gradients from the blocks `part` (a list of `(index, (group slice, row slice), saved)`): the tokens' written into `dh`, the others returned, accumulated in float32 or wider (into `dM`, `dsig` if given)."
+    ("Gradients from the blocks `part` (a list of `(index, (group slice, row slice), saved)`): "
+     "the tokens' written into `dh`, the others returned, accumulated in float32 or wider "
+     "(into `dM`, `dsig` if given).")
     acc_dt = torch.promote_types(plan.cd, torch.float32)
     zeros = lambda t: None if t is None else torch.zeros(t.shape, dtype=acc_dt, device=t.device)
-    acc = KernelInputs(None, zeros(k.M) if dM is None else dM, zeros(k.Ucat), zeros(k.V), zeros(k.sig) if dsig is None else dsig,
-                       *map(zeros, k[5:]))
+    acc = KernelInputs(None, zeros(k.M) if dM is None else dM, zeros(k.Ucat), zeros(k.V),
+                       zeros(k.sig) if dsig is None else dsig, *map(zeros, k[5:]))
     mm = lambda t: t if t.dtype == plan.cd else t.to(plan.cd)
     for i, (gs, rs), (A, Z1, h1, e1, e2) in part:
         hc = k.h[gs, rs]                                                 # (nb, nr, d)
@@ -449,7 +467,8 @@ class _LayerFn(torch.autograd.Function):
         units, owned = _units(plan.blocks, plan.threads)
         units = [[(i, b, flat[5 * i:5 * i + 5]) for i, b in unit] for unit in units]
         dh, acc_dt = torch.empty_like(k.h), torch.promote_types(plan.cd, torch.float32)
-        shared = [None if t is None or not owned else torch.zeros(t.shape, dtype=acc_dt, device=t.device) for t in (k.M, k.sig)]
+        shared = [None if t is None or not owned else torch.zeros(t.shape, dtype=acc_dt, device=t.device)
+                  for t in (k.M, k.sig)]
         with torch.autocast(k.h.device.type, enabled=False):
             parts = _run_units(lambda unit: _backward_blocks(dh, unit, gout, k, plan, *shared), units, plan.threads)
         grads = KernelInputs(*map(_sum_units, zip(*parts)))._replace(h=dh)

@@ -29,6 +29,7 @@ import torch
 from fastai.data.core import Datasets, TitledStr, Transform
 from fastai.data.transforms import Categorize
 from fastai.text.data import TensorText
+from fastcore.basics import patch
 from fastprogress.fastprogress import progress_bar
 from sklearn.model_selection import train_test_split
 from .core import PAD_ID, TASKS, atomic_save, check_choice, check_fields
@@ -63,7 +64,8 @@ def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     "Positions `starts[i] + j` for `j < lens[i]`, for every i, concatenated (vectorised)."
     lens = lens.long()
     ends = lens.cumsum(0)
-    return torch.arange(int(ends[-1]) if len(ends) else 0) + torch.repeat_interleave(starts.long() - (ends - lens), lens)
+    return (torch.arange(int(ends[-1]) if len(ends) else 0)
+            + torch.repeat_interleave(starts.long() - (ends - lens), lens))
 
 # %% ../nbs/06_data.ipynb #b240d822
 @dataclass(eq=False)
@@ -78,31 +80,19 @@ class TokenSplit:
         if self.flat.ndim != 1 or self.offsets.ndim != 1 or self.labels.ndim != 1:
             raise ValueError("TokenSplit expects 1-d flat, offsets and labels tensors")
         if len(self.offsets) != len(self.labels) + 1:
-            raise ValueError(f"TokenSplit: {len(self.labels)} labels need {len(self.labels)+1} offsets, got {len(self.offsets)}")
+            raise ValueError(f"TokenSplit: {len(self.labels)} labels need {len(self.labels)+1} offsets, "
+                             f"got {len(self.offsets)}")
         if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != len(self.flat):
             raise ValueError("TokenSplit: offsets must start at 0 and end at len(flat)")
         if len(self.labels) and not bool((self.offsets[1:] > self.offsets[:-1]).all()):
             raise ValueError("TokenSplit: every example needs at least one token (an empty one would be all padding)")
 
-    @classmethod
-    def from_lists(cls,
-        seqs:Sequence,      # token-id sequences (lists, arrays or tensors), each non-empty
-        labels:Sequence,    # one class id per sequence
-        n_truncated:int=0,  # bookkeeping: how many were truncated
-    )->'TokenSplit':
-        "Build a split from per-example token-id sequences."
-        if len(seqs) != len(labels): raise ValueError(f"{len(seqs)} sequences but {len(labels)} labels")
-        lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-        flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if len(seqs) else np.zeros(0, np.int64)
-        dt = _small_int_dtype(int(flat.max()) if len(flat) else 0)
-        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]))
-        return cls(torch.from_numpy(flat).to(dt), offsets, torch.as_tensor(np.asarray(labels, dtype=np.int64)), n_truncated)
-
     def __len__(self): return len(self.labels)
 
     def __getitem__(self, i:int):
         "Example `i` as `(LongTensor ids (n,), int label)`."
-        if not -len(self) <= i < len(self): raise IndexError(f"index {i} out of range for a split of {len(self)} examples")
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} out of range for a split of {len(self)} examples")
         i = i % len(self)
         return self.flat[int(self.offsets[i]):int(self.offsets[i+1])].long(), int(self.labels[i])
 
@@ -111,55 +101,85 @@ class TokenSplit:
         "`(N,)` number of tokens of each example, for length bucketing."
         return self.offsets[1:] - self.offsets[:-1]
 
-    def batch(self,
-        idxs,                   # examples to take (negative indices count from the end)
-        pad_to:int|None=None,   # pad to at least this length (default: the longest example taken)
-        max_len:int|None=None,  # keep the first `max_len` tokens of each
-    ):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
-        "Examples `idxs` as one padded batch, gathered in one vectorised step (no loop over examples)."
-        idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
-        if not len(idxs): raise ValueError("a batch needs at least one example")
-        if int(idxs.min()) < -len(self) or int(idxs.max()) >= len(self):
-            raise IndexError(f"index out of range for a split of {len(self)} examples: {idxs[(idxs < -len(self)) | (idxs >= len(self))][0].item()}")
-        idxs = idxs % len(self)
-        lens = self.lengths[idxs] if not max_len else self.lengths[idxs].clamp(max=max_len)    # (B,)
-        n = max(int(lens.max()), pad_to or 0)
-        x = torch.full((len(idxs), n), PAD_ID, dtype=torch.long)                                # (B, n)
-        x[torch.arange(n) < lens[:, None]] = self.flat[_gather_idx(self.offsets[idxs], lens)].long()  # row by row, as gathered
-        return x, self.labels[idxs]
-
-    def subset(self, idxs)->'TokenSplit':
-        "A new split with examples `idxs`, in that order (`n_truncated` is kept for a reordering, else unknown: None)."
-        idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
-        lens = self.lengths[idxs]
-        perm = len(idxs) == len(self) and bool((torch.bincount(idxs, minlength=len(self)) == 1).all()) if len(idxs) else not len(self)
-        return TokenSplit(self.flat[_gather_idx(self.offsets[idxs], lens)], torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-                          self.labels[idxs], self.n_truncated if perm else None)
-
-    def truncate(self, max_len:int)->'TokenSplit':
-        "Keep the first `max_len` tokens of every example."
-        if max_len < 1: raise ValueError(f"max_len must be at least 1, got {max_len}")
-        lens = self.lengths
-        if not len(self) or int(lens.max()) <= max_len: return self
-        new = lens.clamp(max=max_len)
-        n_cut = int((lens > max_len).sum())
-        return TokenSplit(self.flat[_gather_idx(self.offsets[:-1], new)], torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)]), self.labels,
-                          None if self.n_truncated is None else self.n_truncated + n_cut)
-
-    def label_counts(self, n_classes:int|None=None)->torch.Tensor:
-        "How many examples of each class."
-        return torch.bincount(self.labels, minlength=n_classes or 0)
-
-    def majority_share(self)->float:
-        "Share of the most frequent class: the accuracy of always predicting it."
-        return float(self.label_counts().max()) / len(self) if len(self) else float('nan')
-
     def __repr__(self):
-        return f"TokenSplit({len(self)} examples, {len(self.flat)} tokens, lengths {int(self.lengths.min()) if len(self) else 0}-{int(self.lengths.max()) if len(self) else 0})"
+        lo, hi = (int(self.lengths.min()), int(self.lengths.max())) if len(self) else (0, 0)
+        return f"TokenSplit({len(self)} examples, {len(self.flat)} tokens, lengths {lo}-{hi})"
 
     def state(self)->dict:
         "The fields as a dict, for `torch.save`; `TokenSplit(**state)` rebuilds the split."
         return dict(flat=self.flat, offsets=self.offsets, labels=self.labels, n_truncated=self.n_truncated)
+
+# %% ../nbs/06_data.ipynb #524f57c8
+@patch(cls_method=True)
+def from_lists(cls:TokenSplit,
+    seqs:Sequence,      # token-id sequences (lists, arrays or tensors), each non-empty
+    labels:Sequence,    # one class id per sequence
+    n_truncated:int=0,  # bookkeeping: how many were truncated
+)->TokenSplit:
+    "Build a split from per-example token-id sequences."
+    if len(seqs) != len(labels): raise ValueError(f"{len(seqs)} sequences but {len(labels)} labels")
+    lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if len(seqs) else np.zeros(0, np.int64)
+    dt = _small_int_dtype(int(flat.max()) if len(flat) else 0)
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]))
+    return cls(torch.from_numpy(flat).to(dt), offsets, torch.as_tensor(np.asarray(labels, dtype=np.int64)), n_truncated)
+
+# %% ../nbs/06_data.ipynb #a116742c
+@patch
+def batch(self:TokenSplit,
+    idxs,                   # examples to take (negative indices count from the end)
+    pad_to:int|None=None,   # pad to at least this length (default: the longest example taken)
+    max_len:int|None=None,  # keep the first `max_len` tokens of each
+):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
+    "Examples `idxs` as one padded batch, gathered in one vectorised step (no loop over examples)."
+    idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
+    if not len(idxs): raise ValueError("a batch needs at least one example")
+    if int(idxs.min()) < -len(self) or int(idxs.max()) >= len(self):
+        raise IndexError(f"index out of range for a split of {len(self)} examples: "
+                         f"{idxs[(idxs < -len(self)) | (idxs >= len(self))][0].item()}")
+    idxs = idxs % len(self)
+    lens = self.lengths[idxs] if not max_len else self.lengths[idxs].clamp(max=max_len)    # (B,)
+    n = max(int(lens.max()), pad_to or 0)
+    x = torch.full((len(idxs), n), PAD_ID, dtype=torch.long)                                # (B, n)
+    x[torch.arange(n) < lens[:, None]] = self.flat[_gather_idx(self.offsets[idxs], lens)].long()  # row by row
+    return x, self.labels[idxs]
+
+# %% ../nbs/06_data.ipynb #e53753d9
+@patch
+def subset(self:TokenSplit, idxs)->TokenSplit:
+    "A new split with examples `idxs`, in that order (`n_truncated` is kept for a reordering, else unknown: None)."
+    idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
+    lens = self.lengths[idxs]
+    perm = (len(idxs) == len(self) and bool((torch.bincount(idxs, minlength=len(self)) == 1).all()) if len(idxs)
+            else not len(self))
+    return TokenSplit(self.flat[_gather_idx(self.offsets[idxs], lens)],
+                      torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+                      self.labels[idxs], self.n_truncated if perm else None)
+
+# %% ../nbs/06_data.ipynb #e20c6a80
+@patch
+def truncate(self:TokenSplit, max_len:int)->TokenSplit:
+    "Keep the first `max_len` tokens of every example."
+    if max_len < 1: raise ValueError(f"max_len must be at least 1, got {max_len}")
+    lens = self.lengths
+    if not len(self) or int(lens.max()) <= max_len: return self
+    new = lens.clamp(max=max_len)
+    n_cut = int((lens > max_len).sum())
+    return TokenSplit(self.flat[_gather_idx(self.offsets[:-1], new)],
+                      torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)]), self.labels,
+                      None if self.n_truncated is None else self.n_truncated + n_cut)
+
+# %% ../nbs/06_data.ipynb #133bebd1
+@patch
+def label_counts(self:TokenSplit, n_classes:int|None=None)->torch.Tensor:
+    "How many examples of each class."
+    return torch.bincount(self.labels, minlength=n_classes or 0)
+
+# %% ../nbs/06_data.ipynb #dd95738a
+@patch
+def majority_share(self:TokenSplit)->float:
+    "Share of the most frequent class: the accuracy of always predicting it."
+    return float(self.label_counts().max()) / len(self) if len(self) else float('nan')
 
 # %% ../nbs/06_data.ipynb #15bd059a
 LISTOPS_OPS = ('[MIN', '[MAX', '[MED', '[SM')  # LRA's operators; [SM is sum modulo 10
@@ -175,17 +195,19 @@ class ListOpsConfig:
     max_length:int = 2000  # ... < max_length (digits, operators and `]` all count)
     max_depth:int = 10     # nodes at this depth are always leaves; the root has depth 1
     max_args:int = 10      # an operator has 2..max_args arguments
-    op_p:float = 0.25      # probability that a node above max_depth is an operator (LRA's VALUE_P: r > VALUE_P gives a leaf)
-    early_stop:bool = True # abandon a tree once it is too long (same distribution, faster); False replays LRA's random stream
+    op_p:float = 0.25      # chance that a node above max_depth is an operator (LRA's VALUE_P: r > VALUE_P: a leaf)
+    early_stop:bool = True # abandon a tree once too long (same distribution, faster); False replays LRA's random stream
     max_tries:int = 200_000 # give up when this many draws in a row bring no new tree
 
     def __post_init__(self):
         counts = dict.fromkeys(('n_train', 'n_valid', 'n_test', 'max_depth', 'max_tries'), 1) | {'max_args': 2}
         check_fields(self, ints=counts, open_unit=('op_p',))   # the least value of each int field
         if not 0 <= self.min_length < self.max_length - 1:
-            raise ValueError(f"ListOpsConfig needs 0 <= min_length < max_length - 1 (lengths strictly between them), got ({self.min_length}, {self.max_length})")
+            raise ValueError("ListOpsConfig needs 0 <= min_length < max_length - 1 (lengths strictly between them), "
+                             f"got ({self.min_length}, {self.max_length})")
         if (top := self.longest()) <= self.min_length:
-            raise ValueError(f"no tree with max_depth={self.max_depth}, max_args={self.max_args} is longer than min_length={self.min_length} (the longest has {top} tokens)")
+            raise ValueError(f"no tree with max_depth={self.max_depth}, max_args={self.max_args} is longer than "
+                             f"min_length={self.min_length} (the longest has {top} tokens)")
 
     def longest(self)->int:
         "Length of the largest possible tree."
@@ -199,10 +221,11 @@ class _TooLong(Exception): pass
 def listops_tree(
     rng:random.Random,  # the random stream (consumed exactly as LRA's `generate_tree` does with `early_stop=False`)
     cfg:ListOpsConfig,  # shape parameters
-):                      # `(tree, length)`; tree is None when abandoned as too long. A tree is a digit or `(op, [children])`
+):                      # `(tree, length)`; tree: None when abandoned as too long, else a digit or `(op, [children])`
     "Draw one ListOps tree, following LRA's `generate_tree`."
     count, limit = 0, cfg.max_length if cfg.early_stop else math.inf
-    below, uniform, max_depth, op_p = rng._randbelow, rng.random, cfg.max_depth, cfg.op_p  # `choice(seq)` is `seq[_randbelow(len(seq))]`
+    # `choice(seq)` is `seq[_randbelow(len(seq))]`
+    below, uniform, max_depth, op_p = rng._randbelow, rng.random, cfg.max_depth, cfg.op_p
     def node(depth):
         nonlocal count
         r = uniform() if depth < max_depth else 1
@@ -227,7 +250,7 @@ def listops_value(t)->int:
     vals = [listops_value(k) for k in kids]
     if op == '[MIN': return min(vals)
     if op == '[MAX': return max(vals)
-    if op == '[MED': return int(statistics.median(vals))  # = int(np.median(vals)): the mean of the middle two, truncated
+    if op == '[MED': return int(statistics.median(vals))  # = int(np.median(vals)): mean of the middle two, truncated
     return int(np.sum(vals) % 10)                         # '[SM'
 
 def listops_tokens(t, out:list|None=None)->list:
@@ -270,7 +293,8 @@ def eval_listops(
         elif len(t) == 1 and t.isdigit(): stack[-1][1].append(int(t))
         else: raise ValueError(f"unknown ListOps token {t!r}; expected a digit, one of {LISTOPS_OPS}, ']' or 'X'")
     if len(stack) != 1: raise ValueError(f"unbalanced ListOps expression: {len(stack)-1} operator(s) never closed")
-    if len(stack[0][1]) != 1: raise ValueError(f"a ListOps expression must have exactly one top-level value, got {len(stack[0][1])}")
+    if len(stack[0][1]) != 1:
+        raise ValueError(f"a ListOps expression must have exactly one top-level value, got {len(stack[0][1])}")
     return stack[0][1][0]
 
 # %% ../nbs/06_data.ipynb #61a25bc4
@@ -296,13 +320,14 @@ def generate_listops(
                 key = hashlib.blake2b(ids, digest_size=16).digest()
                 if key not in seen: break
             else:
-                raise RuntimeError(f"ListOps generator: {cfg.max_tries} draws in a row gave no new tree in the length window "
-                                   f"({cfg.min_length}, {cfg.max_length}); widen the window or raise max_depth/max_args")
+                raise RuntimeError(f"ListOps generator: {cfg.max_tries} draws in a row gave no new tree in the length "
+                                   f"window ({cfg.min_length}, {cfg.max_length}); widen the window or raise "
+                                   "max_depth/max_args")
             seen.add(key)
             flat.frombytes(ids); offsets.append(len(flat)); labels.append(listops_value(t))
             if bar is not None: next(bar, None)
-        out[name] = TokenSplit(torch.frombuffer(bytearray(flat), dtype=torch.int8) if len(flat) else torch.zeros(0, dtype=torch.int8),
-                               torch.tensor(offsets), torch.tensor(labels, dtype=torch.long))
+        ids = torch.frombuffer(bytearray(flat), dtype=torch.int8) if len(flat) else torch.zeros(0, dtype=torch.int8)
+        out[name] = TokenSplit(ids, torch.tensor(offsets), torch.tensor(labels, dtype=torch.long))
     if bar is not None:
         for _ in bar: pass
     return {k: out[k] for k in ('train', 'valid', 'test')}
@@ -348,7 +373,8 @@ class RawSplit(NamedTuple):
     origin:str
 
 def _open_text(p:Path):
-    return gzip.open(p, 'rt', encoding='utf-8', newline='') if p.suffix == '.gz' else open(p, encoding='utf-8', newline='')
+    if p.suffix == '.gz': return gzip.open(p, 'rt', encoding='utf-8', newline='')
+    return open(p, encoding='utf-8', newline='')
 
 def _find(root:Path, name:str)->Path|None:
     for cand in (root/name, root/f'{name}.gz'):
@@ -365,12 +391,15 @@ def _csv_rows(p:Path, delimiter=','):
         except csv.Error as e: raise ValueError(f"{p}, line {rd.line_num}: malformed CSV: {e}") from None
         except UnicodeDecodeError as e: raise ValueError(f"{p}, near line {rd.line_num}: not UTF-8 text: {e}") from None
 
-def _empty(p, what): raise ValueError(f"{p}: empty split: no {what} found (an empty split cannot be trained or evaluated on)")
+def _empty(p, what):
+    raise ValueError(f"{p}: empty split: no {what} found (an empty split cannot be trained or evaluated on)")
 
 # %% ../nbs/06_data.ipynb #91abc08e
 IMDB_LAYOUT = ("an aclImdb folder (train/neg/*.txt, train/pos/*.txt, test/neg/*.txt, test/pos/*.txt), "
-               "or a folder with train.csv[.gz] and test.csv[.gz] having a header with columns label,text (label 0/1 or negative/positive), "
-               "or fastai's IMDB_SAMPLE folder with texts.csv[.gz] having columns label,text,is_valid (the is_valid rows are the test split)")
+               "or a folder with train.csv[.gz] and test.csv[.gz] having a header with columns label,text "
+               "(label 0/1 or negative/positive), "
+               "or fastai's IMDB_SAMPLE folder with texts.csv[.gz] having columns label,text,is_valid "
+               "(the is_valid rows are the test split)")
 _BOOLS = {'true': True, 'false': False, '1': True, '0': False}
 _IMDB_LABELS = {'0': 0, '1': 1, 'neg': 0, 'negative': 0, 'pos': 1, 'positive': 1}
 
@@ -383,16 +412,19 @@ def _imdb_files(root:Path)->dict:
         out = {s: root/s for s in ('train', 'test')}
         for s, d in out.items():
             for lab in ('neg', 'pos'):
-                if not (d/lab).is_dir(): raise FileNotFoundError(f"IMDb folder {root}: missing {d/lab}; expected {IMDB_LAYOUT}")
+                if not (d/lab).is_dir():
+                    raise FileNotFoundError(f"IMDb folder {root}: missing {d/lab}; expected {IMDB_LAYOUT}")
         return out
     out = {s: _find(root, f'{s}.csv') for s in ('train', 'test')}
-    if None in out.values() and (sample := _find(root, 'texts.csv')): return dict(train=sample, test=sample)   # IMDB_SAMPLE
+    if None in out.values() and (sample := _find(root, 'texts.csv')):
+        return dict(train=sample, test=sample)                                        # IMDB_SAMPLE
     if None in out.values():
         miss = [f'{s}.csv[.gz]' for s, p in out.items() if p is None]
-        raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)}, no texts.csv[.gz] and no train/pos folder; expected {IMDB_LAYOUT}")
+        raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)}, no texts.csv[.gz] "
+                                f"and no train/pos folder; expected {IMDB_LAYOUT}")
     return out
 
-# %% ../nbs/06_data.ipynb #3600ce4e
+# %% ../nbs/06_data.ipynb #19a5fa9f
 def _read_imdb_csv(p:Path, is_valid:bool|None=None)->RawSplit:
     "The rows of a CSV; with `is_valid` given (IMDB_SAMPLE's texts.csv), only the rows whose `is_valid` column says so."
     rows = _csv_rows(p)
@@ -401,17 +433,20 @@ def _read_imdb_csv(p:Path, is_valid:bool|None=None)->RawSplit:
     cols = [h.strip().lower() for h in head]
     if 'label' not in cols or 'text' not in cols:
         raise ValueError(f"{p}, line 1: header {head} lacks the columns 'label' and 'text'")
-    if is_valid is not None and 'is_valid' not in cols: raise ValueError(f"{p}, line 1: header {head} lacks the column 'is_valid' of fastai's IMDB_SAMPLE texts.csv")
+    if is_valid is not None and 'is_valid' not in cols:
+        raise ValueError(f"{p}, line 1: header {head} lacks the column 'is_valid' of fastai's IMDB_SAMPLE texts.csv")
     il, it, iv = cols.index('label'), cols.index('text'), cols.index('is_valid') if is_valid is not None else None
     texts, labels = [], []
     for line, row in rows:
-        if len(row) != len(head): raise ValueError(f"{p}, line {line}: expected {len(head)} columns ({','.join(head)}), got {len(row)}")
+        if len(row) != len(head):
+            raise ValueError(f"{p}, line {line}: expected {len(head)} columns ({','.join(head)}), got {len(row)}")
         if iv is not None:
             v = _BOOLS.get(row[iv].strip().lower())
             if v is None: raise ValueError(f"{p}, line {line}: is_valid is {row[iv]!r}; expected True/False")
             if v != is_valid: continue
         lab = _IMDB_LABELS.get(row[il].strip().lower())
-        if lab is None: raise ValueError(f"{p}, line {line}: unknown label {row[il]!r}; expected 0/1 or negative/positive")
+        if lab is None:
+            raise ValueError(f"{p}, line {line}: unknown label {row[il]!r}; expected 0/1 or negative/positive")
         if not row[it].strip(): raise ValueError(f"{p}, line {line}: empty text")
         texts.append(row[it]); labels.append(lab)
     if not texts: _empty(p, 'data rows after the header')
@@ -427,16 +462,19 @@ def _read_imdb_dir(d:Path)->RawSplit:
     if not texts: _empty(d, 'reviews in neg/*.txt or pos/*.txt')
     return RawSplit(texts, labels, str(d))
 
+# %% ../nbs/06_data.ipynb #3600ce4e
 def read_imdb(
     path,  # an aclImdb folder, a folder of train/test CSVs, or an IMDB_SAMPLE folder (see `IMDB_LAYOUT`)
 )->dict:   # {'train', 'test'} -> `RawSplit`
     "Read the IMDb train and test splits from a local folder."
     files = _imdb_files(path)
     sample = files['train'] == files['test']          # IMDB_SAMPLE: one file, split by its is_valid column
-    return {s: _read_imdb_dir(p) if p.is_dir() else _read_imdb_csv(p, (s == 'test') if sample else None) for s, p in files.items()}
+    return {s: _read_imdb_dir(p) if p.is_dir() else _read_imdb_csv(p, (s == 'test') if sample else None)
+            for s, p in files.items()}
 
 # %% ../nbs/06_data.ipynb #461ef4fa
-AGNEWS_LAYOUT = "a folder with the original AG News train.csv[.gz] and test.csv[.gz] (no header; columns class 1-4, title, description)"
+AGNEWS_LAYOUT = ("a folder with the original AG News train.csv[.gz] and test.csv[.gz] "
+                 "(no header; columns class 1-4, title, description)")
 
 def _agnews_files(root:Path)->dict:
     root = Path(root)
@@ -450,9 +488,11 @@ def _agnews_files(root:Path)->dict:
 def _read_agnews_csv(p:Path)->RawSplit:
     texts, labels = [], []
     for line, row in _csv_rows(p):
-        if len(row) != 3: raise ValueError(f"{p}, line {line}: expected 3 columns (class, title, description), got {len(row)}")
+        if len(row) != 3:
+            raise ValueError(f"{p}, line {line}: expected 3 columns (class, title, description), got {len(row)}")
         c = row[0].strip()
-        if c not in ('1', '2', '3', '4'): raise ValueError(f"{p}, line {line}: unknown class {row[0]!r}; expected 1, 2, 3 or 4")
+        if c not in ('1', '2', '3', '4'):
+            raise ValueError(f"{p}, line {line}: unknown class {row[0]!r}; expected 1, 2, 3 or 4")
         text = f"{row[1].strip()} {row[2].strip()}".strip()
         if not text: raise ValueError(f"{p}, line {line}: empty title and description")
         texts.append(text); labels.append(int(c) - 1)
@@ -466,16 +506,20 @@ def read_agnews(
     return {s: _read_agnews_csv(p) for s, p in _agnews_files(path).items()}
 
 # %% ../nbs/06_data.ipynb #de08f374
-LISTOPS_LAYOUT = "a folder with the LRA files {prefix}_train.tsv, {prefix}_val.tsv and {prefix}_test.tsv (tab-separated, header Source, Target)"
+LISTOPS_LAYOUT = ("a folder with the LRA files {prefix}_train.tsv, {prefix}_val.tsv and {prefix}_test.tsv "
+                  "(tab-separated, header Source, Target)")
 
 def _listops_files(root:Path, prefix:str='basic')->dict:
     root = Path(root)
     if root.is_file() and root.name.endswith('_train.tsv'): root, prefix = root.parent, root.name[:-len('_train.tsv')]
-    if not root.is_dir(): raise FileNotFoundError(f"ListOps source {root} is not a folder; expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
+    if not root.is_dir():
+        raise FileNotFoundError(f"ListOps source {root} is not a folder; "
+                                f"expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
     out = {s: _find(root, f'{prefix}_{f}.tsv') for s, f in (('train', 'train'), ('valid', 'val'), ('test', 'test'))}
     if None in out.values():
         miss = [f'{prefix}_{f}.tsv' for (s, p), f in zip(out.items(), ('train', 'val', 'test')) if p is None]
-        raise FileNotFoundError(f"ListOps source {root}: missing {', '.join(miss)}; expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
+        raise FileNotFoundError(f"ListOps source {root}: missing {', '.join(miss)}; "
+                                f"expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
     return out
 
 def listops_normalise(source:str)->str:
@@ -492,12 +536,15 @@ def _read_listops_tsv(p:Path, verify:bool=False)->RawSplit:
     rows = _csv_rows(p, delimiter='\t')
     try: _, head = next(rows)
     except StopIteration: _empty(p, 'header or rows')
-    if [h.strip() for h in head] != ['Source', 'Target']: raise ValueError(f"{p}, line 1: expected the header Source<TAB>Target, got {head}")
+    if [h.strip() for h in head] != ['Source', 'Target']:
+        raise ValueError(f"{p}, line 1: expected the header Source<TAB>Target, got {head}")
     texts, labels = [], []
     for line, row in rows:
-        if len(row) != 2: raise ValueError(f"{p}, line {line}: expected 2 tab-separated columns (Source, Target), got {len(row)}")
+        if len(row) != 2:
+            raise ValueError(f"{p}, line {line}: expected 2 tab-separated columns (Source, Target), got {len(row)}")
         tgt = row[1].strip()
-        if tgt not in CLASSES['listops']: raise ValueError(f"{p}, line {line}: unknown Target {row[1]!r}; expected an integer 0-9")
+        if tgt not in CLASSES['listops']:
+            raise ValueError(f"{p}, line {line}: unknown Target {row[1]!r}; expected an integer 0-9")
         try: text = listops_normalise(row[0])
         except ValueError as e: raise ValueError(f"{p}, line {line}: {e}") from None
         if verify:
@@ -516,7 +563,7 @@ def read_listops_tsv(
     "Read LRA's ListOps TSV files, normalising `Source` to the generator's tokens."
     return {s: _read_listops_tsv(p, verify) for s, p in _listops_files(path, prefix).items()}
 
-# %% ../nbs/06_data.ipynb #4f25038f
+# %% ../nbs/06_data.ipynb #71bb091c
 _SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
 
 def _cut(seqs:list, max_len:int|None)->tuple:
@@ -524,12 +571,15 @@ def _cut(seqs:list, max_len:int|None)->tuple:
     if not max_len: return seqs, 0
     return [s[:max_len] for s in seqs], sum(len(s) > max_len for s in seqs)
 
+# %% ../nbs/06_data.ipynb #4f25038f
 class WordPieceTokenizer:
     "bert-base-uncased style WordPiece tokenisation with `tokenizers`; no `[CLS]`/`[SEP]` are added, id 0 is `[PAD]`."
     kind = 'wordpiece'
     def __init__(self, tok, origin:str=''):
         self.tok, self.origin = tok, origin
-        if tok.token_to_id('[PAD]') != 0: raise ValueError(f"WordPiece vocabulary {origin}: '[PAD]' must be token 0 (the first line of vocab.txt), so that id 0 is padding")
+        if tok.token_to_id('[PAD]') != 0:
+            raise ValueError(f"WordPiece vocabulary {origin}: '[PAD]' must be token 0 (the first line of vocab.txt), "
+                             "so that id 0 is padding")
         self.unk_id = tok.token_to_id('[UNK]')
         if self.unk_id is None: raise ValueError(f"WordPiece vocabulary {origin}: no '[UNK]' token")
 
@@ -537,26 +587,11 @@ class WordPieceTokenizer:
     def _pipeline(model):
         from tokenizers import Tokenizer, normalizers, pre_tokenizers, decoders
         tok = Tokenizer(model)
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                    lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         return tok
-
-    @classmethod
-    def from_vocab(cls, path)->'WordPieceTokenizer':
-        "Load a bert `vocab.txt` (one token per line; line n is id n)."
-        from tokenizers import models
-        path = Path(path)
-        if not path.is_file(): raise FileNotFoundError(f"WordPiece vocabulary {path} not found")
-        return cls(cls._pipeline(models.WordPiece(models.WordPiece.read_file(str(path)), unk_token='[UNK]', max_input_chars_per_word=100)), str(path))
-
-    @classmethod
-    def train(cls, texts:Sequence, vocab_size:int=30522, min_frequency:int=2)->'WordPieceTokenizer':
-        "Train a WordPiece vocabulary on `texts` with bert's normalisation and special tokens (`[PAD]` = 0)."
-        from tokenizers import models, trainers
-        tok = cls._pipeline(models.WordPiece(unk_token='[UNK]', max_input_chars_per_word=100))
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=_SPECIALS, show_progress=False))
-        return cls(tok, f'trained on {len(texts)} texts (vocab_size={vocab_size})')
 
     @property
     def vocab_sz(self)->int:
@@ -580,6 +615,27 @@ class WordPieceTokenizer:
         "The tokenizer as a JSON string, for the cache (`tokenizer_from_state`)."
         return dict(kind=self.kind, json=self.tok.to_str(), origin=self.origin)
     def __repr__(self): return f"WordPieceTokenizer(vocab_sz={self.vocab_sz}, {self.origin})"
+
+# %% ../nbs/06_data.ipynb #7eabbec3
+@patch(cls_method=True)
+def from_vocab(cls:WordPieceTokenizer, path)->WordPieceTokenizer:
+    "Load a bert `vocab.txt` (one token per line; line n is id n)."
+    from tokenizers import models
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"WordPiece vocabulary {path} not found")
+    wp = models.WordPiece(models.WordPiece.read_file(str(path)), unk_token='[UNK]', max_input_chars_per_word=100)
+    return cls(cls._pipeline(wp), str(path))
+
+# %% ../nbs/06_data.ipynb #c0856814
+@patch(cls_method=True)
+def train(cls:WordPieceTokenizer, texts:Sequence, vocab_size:int=30522, min_frequency:int=2)->WordPieceTokenizer:
+    "Train a WordPiece vocabulary on `texts` with bert's normalisation and special tokens (`[PAD]` = 0)."
+    from tokenizers import models, trainers
+    tok = cls._pipeline(models.WordPiece(unk_token='[UNK]', max_input_chars_per_word=100))
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=_SPECIALS,
+                                        show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return cls(tok, f'trained on {len(texts)} texts (vocab_size={vocab_size})')
 
 # %% ../nbs/06_data.ipynb #081a0853
 class ByteTokenizer:
@@ -667,7 +723,8 @@ def _stratified_split(
     try: rest, part = train_test_split(np.arange(n), test_size=size, stratify=labels, random_state=seed)
     except ValueError as e:
         counts = {int(k): int(v) for k, v in zip(*np.unique(labels, return_counts=True))}
-        raise ValueError(f"cannot carve a stratified part of size {size} from {n} examples with class counts {counts}: {e}") from None
+        raise ValueError(f"cannot carve a stratified part of size {size} from {n} examples "
+                         f"with class counts {counts}: {e}") from None
     return np.sort(rest), np.sort(part)
 
 def stratified_take(
@@ -675,7 +732,8 @@ def stratified_take(
     n:int,         # how many to take
     seed:int=42,   # random seed
 )->np.ndarray:     # indices of the `n` examples taken (sorted)
-    "Indices of a seeded, stratified sample of `n` examples (all of them if `n >= len(labels)`), by scikit-learn's `train_test_split`."
+    ("Indices of a seeded, stratified sample of `n` examples (all of them if `n >= len(labels)`), "
+     "by scikit-learn's `train_test_split`.")
     labels = np.asarray(labels)
     if n < 0: raise ValueError(f"cannot take {n} examples")
     if n >= len(labels): return np.arange(len(labels))
@@ -696,7 +754,9 @@ def default_cache_dir()->Path:
     return Path(os.environ.get('TRANSJECT_CACHE') or '~/.cache/transject_nb').expanduser()
 
 def _fingerprint(paths)->list:
-    "What every file given holds: (name, size, sha256) of a file; (name, hash of its files' names and sizes) of a folder, one level deep for aclImdb's neg/pos. No paths, no times, so a moved or re-copied data set keeps its cache and its runs."
+    ("What every file given holds: (name, size, sha256) of a file; (name, hash of its files' names and sizes) "
+     "of a folder, one level deep for aclImdb's neg/pos. No paths, no times, "
+     "so a moved or re-copied data set keeps its cache and its runs.")
     out = []
     for p in map(Path, paths):
         subs = sorted(q for q in p.iterdir() if q.name != 'unsup') if p.is_dir() else [p]
@@ -711,7 +771,8 @@ def _sha256(p:Path)->str: return hashlib.sha256(Path(p).read_bytes()).hexdigest(
 
 def cache_key(**parts)->str:
     "A short hash of everything a cached result depends on."
-    return hashlib.sha256(json.dumps({**parts, 'version': DATA_VERSION}, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    text = json.dumps({**parts, 'version': DATA_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 # %% ../nbs/06_data.ipynb #db45c9e1
 @dataclass(eq=False)
@@ -735,13 +796,6 @@ class TaskData:
         "`{'train': ..., 'valid': ..., 'test': ...}`."
         return dict(train=self.train, valid=self.valid, test=self.test)
 
-    def summary(self)->pd.DataFrame:
-        "Size, lengths, truncation and majority-class share of each split."
-        rows = {k: dict(examples=len(s), mean_len=round(float(s.lengths.float().mean()), 1), max_len=int(s.lengths.max()),
-                        truncated='unknown' if s.n_truncated is None else f"{s.n_truncated / len(s):.1%}", majority_share=round(s.majority_share(), 4))
-                for k, s in self.splits.items()}
-        return pd.DataFrame(rows).T
-
     def __repr__(self):
         return (f"TaskData({self.task}: train {len(self.train)}, valid {len(self.valid)}, test {len(self.test)}; "
                 f"vocab_sz={self.vocab_sz}, n_classes={self.n_classes}, max_len={self.max_len})")
@@ -749,19 +803,31 @@ class TaskData:
     def state(self)->dict:
         "Everything as plain tensors, numbers and strings, for `torch.save(..., weights_only=True)` loading."
         return dict(task=self.task, splits={k: s.state() for k, s in self.splits.items()}, vocab_sz=self.vocab_sz,
-                    n_classes=self.n_classes, classes=list(self.classes), tokenizer=self.tokenizer.state(), max_len=self.max_len,
-                    source=self.source, cache_key=self.cache_key, notes=list(self.notes))
+                    n_classes=self.n_classes, classes=list(self.classes), tokenizer=self.tokenizer.state(),
+                    max_len=self.max_len, source=self.source, cache_key=self.cache_key, notes=list(self.notes))
 
     @classmethod
     def from_state(cls, st:dict)->'TaskData':
         "Rebuild from `state()`."
         sp = {k: TokenSplit(**v) for k, v in st['splits'].items()}
-        return cls(st['task'], sp['train'], sp['valid'], sp['test'], st['vocab_sz'], st['n_classes'], tuple(st['classes']),
-                   tokenizer_from_state(st['tokenizer']), st['max_len'], st['source'], st['cache_key'], tuple(st['notes']))
+        return cls(st['task'], sp['train'], sp['valid'], sp['test'], st['vocab_sz'], st['n_classes'],
+                   tuple(st['classes']), tokenizer_from_state(st['tokenizer']), st['max_len'], st['source'],
+                   st['cache_key'], tuple(st['notes']))
+
+# %% ../nbs/06_data.ipynb #2979b416
+@patch
+def summary(self:TaskData)->pd.DataFrame:
+    "Size, lengths, truncation and majority-class share of each split."
+    rows = {k: dict(examples=len(s), mean_len=round(float(s.lengths.float().mean()), 1), max_len=int(s.lengths.max()),
+                    truncated='unknown' if s.n_truncated is None else f"{s.n_truncated / len(s):.1%}",
+                    majority_share=round(s.majority_share(), 4))
+            for k, s in self.splits.items()}
+    return pd.DataFrame(rows).T
 
 # %% ../nbs/06_data.ipynb #3049446d
 _GEN_KW = ('min_length', 'max_length', 'max_depth', 'max_args', 'op_p', 'early_stop', 'max_tries')
-_TASK_KW = dict(imdb=('vocab_size',), agnews=('vocab_size', 'test_pct'), charimdb=(), listops=_GEN_KW + ('prefix', 'verify'))
+_TASK_KW = dict(imdb=('vocab_size',), agnews=('vocab_size', 'test_pct'), charimdb=(),
+                listops=_GEN_KW + ('prefix', 'verify'))
 
 def _fetch(task:str)->Path:
     "Download and unpack with fastai's `untar_data`, or explain what local path to pass."
@@ -770,8 +836,8 @@ def _fetch(task:str)->Path:
         from fastai.data.external import untar_data, URLs
         return Path(untar_data(getattr(URLs, name)))
     except Exception as e:
-        raise FileNotFoundError(f"could not fetch {task} with fastai's untar_data(URLs.{name}) ({type(e).__name__}: {e}). "
-                                f"Offline, pass source= a local path: {layout}") from None
+        raise FileNotFoundError(f"could not fetch {task} with fastai's untar_data(URLs.{name}) "
+                                f"({type(e).__name__}: {e}). Offline, pass source= a local path: {layout}") from None
 
 def _resolve_vocab(vocab, src:Path)->tuple:
     "('file', path) for a vocab.txt to use, or ('train', None)."
@@ -788,12 +854,15 @@ def _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, 
     "Check `load_task`'s arguments; the `max_len` to use (the task's default for None)."
     check_choice(task, TASKS, 'task')
     if bad := [k for k in task_kwargs if k not in _TASK_KW[task]]:
-        raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; valid: {', '.join(_TASK_KW[task]) or 'none'}")
-    if vocab is not None and task not in ('imdb', 'agnews'): raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
+        raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; "
+                        f"valid: {', '.join(_TASK_KW[task]) or 'none'}")
+    if vocab is not None and task not in ('imdb', 'agnews'):
+        raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
     max_len = DEFAULT_MAX_LEN[task] if max_len is None else max_len
     if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"max_len must be a positive int, got {max_len!r}")
     for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items():
-        if v is not None and (not isinstance(v, int) or v < 1): raise ValueError(f"{k} must be a positive int or None, got {v!r}")
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{k} must be a positive int or None, got {v!r}")
     if not 0 < valid_pct < 1: raise ValueError(f"valid_pct must lie in (0, 1), got {valid_pct}")
     return max_len
 
@@ -805,14 +874,19 @@ def _source(
     sizes:dict,         # 'train', 'valid', 'test' -> how many examples (None: all / the generator's default)
     seed:int,           # the data seed
     task_kwargs:dict,   # `load_task`'s task-specific keyword arguments
-)->tuple:               # `(cfg, src, files, description)`: the ListOps generator's `ListOpsConfig` (else None), the folder and files read (else None, {})
-    "What a task's data come from: the ListOps generator with its parameters, or a local (or downloaded) folder and its files."
+# `(cfg, src, files, description)`: the ListOps generator's `ListOpsConfig` (else None),
+# the folder and files read (else None, {})
+)->tuple:
+    ("What a task's data come from: the ListOps generator with its parameters, "
+     "or a local (or downloaded) folder and its files.")
     if task == 'listops' and source is None:
         kw = {k: v for k, v in task_kwargs.items() if k in _GEN_KW}
         if 'min_length' not in kw and 'max_length' not in kw and max_len <= ListOpsConfig.min_length:
             kw.update(min_length=max_len // 4, max_length=max_len + 1)
-            logger.warning(f"listops: max_len={max_len} is below the LRA length window (500, 2000), which would truncate every expression; "
-                           f"generating trees of length in ({max_len // 4}, {max_len + 1}) instead (pass min_length=, max_length= to choose)")
+            logger.warning(f"listops: max_len={max_len} is below the LRA length window (500, 2000), "
+                           "which would truncate every expression; "
+                           f"generating trees of length in ({max_len // 4}, {max_len + 1}) instead "
+                           "(pass min_length=, max_length= to choose)")
         cfg = ListOpsConfig(**{f'n_{k}': v for k, v in sizes.items() if v is not None}, **kw)
         return cfg, None, {}, f"ListOps generator {dataclasses.asdict(cfg)}, seed {seed}"
     if task == 'listops' and (extra := [k for k in task_kwargs if k in _GEN_KW]):
@@ -848,10 +922,13 @@ def _order(split:TokenSplit, seed:int)->TokenSplit:
 
 def _check_nonempty(raw:dict):
     for k, r in raw.items():
-        if not r.texts: raise ValueError(f"{r.origin}: empty {k} split after carving/subsetting; use a larger source or a different split size")
+        if not r.texts:
+            raise ValueError(f"{r.origin}: empty {k} split after carving/subsetting; "
+                             "use a larger source or a different split size")
 
 def _read_raw(task:str, src:Path, seed:int, valid_pct:float, sizes:dict, task_kwargs:dict, notes:list)->dict:
-    "The texts and labels of train, valid and test: read, carved (validation; all three for AG News without train.csv) and subsetted, stratified."
+    ("The texts and labels of train, valid and test: read, carved (validation; all three for AG News without "
+     "train.csv) and subsetted, stratified.")
     raw = (read_imdb(src) if task in ('imdb', 'charimdb') else read_agnews(src) if task == 'agnews'
            else read_listops_tsv(src, task_kwargs.get('prefix', 'basic'), task_kwargs.get('verify', False)))
     sub = lambda r, idx, tag: RawSplit([r.texts[i] for i in idx], [r.labels[i] for i in idx], f"{r.origin} ({tag})")
@@ -861,27 +938,34 @@ def _read_raw(task:str, src:Path, seed:int, valid_pct:float, sizes:dict, task_kw
         rest, te = carve(t.labels, test_pct, seed)
         raw = dict(train=sub(t, rest, 'carved train'), test=sub(t, te, f'carved test {test_pct:.0%}'))
         msg = (f"WARNING: AG News train.csv not found in {src}: train, valid and test were all carved from test.csv "
-               f"({len(t.texts)} rows; test {test_pct:.0%}, seed {seed}). Use this for experiments only: the numbers are "
-               f"not comparable with published AG News results.")
+               f"({len(t.texts)} rows; test {test_pct:.0%}, seed {seed}). Use this for experiments only: "
+               f"the numbers are not comparable with published AG News results.")
         warnings.warn(msg, UserWarning, stacklevel=3); notes.append(msg)                # at `load_task`'s caller
     if 'valid' not in raw:
         tr, va = carve(raw['train'].labels, valid_pct, seed)
-        raw = dict(train=sub(raw['train'], tr, 'train part'), valid=sub(raw['train'], va, f'carved valid {valid_pct:.0%}'), test=raw['test'])
+        raw = dict(train=sub(raw['train'], tr, 'train part'),
+                   valid=sub(raw['train'], va, f'carved valid {valid_pct:.0%}'), test=raw['test'])
     for k, n in sizes.items():
-        if n is not None and n < len(raw[k].texts): raw[k] = sub(raw[k], stratified_take(raw[k].labels, n, seed), f'{n} taken')
+        if n is not None and n < len(raw[k].texts):
+            raw[k] = sub(raw[k], stratified_take(raw[k].labels, n, seed), f'{n} taken')
     _check_nonempty(raw)
     return raw
 
 # %% ../nbs/06_data.ipynb #75a7cbe4
-def _make_tokenizer(task:str, vkind:str, vpath:Path|None, train_texts:list, vocab, src:Path, task_kwargs:dict, notes:list):
-    "The task's tokenizer: UTF-8 bytes, ListOps symbols, a bert `vocab.txt`, or a WordPiece vocabulary trained on the training texts."
+def _make_tokenizer(task:str, vkind:str, vpath:Path|None, train_texts:list, vocab, src:Path, task_kwargs:dict,
+                    notes:list):
+    ("The task's tokenizer: UTF-8 bytes, ListOps symbols, a bert `vocab.txt`, "
+     "or a WordPiece vocabulary trained on the training texts.")
     if task == 'charimdb': return ByteTokenizer()
     if task == 'listops': return ListOpsTokenizer()
     if vkind == 'file': return WordPieceTokenizer.from_vocab(vpath)
     tokzr = WordPieceTokenizer.train(train_texts, task_kwargs.get('vocab_size', 30522))
-    msg = (f"{task}: no bert-base-uncased vocab.txt found (looked in {src}, beside it, and the Hugging Face cache/hub); "
-           f"trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split ({len(train_texts)} texts)")
-    if vocab == 'train': msg = f"{task}: trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split, as asked (vocab='train')"
+    msg = (f"{task}: no bert-base-uncased vocab.txt found (looked in {src}, beside it, and the Hugging Face "
+           f"cache/hub); trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split "
+           f"({len(train_texts)} texts)")
+    if vocab == 'train':
+        msg = (f"{task}: trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split, "
+               "as asked (vocab='train')")
     logger.warning(msg); notes.append(msg)
     return tokzr
 
@@ -889,6 +973,26 @@ def _ids_cut(tokzr, r:RawSplit, max_len:int)->tuple:
     "`(ids, labels, n_cut)` of a raw split, for `TokenSplit.from_lists`."
     ids, n_cut = tokzr.encode_batch(r.texts, max_len)
     return ids, r.labels, n_cut
+
+# %% ../nbs/06_data.ipynb #1b2a2799
+def _task_key(task, src, files, src_desc, vocab, max_len, sizes, seed, valid_pct, task_kwargs)->tuple:
+    "`(vkind, vpath, key)`: where the WordPiece vocabulary comes from, and the cache key of all the data depend on."
+    if task in ('imdb', 'agnews'):
+        vkind, vpath = _resolve_vocab(vocab, src)
+        vid = _sha256(vpath) if vkind == 'file' else f"train:{task_kwargs.get('vocab_size', 30522)}"
+    else: vkind, vpath, vid = task, None, task
+    key = cache_key(task=task, source=None if files else src_desc, files=_fingerprint(files.values()), vocab=vid,
+                    max_len=max_len, n_train=sizes['train'], n_valid=sizes['valid'], n_test=sizes['test'], seed=seed,
+                    valid_pct=valid_pct, kwargs={k: v for k, v in task_kwargs.items() if k != 'vocab_size'})
+    return vkind, vpath, key
+
+def _build_splits(task, cfg, src, vkind, vpath, vocab, max_len, seed, valid_pct, sizes, progress, task_kwargs, notes):
+    "`(tokenizer, splits)`: ListOps generated by `cfg`, or the source's texts read, carved and tokenised."
+    if cfg is not None:
+        return ListOpsTokenizer(), {k: s.truncate(max_len) for k, s in generate_listops(cfg, seed, progress).items()}
+    raw = _read_raw(task, src, seed, valid_pct, sizes, task_kwargs, notes)
+    tokzr = _make_tokenizer(task, vkind, vpath, raw['train'].texts, vocab, src, task_kwargs, notes)
+    return tokzr, {k: TokenSplit.from_lists(*_ids_cut(tokzr, r, max_len)) for k, r in raw.items()}
 
 # %% ../nbs/06_data.ipynb #c35439dd
 def load_task(
@@ -900,39 +1004,30 @@ def load_task(
     valid_pct:float=0.1,      # share of the training split carved out for validation (not ListOps, which has its own)
     n_valid:int|None=None,    # cap on validation examples (ListOps generator: the number generated, default 2,000)
     n_test:int|None=None,     # cap on test examples (ListOps generator: the number generated, default 2,000)
-    vocab=None,               # WordPiece: a vocab.txt path, 'train' to train one, or None to look (`find_vocab`), then train
+    vocab=None,               # WordPiece: a vocab.txt path, 'train' to train one, or None: `find_vocab`, else train
     cache_dir=None,           # cache folder (default `default_cache_dir()`); False disables the cache
     refresh:bool=False,       # rebuild even if a cached copy exists
     progress:bool|None=None,  # progress bar for the ListOps generator
-    **task_kwargs,            # imdb/agnews: vocab_size (trained vocab); agnews: test_pct; listops: `ListOpsConfig` fields, prefix, verify
+    # imdb/agnews: vocab_size (trained vocab); agnews: test_pct; listops: `ListOpsConfig` fields, prefix, verify
+    **task_kwargs,
 )->TaskData:                  # the numericalised train/valid/test splits and their tokenizer
     "Load a task as numericalised train, valid and test splits, from the cache when possible."
     max_len = _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, task_kwargs)
     notes, sizes = [], dict(train=n_train, valid=n_valid, test=n_test)
-    cfg, src, files, src_desc = _source(task, source, max_len, sizes, seed, task_kwargs)   # what the result depends on ...
-    if task in ('imdb', 'agnews'):
-        vkind, vpath = _resolve_vocab(vocab, src)
-        vid = _sha256(vpath) if vkind == 'file' else f"train:{task_kwargs.get('vocab_size', 30522)}"
-    else: vkind, vpath, vid = task, None, task
-    key = cache_key(task=task, source=None if files else src_desc, files=_fingerprint(files.values()), vocab=vid, max_len=max_len,   # ... names the cache file
-                    n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed, valid_pct=valid_pct,
-                    kwargs={k: v for k, v in task_kwargs.items() if k != 'vocab_size'})
+    cfg, src, files, src_desc = _source(task, source, max_len, sizes, seed, task_kwargs)   # what the data depend on
+    vkind, vpath, key = _task_key(task, src, files, src_desc, vocab, max_len, sizes, seed, valid_pct, task_kwargs)
     cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cfile = cdir/f"{task}-{key}.pt" if cdir else None
     if not refresh and (td := _cached(cfile, key, task)) is not None: return td
     t0 = time.perf_counter()
-    if cfg is not None:
-        tokzr = ListOpsTokenizer()
-        splits = {k: s.truncate(max_len) for k, s in generate_listops(cfg, seed, progress).items()}
-    else:
-        raw = _read_raw(task, src, seed, valid_pct, sizes, task_kwargs, notes)
-        tokzr = _make_tokenizer(task, vkind, vpath, raw['train'].texts, vocab, src, task_kwargs, notes)
-        splits = {k: TokenSplit.from_lists(*_ids_cut(tokzr, r, max_len)) for k, r in raw.items()}
+    tokzr, splits = _build_splits(task, cfg, src, vkind, vpath, vocab, max_len, seed, valid_pct, sizes, progress,
+                                  task_kwargs, notes)
     splits = {k: _order(s, seed + i) for i, (k, s) in enumerate(splits.items())}
-    td = TaskData(task, splits['train'], splits['valid'], splits['test'], tokzr.vocab_sz, len(CLASSES[task]), CLASSES[task],
-                  tokzr, max_len, f"{src_desc}; tokenizer: {tokzr.origin}", key, tuple(notes))
+    td = TaskData(task, splits['train'], splits['valid'], splits['test'], tokzr.vocab_sz, len(CLASSES[task]),
+                  CLASSES[task], tokzr, max_len, f"{src_desc}; tokenizer: {tokzr.origin}", key, tuple(notes))
     for k, s in td.splits.items():
-        if len(s) and int(s.labels.max()) >= td.n_classes: raise ValueError(f"{task} {k}: label {int(s.labels.max())} out of range for {td.n_classes} classes")
+        if len(s) and int(s.labels.max()) >= td.n_classes:
+            raise ValueError(f"{task} {k}: label {int(s.labels.max())} out of range for {td.n_classes} classes")
     logger.info(f"{task}: built {td} in {time.perf_counter() - t0:.1f} s")
     if cfile:
         atomic_save(td.state(), cfile)
@@ -945,23 +1040,27 @@ def encode_text(
     text:str,               # one raw text (for ListOps an expression, compact or LRA form)
     max_len:int|None=None,  # keep the first `max_len` tokens
 )->list:                    # token ids, at least one
-    "Token ids of one raw text, tokenised as the data were and cut to `max_len`; an empty text is an error, not a row of padding."
+    ("Token ids of one raw text, tokenised as the data were and cut to `max_len`; "
+     "an empty text is an error, not a row of padding.")
     if not isinstance(text, str): raise TypeError(f"expected a text (str), got {type(text).__name__}")
-    if not text.strip(): raise ValueError("cannot classify an empty text: it has no tokens (give at least one non-blank character)")
+    if not text.strip():
+        raise ValueError("cannot classify an empty text: it has no tokens (give at least one non-blank character)")
     ids = list(tokenizer.encode(text))
     if not ids: raise ValueError(f"text {text!r} has no tokens")
     return ids[:max_len] if max_len else ids
 
 # %% ../nbs/06_data.ipynb #6a329c3b
 class TaskItems:
-    "A task's splits seen as one collection of examples, without copying: global index `i` runs through train, then valid, then test."
+    ("A task's splits seen as one collection of examples, without copying: "
+     "global index `i` runs through train, then valid, then test.")
     def __init__(self,
         splits:Sequence,  # `TokenSplit`s, numbered one after the other
     ):
         self.splits = list(splits)
         if not self.splits or not all(isinstance(s, TokenSplit) for s in self.splits):
-            raise TypeError(f"TaskItems needs a non-empty sequence of TokenSplit, got {[type(s).__name__ for s in self.splits]}")
-        self.starts = np.cumsum([0] + [len(s) for s in self.splits])   # (K+1,) global index of each split's first example
+            raise TypeError(f"TaskItems needs a non-empty sequence of TokenSplit, "
+                            f"got {[type(s).__name__ for s in self.splits]}")
+        self.starts = np.cumsum([0] + [len(s) for s in self.splits])   # (K+1,) global index of each split's first
 
     def __len__(self)->int: return int(self.starts[-1])
     def __repr__(self): return f"TaskItems({' + '.join(str(len(s)) for s in self.splits)} examples)"
@@ -981,15 +1080,6 @@ class TaskItems:
         "`(N,)` class id of every example."
         return torch.cat([s.labels for s in self.splits])
 
-    def locate(self, idxs)->tuple:
-        "`(split, index in that split)` of global indices, as two int64 arrays."
-        idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
-        if len(idxs) and (idxs.min() < 0 or idxs.max() >= len(self)):
-            bad = idxs[(idxs < 0) | (idxs >= len(self))][0]
-            raise IndexError(f"example {bad} is out of range: the task has {len(self)} examples (global indices 0 to {len(self) - 1})")
-        k = np.searchsorted(self.starts, idxs, side='right') - 1
-        return k, idxs - self.starts[k]
-
     def __getitem__(self, i)->tuple:
         "Example `i` as `(LongTensor ids (n,), int label)`."
         (k,), (j,) = self.locate([i])
@@ -1000,26 +1090,44 @@ class TaskItems:
         (k,), (j,) = self.locate([i])
         return int(self.splits[k].labels[j])
 
-    def batch(self,
-        idxs,                   # global indices of the examples
-        max_len:int|None=None,  # keep the first `max_len` tokens of each
-    ):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
-        "Examples `idxs` as one padded batch, gathered split by split in vectorised steps."
-        k, j = self.locate(idxs)
-        if not len(k): raise ValueError("a batch needs at least one example")
-        if (k == k[0]).all(): return self.splits[k[0]].batch(j, max_len=max_len)
-        groups = [(s, np.flatnonzero(k == s)) for s in np.unique(k)]
-        n = max(int(self.splits[s].lengths[torch.as_tensor(j[r])].max()) for s, r in groups)
-        n = min(n, max_len) if max_len else n
-        x, y = torch.full((len(k), n), PAD_ID, dtype=torch.long), torch.empty(len(k), dtype=torch.long)   # (B, n), (B,)
-        for s, r in groups: x[torch.as_tensor(r)], y[torch.as_tensor(r)] = self.splits[s].batch(j[r], pad_to=n, max_len=max_len)
-        return x, y
+# %% ../nbs/06_data.ipynb #d89676a0
+@patch
+def locate(self:TaskItems, idxs)->tuple:
+    "`(split, index in that split)` of global indices, as two int64 arrays."
+    idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
+    if len(idxs) and (idxs.min() < 0 or idxs.max() >= len(self)):
+        bad = idxs[(idxs < 0) | (idxs >= len(self))][0]
+        raise IndexError(f"example {bad} is out of range: the task has {len(self)} examples "
+                         f"(global indices 0 to {len(self) - 1})")
+    k = np.searchsorted(self.starts, idxs, side='right') - 1
+    return k, idxs - self.starts[k]
+
+# %% ../nbs/06_data.ipynb #3c575edb
+@patch
+def batch(self:TaskItems,  # noqa: F811 (a method, as `TokenSplit.batch` is)
+    idxs,                   # global indices of the examples
+    max_len:int|None=None,  # keep the first `max_len` tokens of each
+):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
+    "Examples `idxs` as one padded batch, gathered split by split in vectorised steps."
+    k, j = self.locate(idxs)
+    if not len(k): raise ValueError("a batch needs at least one example")
+    if (k == k[0]).all(): return self.splits[k[0]].batch(j, max_len=max_len)
+    groups = [(s, np.flatnonzero(k == s)) for s in np.unique(k)]
+    n = max(int(self.splits[s].lengths[torch.as_tensor(j[r])].max()) for s, r in groups)
+    n = min(n, max_len) if max_len else n
+    x, y = torch.full((len(k), n), PAD_ID, dtype=torch.long), torch.empty(len(k), dtype=torch.long)   # (B, n), (B,)
+    for s, r in groups:
+        x[torch.as_tensor(r)], y[torch.as_tensor(r)] = self.splits[s].batch(j[r], pad_to=n, max_len=max_len)
+    return x, y
+
+# %% ../nbs/06_data.ipynb #10bdf636
+_NO_DATA = ("carries no examples (it was pickled, e.g. by learn.export, which keeps the tokenizer and class names "
+            "only): give raw texts")
 
 # %% ../nbs/06_data.ipynb #81e01788
-_NO_DATA = "carries no examples (it was pickled, e.g. by learn.export, which keeps the tokenizer and class names only): give raw texts"
-
 class TokenIds(Transform):
-    "fastai transform to token ids (`TensorText`): an example of the task by its global index, or a raw text tokenised as the data were; decodes ids to text."
+    ("fastai transform to token ids (`TensorText`): an example of the task by its global index, "
+     "or a raw text tokenised as the data were; decodes ids to text.")
     input_types = (Integral, str)   # what it encodes; fastai's `test_dl` reads it to accept raw texts
     def __init__(self,
         tokenizer,                  # the task's tokenizer (`encode`, `decode`)
@@ -1027,21 +1135,25 @@ class TokenIds(Transform):
         items:TaskItems|None=None,  # the task's examples (None: raw texts only)
     ):
         super().__init__()
-        if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"TokenIds: max_len must be a positive int, got {max_len!r}")
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"TokenIds: max_len must be a positive int, got {max_len!r}")
         self.tokenizer, self.max_len, self.items = tokenizer, max_len, items
 
     def encodes(self, i:Integral)->TensorText:
         if self.items is None: raise ValueError(f"TokenIds {_NO_DATA}")
         return TensorText(self.items[int(i)][0][:self.max_len])
-    def encodes(self, text:str)->TensorText: return TensorText(torch.tensor(encode_text(self.tokenizer, text, self.max_len), dtype=torch.long))
+    def encodes(self, text:str)->TensorText:  # noqa: F811 -- fastai dispatches `encodes` on the annotated type
+        return TensorText(torch.tensor(encode_text(self.tokenizer, text, self.max_len), dtype=torch.long))
     def decodes(self, x:TensorText)->TitledStr: return TitledStr(self.tokenizer.decode(x))
 
     def __getstate__(self):
         "Pickled (as by `learn.export`) with the tokenizer and `max_len`, without the data."
         return {**self.__dict__, 'items': None}
 
+# %% ../nbs/06_data.ipynb #e5d3cfc4
 class ItemLabel(Transform):
-    "fastai transform from an example's global index to its class name; fastai's `Categorize` then gives the `TensorCategory`."
+    ("fastai transform from an example's global index to its class name; "
+     "fastai's `Categorize` then gives the `TensorCategory`.")
     input_types = Integral
     def __init__(self,
         items:TaskItems|None,  # the task's examples
@@ -1061,8 +1173,11 @@ def task_datasets(
     data:TaskData,          # the task's numericalised splits (from `load_task`)
     max_len:int|None=None,  # keep the first `max_len` tokens of every example (default `data.max_len`)
 )->Datasets:                # items: global example indices; splits 0, 1, 2: train, valid, test
-    "The task as one fastai `Datasets`: x through `TokenIds` (decodes to text), y through `Categorize` with the class names as `vocab`."
-    if not isinstance(data, TaskData): raise TypeError(f"task_datasets needs a TaskData from load_task, got {type(data).__name__}")
+    ("The task as one fastai `Datasets`: x through `TokenIds` (decodes to text), "
+     "y through `Categorize` with the class names as `vocab`.")
+    if not isinstance(data, TaskData):
+        raise TypeError(f"task_datasets needs a TaskData from load_task, got {type(data).__name__}")
     items = TaskItems([data.train, data.valid, data.test])
-    tfms = [[TokenIds(data.tokenizer, max_len or data.max_len, items)], [ItemLabel(items, data.classes), Categorize(vocab=list(data.classes), sort=False)]]
+    tfms = [[TokenIds(data.tokenizer, max_len or data.max_len, items)],
+            [ItemLabel(items, data.classes), Categorize(vocab=list(data.classes), sort=False)]]
     return Datasets(range(len(items)), tfms=tfms, splits=items.ranges)

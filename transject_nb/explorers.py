@@ -25,7 +25,8 @@ from .gradflow import attention_flow, spread
 from .models import VARIANTS, create_model
 
 # %% ../nbs/09a_explorers.ipynb #4cb0d3a9
-KNOBS = {v: variant_spec(v).knob for v in VARIANTS}   # variant -> 'alpha', the config field it turns, or None: from the table of variants
+# variant -> 'alpha', the config field it turns, or None: from the table of variants
+KNOBS = {v: variant_spec(v).knob for v in VARIANTS}
 KNOB_LABELS = {'alpha': 'α', 'lam': 'λ', 'tau': 'τ', None: '(none)'}
 
 def _live_frontend()->bool:
@@ -38,7 +39,8 @@ def _live_frontend()->bool:
 def default_tokenizer(
     texts=(),             # extra texts whose words the vocabulary must hold
 ):                        # a small `WordPieceTokenizer`
-    "`analysis.word_tokenizer` of the sample reviews plus `texts`: offline, instant, reproducible, and it knows every word it is shown."
+    ("`analysis.word_tokenizer` of the sample reviews plus `texts`: offline, instant, reproducible, "
+     "and it knows every word it is shown.")
     return word_tokenizer(list(SAMPLE_TEXTS) + list(texts))
 
 def explorer_model(
@@ -74,14 +76,16 @@ def plot_profile(
     ax=None,              # two matplotlib Axes; a new figure if None
     title:str='',         # figure title
 ):                        # the Figure
-    "Left: min..max token distance ratio per layer, with Theorem 2's bounds; right: mean pairwise cosine and token similarity."
+    ("Left: min..max token distance ratio per layer, with Theorem 2's bounds; "
+     "right: mean pairwise cosine and token similarity.")
     if ax is None: fig, ax = plt.subplots(1, 2, figsize=(6, 3.5))
     else: fig = ax[0].figure
     plot_activation_bounds(profile, ax=ax[0])
     lo = min(profile.lo.min(), profile.bound_lo.min() if profile.bound_lo.notna().all() else 1)
     hi = max(profile.hi.max(), profile.bound_hi.max() if profile.bound_hi.notna().all() else 1)
     ax[0].set_ylim(min(lo, 0.5) / 1.1, max(hi, 2) * 1.1)
-    plot_layer_curves({'mean pairwise cosine': profile.cosine, 'token similarity': profile.similarity}, ax=ax[1], ylim=(-0.05, 1.05))
+    plot_layer_curves({'mean pairwise cosine': profile.cosine, 'token similarity': profile.similarity}, ax=ax[1],
+                      ylim=(-0.05, 1.05))
     ax[0].set_ylabel('distance ratio to layer 0', fontsize=8)
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -126,12 +130,13 @@ def variant_explorer(
         plot_variant_explorer(variant, n_layers, knob, text, seed, tk, models)
         plt.show()
         return None
-    return w.interactive(draw, {'manual': not _live_frontend()},                            # no frontend: no drawing until asked
+    return w.interactive(draw, {'manual': not _live_frontend()},          # no frontend: no drawing until asked
         variant=w.Dropdown(options=list(VARIANTS) + list(models), value='transject', description='variant'),
         n_layers=w.IntSlider(value=6, min=1, max=24, description='layers', continuous_update=False),
         knob=w.FloatSlider(value=0.9, min=0., max=0.99, step=0.01, description='α / λ / τ', continuous_update=False),
         seed=w.IntSlider(value=0, min=0, max=20, description='seed', continuous_update=False),
-        text=w.Textarea(value=PAPER_SENTENCE, description='text', continuous_update=False, layout=w.Layout(width='90%')))
+        text=w.Textarea(value=PAPER_SENTENCE, description='text', continuous_update=False,
+                        layout=w.Layout(width='90%')))
 
 # %% ../nbs/09a_explorers.ipynb #39895bcc
 def point_cloud(

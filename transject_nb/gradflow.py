@@ -130,7 +130,7 @@ def spread(
 def mean_pairwise_cosine(
     X:torch.Tensor,               # token vectors `(..., n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; None: all real
-)->torch.Tensor:                  # mean of $\cos(x_i, x_j)$ over real pairs $i \ne j$, shape `(...)`; 1 for a single token
+)->torch.Tensor:                  # mean $\cos(x_i, x_j)$ over real pairs $i \ne j$, shape `(...)`; 1 for a single token
     "Mean pairwise cosine similarity of the (real) tokens: 1 when all tokens point the same way."
     Xn = F.normalize(X if X.dtype == torch.float64 else X.float(), dim=-1)         # (..., n, d); a zero token stays 0
     m = torch.full(X.shape[:-2], X.shape[-2], dtype=Xn.dtype, device=X.device)       # (...) number of real tokens
@@ -164,7 +164,7 @@ def plot_cosine_curves(
     title:str='',   # axes title
 ):                  # the Axes
     "Plot mean pairwise cosine against depth for several flows."
-    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items():
         ax.plot(torch.as_tensor(c).tolist(), label=label)

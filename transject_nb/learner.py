@@ -41,7 +41,7 @@ from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
 from .models import create_model, n_params
 from .batches import BucketDL
 from .config import TrainConfig, resolve_config
-from .config import DataConfig, preset_configs  # noqa: F401 -- imported from here by older code and pages
+from .config import DataConfig  # noqa: F401 -- older code imports it from here
 from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
 from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
 from .fastai_fixes import FixedLearner

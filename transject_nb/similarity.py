@@ -37,7 +37,8 @@ def _real_mean(X, mask):
 def token_similarity(
     X:torch.Tensor,               # tokens `(..., n, d)`, e.g. `(B, n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; None: all real
-)->torch.Tensor:                  # $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, shape `(...)`; 0 for an all-zero X
+# $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, `(...)`; 0 for an all-zero X
+)->torch.Tensor:
     "Share of the squared Frobenius norm of the (real) tokens that lies in span{1}."
     mean, cnt = _real_mean(X, mask)                                                    # (..., 1, d), (..., 1, 1)
     Xf = X if X.dtype == torch.float64 else X.float()
@@ -48,8 +49,10 @@ def token_similarity(
 def token_diversity(
     X:torch.Tensor,               # tokens `(..., n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens
-)->torch.Tensor:                  # $t_{\rm div} = \lVert(I-\Pi_{\mathbf 1})X\rVert_F^2/\lVert X\rVert_F^2 = 1 - t_{\rm sim}$, shape `(...)`
-    "Share of the squared Frobenius norm of the (real) tokens orthogonal to span{1} (computed directly, accurate when tiny)."
+# $t_{\rm div} = \lVert(I-\Pi_{\mathbf 1})X\rVert_F^2/\lVert X\rVert_F^2 = 1 - t_{\rm sim}$, shape `(...)`
+)->torch.Tensor:
+    ("Share of the squared Frobenius norm of the (real) tokens orthogonal to span{1} "
+     "(computed directly, accurate when tiny).")
     mean, _ = _real_mean(X, mask)
     Xf = X if X.dtype == torch.float64 else X.float()
     R = Xf - mean                                                                     # (I - Pi) X on real rows
@@ -109,7 +112,7 @@ def plot_escalation(
     logy:bool=False,                 # log-scale y axis
 ):                                   # the Axes
     "Plot similarity (or diversity) curves against depth."
-    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items(): ax.plot(torch.as_tensor(c).tolist(), label=label)
     ax.set(xlabel='step / layer', ylabel=ylabel, title=title)
@@ -123,7 +126,7 @@ def plot_spectral_rate(
     ax=None,          # matplotlib Axes; a new figure if None
 ):                    # the Axes
     "Measured against predicted escalation rate, with the identity line."
-    import matplotlib.pyplot as plt                                      # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([0, 1], [0, 1], 'k:', lw=1, label='measured = predicted')
     ax.scatter(predicted, measured, zorder=3)

@@ -21,7 +21,8 @@ VERDICTS = ('holds', 'fails', 'within noise', 'one seed')    # what a claim can 
 
 # %% ../nbs/11a_stats.ipynb #be38e48b
 def _check_alpha(alpha):
-    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1: raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; got {alpha!r}")
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; got {alpha!r}")
 
 # %% ../nbs/11a_stats.ipynb #d6d5646f
 def verdict_of(
@@ -38,7 +39,8 @@ def verdict_of(
             raise ValueError(f"{k} must be a whole number of values, at least 1; got {n!r}")
     if n_a < 2 or n_b < 2: return 'one seed'
     if not (isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1):
-        raise ValueError(f"p must be a p-value in [0, 1], got {p!r}" + (" (NaN: with zero spread on both sides, let welch or welch_from_stats decide)" if p != p else ''))
+        why = " (NaN: with zero spread on both sides, let welch or welch_from_stats decide)" if p != p else ''
+        raise ValueError(f"p must be a p-value in [0, 1], got {p!r}" + why)
     if not math.isfinite(diff): raise ValueError(f"diff must be a finite difference of means, got {diff!r}")
     return 'within noise' if p >= alpha or diff == 0 else 'holds' if diff > 0 else 'fails'
 
@@ -48,13 +50,16 @@ def _arrays(**kw)->tuple:
     arrs = {}
     for k, v in kw.items():
         try: a = np.asarray(v, dtype=float)
-        except (TypeError, ValueError): raise TypeError(f"{k} must be a number or a 1-D array of numbers, got {v!r}") from None
+        except (TypeError, ValueError):
+            raise TypeError(f"{k} must be a number or a 1-D array of numbers, got {v!r}") from None
         if a.ndim > 1: raise ValueError(f"{k} must be a number or a 1-D array, got an array of shape {a.shape}")
         arrs[k] = a
     lens = {k: a.size for k, a in arrs.items() if a.ndim == 1}
     if len(set(lens.values())) > 1:
-        raise ValueError("mismatched lengths: " + ', '.join(f"{k} has {n}" for k, n in lens.items()) + "; give one value per comparison, or a number shared by all")
-    if empty := [k for k, n in lens.items() if n == 0]: raise ValueError(f"{empty[0]} is empty: give at least one comparison")
+        raise ValueError("mismatched lengths: " + ', '.join(f"{k} has {n}" for k, n in lens.items())
+                         + "; give one value per comparison, or a number shared by all")
+    if empty := [k for k, n in lens.items() if n == 0]:
+        raise ValueError(f"{empty[0]} is empty: give at least one comparison")
     m = next(iter(lens.values()), 1)
     return {k: np.broadcast_to(a, (m,)).astype(float) for k, a in arrs.items()}, not lens
 
@@ -64,21 +69,18 @@ def _check_counts(n, k):
 
 def _check_finite(x, k, where=None):
     bad = ~np.isfinite(x) if where is None else where & ~np.isfinite(x)
-    if bad.any(): raise ValueError(f"{k} holds NaN or inf at positions {np.flatnonzero(bad).tolist()}" + ('' if where is None else ' where its side has a spread to estimate'))
+    if bad.any():
+        raise ValueError(f"{k} holds NaN or inf at positions {np.flatnonzero(bad).tolist()}"
+                         + ('' if where is None else ' where its side has a spread to estimate'))
 
-def _finish(diff, se, t, df, p, n_a, n_b, alpha, scalar)->dict:
-    "Confidence interval and verdicts from the test's parts; plain Python numbers when the inputs were numbers."
-    with np.errstate(invalid='ignore'):
-        half = np.where(se == 0, 0.0, st.t.ppf(1 - alpha / 2, df) * se)    # zero spread: the interval is the point diff
-    lo, hi = diff - half, diff + half
-    v = np.array([verdict_of(float(pi), float(d), int(a), int(b), alpha) for pi, d, a, b in zip(p, diff, n_a, n_b)], dtype=object)
-    out = dict(diff=diff, se=se, t=t, df=df, p=p, lo=lo, hi=hi, n_a=n_a.astype(int), n_b=n_b.astype(int), verdict=v)
-    return {k: x[0].item() if isinstance(x[0], np.generic) else x[0] for k, x in out.items()} if scalar else out
-
-_TINY = 1e-12   # spreads and differences below this are floating-point round-off (of accuracies in [0, 1] or points in [0, 100]), and count as zero
+# %% ../nbs/11a_stats.ipynb #84f23b2c
+# spreads and differences below this are floating-point round-off (of accuracies in [0, 1] or points in [0, 100]),
+# and count as zero
+_TINY = 1e-12
 
 def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
-    "se, t, Welch–Satterthwaite df and two-sided p; NaN where a side has no spread estimate; the zero-spread rule where neither side varies."
+    ("se, t, Welch–Satterthwaite df and two-sided p; NaN where a side has no spread estimate; "
+     "the zero-spread rule where neither side varies.")
     one = (df_a < 1) | (df_b < 1)
     var_a, var_b = (np.where(v < _TINY ** 2, 0.0, v) for v in (var_a, var_b))
     with np.errstate(invalid='ignore', divide='ignore'):
@@ -94,9 +96,20 @@ def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
     se, t, df, p = (np.where(one, np.nan, x) for x in (se, t, df, p))
     return se, t, df, p
 
+# %% ../nbs/11a_stats.ipynb #b6c387b6
+def _finish(diff, se, t, df, p, n_a, n_b, alpha, scalar)->dict:
+    "Confidence interval and verdicts from the test's parts; plain Python numbers when the inputs were numbers."
+    with np.errstate(invalid='ignore'):
+        half = np.where(se == 0, 0.0, st.t.ppf(1 - alpha / 2, df) * se)    # zero spread: the interval is the point diff
+    lo, hi = diff - half, diff + half
+    v = np.array([verdict_of(float(pi), float(d), int(a), int(b), alpha) for pi, d, a, b in zip(p, diff, n_a, n_b)],
+                 dtype=object)
+    out = dict(diff=diff, se=se, t=t, df=df, p=p, lo=lo, hi=hi, n_a=n_a.astype(int), n_b=n_b.astype(int), verdict=v)
+    return {k: x[0].item() if isinstance(x[0], np.generic) else x[0] for k, x in out.items()} if scalar else out
+
 # %% ../nbs/11a_stats.ipynb #3cacfe15
 def welch_from_var(
-    diff,               # mean of the claimed better side minus the claimed worse; a number or a 1-D array (one per comparison)
+    diff,               # mean of the claimed better side minus the claimed worse; a number or a 1-D array, one per pair
     var_a,              # side a's variance estimate $s_a^2$ (of one value, not of the mean)
     n_a,                # values behind side a's mean
     var_b,              # side b's variance estimate
@@ -104,20 +117,25 @@ def welch_from_var(
     df_a=None,          # degrees of freedom of `var_a` (default `n_a - 1`; pooled over cells: the sum of their `n - 1`)
     df_b=None,          # degrees of freedom of `var_b` (default `n_b - 1`)
     alpha:float=ALPHA,  # the test's level
-)->dict:                # diff, se, t, df, p, lo, hi (the 1-alpha interval of diff), n_a, n_b, verdict; arrays for array inputs
-    "Welch's t-test from each side's variance estimate and its degrees of freedom, which may exceed `n - 1` when the variance is pooled."
+# diff, se, t, df, p, lo, hi (the 1-alpha interval of diff), n_a, n_b, verdict; arrays for array inputs
+)->dict:
+    ("Welch's t-test from each side's variance estimate and its degrees of freedom, "
+     "which may exceed `n - 1` when the variance is pooled.")
     _check_alpha(alpha)
-    dfs = {k: d if d is not None else np.asarray(n, dtype=float) - 1 for k, d, n in (('df_a', df_a, n_a), ('df_b', df_b, n_b))}   # default: n - 1
+    dfs = {k: d if d is not None else np.asarray(n, dtype=float) - 1                    # default: n - 1
+           for k, d, n in (('df_a', df_a, n_a), ('df_b', df_b, n_b))}
     a, scalar = _arrays(diff=diff, var_a=var_a, n_a=n_a, var_b=var_b, n_b=n_b, **dfs)
     _check_counts(a['n_a'], 'n_a'); _check_counts(a['n_b'], 'n_b'); _check_finite(a['diff'], 'diff')
     for s in 'ab':
         d, v = a[f'df_{s}'], a[f'var_{s}']
-        if not (np.isfinite(d).all() and (d >= 0).all()): raise ValueError(f"df_{s} must be finite and at least 0, got {d.tolist()}")
+        if not (np.isfinite(d).all() and (d >= 0).all()):
+            raise ValueError(f"df_{s} must be finite and at least 0, got {d.tolist()}")
         _check_finite(v, f'var_{s}', where=d >= 1)
         if (v[d >= 1] < 0).any(): raise ValueError(f"var_{s} must not be negative, got {v.tolist()}")
     se, t, df, p = _parts(a['diff'], a['var_a'], a['n_a'], a['df_a'], a['var_b'], a['n_b'], a['df_b'])
     return _finish(a['diff'], se, t, df, p, a['df_a'] + 1, a['df_b'] + 1, alpha, scalar) | (
-        dict(n_a=int(a['n_a'][0]), n_b=int(a['n_b'][0])) if scalar else dict(n_a=a['n_a'].astype(int), n_b=a['n_b'].astype(int)))
+        dict(n_a=int(a['n_a'][0]), n_b=int(a['n_b'][0])) if scalar
+        else dict(n_a=a['n_a'].astype(int), n_b=a['n_b'].astype(int)))
 
 # %% ../nbs/11a_stats.ipynb #8d3ad8a6
 def welch_from_stats(
@@ -135,11 +153,13 @@ def welch_from_stats(
     for s in 'ab':
         _check_counts(a[f'n_{s}'], f'n_{s}'); _check_finite(a[f'mean_{s}'], f'mean_{s}')
         _check_finite(a[f'std_{s}'], f'std_{s}', where=a[f'n_{s}'] >= 2)
-        if (a[f'std_{s}'][a[f'n_{s}'] >= 2] < 0).any(): raise ValueError(f"std_{s} must not be negative, got {a[f'std_{s}'].tolist()}")
+        if (a[f'std_{s}'][a[f'n_{s}'] >= 2] < 0).any():
+            raise ValueError(f"std_{s} must not be negative, got {a[f'std_{s}'].tolist()}")
     diff = a['mean_a'] - a['mean_b']
     se, t, df, p = _parts(diff, a['std_a'] ** 2, a['n_a'], a['n_a'] - 1, a['std_b'] ** 2, a['n_b'], a['n_b'] - 1)
-    if (ok := np.isfinite(se) & (se > 0)).any():                                     # scipy's t and p where the test is regular
-        r = st.ttest_ind_from_stats(a['mean_a'][ok], a['std_a'][ok], a['n_a'][ok], a['mean_b'][ok], a['std_b'][ok], a['n_b'][ok], equal_var=False)
+    if (ok := np.isfinite(se) & (se > 0)).any():                    # scipy's t and p where the test is regular
+        r = st.ttest_ind_from_stats(a['mean_a'][ok], a['std_a'][ok], a['n_a'][ok], a['mean_b'][ok], a['std_b'][ok],
+                                    a['n_b'][ok], equal_var=False)
         t, p = t.copy(), p.copy()
         t[ok], p[ok] = r.statistic, r.pvalue
     return _finish(diff, se, t, df, p, a['n_a'], a['n_b'], alpha, scalar)
@@ -154,36 +174,42 @@ def welch(
     xs = {}
     for k, v in (('a', a), ('b', b)):
         try: x = np.asarray(v, dtype=float)
-        except (TypeError, ValueError): raise TypeError(f"{k} must be a 1-D array of per-seed values, got {v!r}") from None
+        except (TypeError, ValueError):
+            raise TypeError(f"{k} must be a 1-D array of per-seed values, got {v!r}") from None
         if x.ndim != 1: raise ValueError(f"{k} must be a 1-D array of per-seed values, got shape {x.shape}")
         if not x.size: raise ValueError(f"{k} is empty: give at least one value per side")
         _check_finite(x, k)
         xs[k] = x
     sd = lambda x: float('nan') if x.size < 2 else 0.0 if np.ptp(x) == 0 else float(x.std(ddof=1))
-    mean = lambda x: float(x[0]) if np.ptp(x) == 0 else float(x.mean())             # equal values: exactly that value, no round-off
+    mean = lambda x: float(x[0]) if np.ptp(x) == 0 else float(x.mean())     # equal values: exactly that, no round-off
     return welch_from_stats(mean(xs['a']), sd(xs['a']), xs['a'].size, mean(xs['b']), sd(xs['b']), xs['b'].size, alpha)
 
 # %% ../nbs/11a_stats.ipynb #d6a860de
 def spread_test(
-    std_a:float,        # sample standard deviation of the side claimed to vary less (pooled over its variants, if several)
+    std_a:float,        # standard deviation of the side claimed to vary less (pooled over its variants, if several)
     df_a:float,         # its degrees of freedom (values minus 1, summed over the pooled groups)
     std_b:float,        # sample standard deviation of the other side
     df_b:float,         # its degrees of freedom
     alpha:float=ALPHA,  # the test's level
-)->dict:                # ratio (std_a / std_b), F (its square), df_a, df_b, p (two-sided), diff (std_b - std_a), verdict
+# ratio (std_a / std_b), F (its square), df_a, df_b, p (two-sided), diff (std_b - std_a), verdict
+)->dict:
     "Two-sided F test of the claim that side a's spread is smaller than side b's, with its verdict."
     _check_alpha(alpha)
     for k, d in (('df_a', df_a), ('df_b', df_b)):
-        if not (isinstance(d, (int, float, np.integer, np.floating)) and math.isfinite(d) and d >= 0): raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
-    out = dict(ratio=float('nan'), F=float('nan'), df_a=float(df_a), df_b=float(df_b), p=float('nan'), diff=float('nan'))
+        if not (isinstance(d, (int, float, np.integer, np.floating)) and math.isfinite(d) and d >= 0):
+            raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
+    nan = float('nan')
+    out = dict(ratio=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan, diff=nan)
     if df_a < 1 or df_b < 1: return out | dict(verdict='one seed')
     for k, s in (('std_a', std_a), ('std_b', std_b)):
-        if not (isinstance(s, (int, float, np.integer, np.floating)) and math.isfinite(s) and s >= 0): raise ValueError(f"{k} must be a finite standard deviation, at least 0; got {s!r}")
+        if not (isinstance(s, (int, float, np.integer, np.floating)) and math.isfinite(s) and s >= 0):
+            raise ValueError(f"{k} must be a finite standard deviation, at least 0; got {s!r}")
     va, vb = float(std_a) ** 2, float(std_b) ** 2
     if va == vb == 0: F, p = float('nan'), 1.0                                       # neither varies
     else:
         F = va / vb if vb > 0 else math.inf
         p = min(1.0, 2 * min(float(st.f.cdf(F, df_a, df_b)), float(st.f.sf(F, df_a, df_b))))
     diff = float(std_b) - float(std_a)
-    return out | dict(ratio=float(std_a) / float(std_b) if std_b > 0 else (math.inf if std_a > 0 else float('nan')), F=F, p=p, diff=diff,
+    ratio = float(std_a) / float(std_b) if std_b > 0 else (math.inf if std_a > 0 else float('nan'))
+    return out | dict(ratio=ratio, F=F, p=p, diff=diff,
                       verdict=verdict_of(p, diff, int(df_a) + 1, int(df_b) + 1, alpha))

@@ -28,17 +28,22 @@ __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
-    grid,        # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}` (`{}`: one cell, no overrides); or a list of cells (dicts), taken as given
+    # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}` (`{}`: one cell, no overrides);
+    # or a list of cells (dicts), taken as given
+    grid,
 )->list:         # one dict per cell: the cartesian product in the grid's order (last field fastest), or the given cells
     "The cells of a grid: every combination of the fields' values, or an explicit list of cells."
     if isinstance(grid, (list, tuple)):
         if not grid: raise ValueError("an empty list of cells: give at least one")
-        if bad := [c for c in grid if not isinstance(c, dict)]: raise TypeError(f"a list of cells must hold dicts (field -> value), got {bad[0]!r}")
+        if bad := [c for c in grid if not isinstance(c, dict)]:
+            raise TypeError(f"a list of cells must hold dicts (field -> value), got {bad[0]!r}")
         if len(set(map(cell_key, grid))) < len(grid): raise ValueError(f"repeated cells in {grid}")
         return [dict(c) for c in grid]
-    if not isinstance(grid, dict): raise TypeError(f"grid must be a dict (field -> values) or a list of cells, got {type(grid).__name__}")
+    if not isinstance(grid, dict):
+        raise TypeError(f"grid must be a dict (field -> values) or a list of cells, got {type(grid).__name__}")
     for k, vs in grid.items():
-        if isinstance(vs, (str, bytes)) or not hasattr(vs, '__iter__'): raise TypeError(f"grid[{k!r}] must be a list of values, got {vs!r}")
+        if isinstance(vs, (str, bytes)) or not hasattr(vs, '__iter__'):
+            raise TypeError(f"grid[{k!r}] must be a list of values, got {vs!r}")
         if not list(vs): raise ValueError(f"grid[{k!r}] is empty: give at least one value")
     return [dict(zip(grid, vs)) for vs in itertools.product(*map(list, grid.values()))]
 
@@ -58,7 +63,8 @@ def cell_key(
     "A stable, file-system-safe name of a cell."
     if not cell: return 'default'
     key = ','.join(f"{k}={v}" for k, v in cell.items())
-    if not re.fullmatch(r'[\w.,=+-]+', key): raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, digits, '.', '-' and '+'")
+    if not re.fullmatch(r'[\w.,=+-]+', key):
+        raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, digits, '.', '-' and '+'")
     return key
 
 # %% ../nbs/12_sweeps.ipynb #59260cdf
@@ -74,8 +80,10 @@ def depth_measures(
     model,              # an `EncoderClassifier` (any variant)
     x:torch.Tensor,     # token ids `(B, n)`
     y:torch.Tensor,     # labels `(B,)`
-)->dict:                # per-layer cosine and similarity share (lists of L+1), their final values, the first block's gradient norm, the loss
-    "What the depth study records of a model on one batch: token similarity per layer and signal propagation into the first block."
+# per-layer cosine and similarity share (lists of L+1), their final values, the first block's gradient norm, the loss
+)->dict:
+    ("What the depth study records of a model on one batch: token similarity per layer "
+     "and signal propagation into the first block.")
     was = model.training
     model.eval()
     mask = x != PAD_ID                                                  # (B, n)
@@ -86,22 +94,25 @@ def depth_measures(
     share = [float(token_similarity(h, mask).mean()) for h in hs]
     gnorm = _first_block_grad_norm(model, x, y)
     model.train(was)
-    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm, cosine_layers=cos, share_layers=share)
+    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm, cosine_layers=cos,
+                share_layers=share)
 
 # %% ../nbs/12_sweeps.ipynb #46d0bf10
 def diverged(
     hist:pd.DataFrame,   # per-epoch table from `learner.history`
     init_loss:float,     # the validation loss of the model at initialisation
 )->bool:                 # True if a loss is not finite, or no epoch's validation loss got below `init_loss`
-    "Whether a run diverged: NaN or infinite losses, or training that never improved on the initial model's validation loss."
+    ("Whether a run diverged: NaN or infinite losses, "
+     "or training that never improved on the initial model's validation loss.")
     if not np.isfinite(init_loss): raise ValueError(f"init_loss must be finite, got {init_loss}")
     if len(hist) == 0: raise ValueError("an empty history: the run trained no epoch")
     losses = hist[[c for c in ('train_loss', 'valid_loss') if c in hist]].to_numpy(dtype=float)
     return bool(not np.isfinite(losses).all() or hist['valid_loss'].min() >= init_loss)
 
-# %% ../nbs/12_sweeps.ipynb #a5904075
+# %% ../nbs/12_sweeps.ipynb #eaabd6c0
 def _plain(t): return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
 
+# %% ../nbs/12_sweeps.ipynb #aff5de5e
 def probe_batch(
     learn,           # a `TaskLearner`
     n:int=32,        # rows
@@ -110,9 +121,11 @@ def probe_batch(
     x, y = learn.dls.valid.one_batch()
     return _plain(x)[:n], _plain(y)[:n]
 
-def _dump(obj, p:Path):                                                 # a crash never leaves half a file
+# %% ../nbs/12_sweeps.ipynb #8dcbcbbd
+def _dump(obj, p:Path):                                       # a crash never leaves half a file
     atomic_write(p, json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
 
+# %% ../nbs/12_sweeps.ipynb #a5904075
 def run_cell(
     task:str,              # one of `TASKS`
     variant:str,           # one of `VARIANTS`
@@ -124,10 +137,12 @@ def run_cell(
     cache_dir=None,        # `load_task`'s cache
     **fixed,               # fields every cell shares (the cell's own win)
 )->dict:                   # the record: results, measures at init and after training, divergence, wall time
-    "Train, evaluate and measure one cell of a grid; resumes an interrupted run; the record is also saved as `record.json`."
+    ("Train, evaluate and measure one cell of a grid; resumes an interrupted run; "
+     "the record is also saved as `record.json`.")
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    learn = get_learner(task, variant, preset=preset, path=path, cache_dir=cache_dir, **(fixed | cell | dict(seed=seed)))
+    learn = get_learner(task, variant, preset=preset, path=path, cache_dir=cache_dir,
+                        **(fixed | cell | dict(seed=seed)))
     xb, yb = probe_batch(learn)
     if (p0 := path/'init.json').exists(): init = json.loads(p0.read_text())
     else:                                                               # before any step: the model at initialisation
@@ -137,24 +152,29 @@ def run_cell(
     res, h = evaluate(learn), history(learn)
     final = depth_measures(learn.model, xb, yb)
     rec = dict(task=task, variant=variant, seed=seed, **cell, test_acc=res['test_acc'], valid_acc=res['valid_acc'],
-               diverged=diverged(h, init['valid_loss']), epochs=res['epochs'], params=res['params'], train_secs=res['train_secs'],
+               diverged=diverged(h, init['valid_loss']), epochs=res['epochs'], params=res['params'],
+               train_secs=res['train_secs'],
                wall_secs=round(time.perf_counter() - t0, 1),
                **{f'{k}_init': v for k, v in init.items()}, **{f'{k}_final': v for k, v in final.items()},
                cell=cell_key(cell), history=h.reset_index().to_dict('list'))
     _dump(rec, path/'record.json')
     return rec
 
-# %% ../nbs/12_sweeps.ipynb #722cc5be
-GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen', 'epochs', 'params', 'train_secs', 'wall_secs',
-                'valid_loss_init', 'cosine_init', 'share_init', 'grad_norm_first_init', 'cosine_final', 'share_final', 'grad_norm_first_final')
+# %% ../nbs/12_sweeps.ipynb #9ac66638
+GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen', 'epochs', 'params',
+                'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init', 'share_init', 'grad_norm_first_init',
+                'cosine_final', 'share_final', 'grad_norm_first_final')
 
+# %% ../nbs/12_sweeps.ipynb #3e57bee6
 def grid_frame(
     records:list,   # records from `run_cell`
-)->pd.DataFrame:    # one row per record: the grid's fields (tuned ones included) and `GRID_SCALARS` (the per-layer lists and histories stay in the JSON)
+)->pd.DataFrame:    # one row per record: the grid's fields (tuned ones included) and `GRID_SCALARS`
     "The records as a table of scalars."
     fields = list(dict.fromkeys(k for r in records for k in r.get('fields', ())))
-    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])} for r in records])
+    cols = (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])
+    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in cols} for r in records])
 
+# %% ../nbs/12_sweeps.ipynb #c137afec
 def _pick(recs:list)->dict:
     "The tuned run to keep: the best validation accuracy among those that did not diverge (the first on ties)."
     ok = [r for r in recs if not r['diverged']] or recs
@@ -163,14 +183,16 @@ def _pick(recs:list)->dict:
 def _edges(
     tune:dict,      # the tuned field -> its values
     extend:dict,    # the same field -> values outside those, to try at the grid's edges
-)->tuple:           # (field, values below, nearest first; values above, nearest first), or (None, [], []) without `extend`
+)->tuple:           # (field, values below, nearest first; values above, nearest first); (None, [], []) if no `extend`
     "Check `extend` against `tune` and split its values by the edge they extend."
     if not extend: return None, [], []
     if len(extend) != 1 or len(tune) != 1 or set(extend) != set(tune):
-        raise ValueError(f"`extend` must name the one tuned field; got extend fields {sorted(extend)} with tuned fields {sorted(tune)}")
+        raise ValueError(f"`extend` must name the one tuned field; got extend fields {sorted(extend)} "
+                         f"with tuned fields {sorted(tune)}")
     (f, extra), vals = next(iter(extend.items())), tune[next(iter(tune))]
     if inside := [x for x in extra if min(vals) <= x <= max(vals)]:
-        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values {sorted(vals)}: extension values must be below or above them all")
+        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values {sorted(vals)}: "
+                         "extension values must be below or above them all")
     if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
     return f, sorted((x for x in extra if x < min(vals)), reverse=True), sorted(x for x in extra if x > max(vals))
 
@@ -180,11 +202,64 @@ def _step_out(
     lo:list,        # values left below the grid, nearest first (popped)
     hi:list,        # values left above the grid, nearest first (popped)
 ):                  # the next value to try, or None
-    "One step beyond the edge the current choice sits at; None when it is inside the values tried or that edge has no values left."
+    "One step beyond the edge the current choice sits at; None when it is inside the values tried or no value is left."
     x, tried = _pick(recs)[f], [r[f] for r in recs]
     side = hi if x == max(tried) else lo if x == min(tried) else []
     return side.pop(0) if side else None
 
+# %% ../nbs/12_sweeps.ipynb #decd62a2
+def _grid_plan(grid, variants, seeds, tune, fixed)->tuple:
+    "`run_grid`'s checked plan: variants, seeds, tuned fields, cells, tuning trials and every field a run sets."
+    variants = [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]
+    seeds, tune = list(seeds), dict(tune or {})
+    if not seeds: raise ValueError("no seeds given")
+    if len(set(seeds)) < len(seeds): raise ValueError(f"repeated seeds in {seeds}")
+    cells, trials = grid_cells(grid), grid_cells(tune)
+    fields = list(dict.fromkeys([k for c in cells for k in c] + list(tune)))
+    if clash := sorted(set(fields) & set(fixed)):
+        raise ValueError(f"fields {clash} are both grid (or tuned) fields and fixed fields")
+    if clash := sorted(set(tune) & {k for c in cells for k in c}):
+        raise ValueError(f"fields {clash} are both grid fields and tuned fields")
+    return variants, seeds, tune, cells, trials, fields
+
+# %% ../nbs/12_sweeps.ipynb #2566a218
+class _GridRuns:
+    "`run_grid`'s runs: each trained or read back, counted, and reported with an estimate of the time left."
+    def __init__(self, task, out, fields, units, trials, seeds, ef, train, progress, run_kw):
+        self.task, self.out, self.fields, self.units, self.trials, self.seeds = task, out, fields, units, trials, seeds
+        self.ef, self.train, self.progress, self.run_kw = ef, train, progress, run_kw
+        self.t0, self.trained, self.n = time.perf_counter(), 0, 0
+        self.total = len(units) * (len(trials) + len(seeds) - 1)
+
+    def done(self, v, c, s)->bool: return (self.out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
+
+    def left(self, k:int)->int:
+        "Runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed."
+        return sum(sum(not self.done(v, c | t, self.seeds[0]) for t in self.trials)
+                   + sum(not any(self.done(v, c | t, s) for t in self.trials) for s in self.seeds[1:])
+                   for v, c in self.units[k:])
+
+    def one(self, v, c, s, k, chosen, edge=False):
+        "The record of one run, read back or trained; None when read-only and not finished yet."
+        p, self.n = self.out/v/cell_key(c)/f'seed{s}', self.n + 1
+        was = (p/'record.json').exists()
+        if not (was or self.train): return None
+        rec = json.loads((p/'record.json').read_text()) if was else run_cell(self.task, v, c, s, p, **self.run_kw)
+        self.trained += not was
+        rec |= dict(fields=self.fields, chosen=chosen)
+        if self.progress: self.say(rec, v, c, s, k, edge)
+        return rec
+
+    def say(self, rec, v, c, s, k, edge):
+        "The run's line: its place, test accuracy, wall time and the time left."
+        left = (time.perf_counter() - self.t0) / self.trained * self.left(k) if self.trained else 0
+        print(f"{self.n}/{self.total}{'+' if self.ef else ''} {v} {cell_key(c)} seed {s}"
+              f"{' (grid edge)' if edge else ''}: "
+              f"test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
+              f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if self.ef else 'about'} {left / 60:.0f} min left"
+                                             if self.trained else ' (read back)'), flush=True)
+
+# %% ../nbs/12_sweeps.ipynb #722cc5be
 def run_grid(
     task:str,               # one of `TASKS`
     grid,                   # field -> values, or a list of cells (see `grid_cells`, `axis_cells`)
@@ -192,53 +267,37 @@ def run_grid(
     seeds=(1, 2),           # training seeds
     out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
     preset:str='repro',     # a `config.PRESETS` name
-    tune:dict|None=None,    # field -> values chosen per (variant, cell) on validation accuracy with the first seed; the other seeds run the choice only
-    extend:dict|None=None,  # the tuned field -> values beyond its grid, tried one at a time outward while the first seed's choice sits at that edge of the values tried
-    progress:bool=True,     # one line per finished run, with the time left (a lower bound with `extend`: the steps beyond the grid are not foreseen)
+    # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds run the choice
+    tune:dict|None=None,
+    # the tuned field -> values beyond its grid, tried one at a time outward
+    # while the first seed's choice sits at that edge of the values tried
+    extend:dict|None=None,
+    # one line per finished run, with the time left (a lower bound with `extend`, whose steps are not foreseen)
+    progress:bool=True,
     cache_dir=None,         # `load_task`'s cache
-    train:bool=True,        # False: only read back the finished runs (say, while other processes train), choosing where every run a choice needs has finished
+    # False: only read back the finished runs (say, while other processes train),
+    # choosing where every run a choice needs has finished
+    train:bool=True,
     **fixed,                # fields every cell shares
 )->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
-    "Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, interrupted ones continue."
-    variants = [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]
-    seeds, tune = list(seeds), dict(tune or {})
-    if not seeds: raise ValueError("no seeds given")
-    if len(set(seeds)) < len(seeds): raise ValueError(f"repeated seeds in {seeds}")
-    out, cells, trials = Path(out), grid_cells(grid), grid_cells(tune)
-    fields = list(dict.fromkeys([k for c in cells for k in c] + list(tune)))
-    if clash := sorted(set(fields) & set(fixed)): raise ValueError(f"fields {clash} are both grid (or tuned) fields and fixed fields")
-    if clash := sorted(set(tune) & {k for c in cells for k in c}): raise ValueError(f"fields {clash} are both grid fields and tuned fields")
+    ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, "
+     "interrupted ones continue.")
+    variants, seeds, tune, cells, trials, fields = _grid_plan(grid, variants, seeds, tune, fixed)
     ef, below, above = _edges(tune, dict(extend or {}))
-    units, records, t0, trained, n = [(v, c) for v in variants for c in cells], [], time.perf_counter(), 0, 0
-    total = len(units) * (len(trials) + len(seeds) - 1)
-    done = lambda v, c, s: (out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
-    def left_runs(k:int)->int:                                          # runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed
-        return sum(sum(not done(v, c | t, seeds[0]) for t in trials) + sum(not any(done(v, c | t, s) for t in trials) for s in seeds[1:])
-                   for v, c in units[k:])
-    def one(v, c, s, k, chosen, edge=False):
-        nonlocal trained, n
-        p, n = out/v/cell_key(c)/f'seed{s}', n + 1
-        was = (p/'record.json').exists()
-        if not (was or train): return None                              # read-only: not finished yet
-        rec = json.loads((p/'record.json').read_text()) if was else run_cell(task, v, c, s, p, preset=preset, progress=False, cache_dir=cache_dir, **fixed)
-        trained += not was
-        rec |= dict(fields=fields, chosen=chosen)
-        if progress:
-            left = (time.perf_counter() - t0) / trained * left_runs(k) if trained else 0
-            print(f"{n}/{total}{'+' if ef else ''} {v} {cell_key(c)} seed {s}{' (grid edge)' if edge else ''}: test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
-                  f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if ef else 'about'} {left / 60:.0f} min left" if trained else ' (read back)'), flush=True)
-        return rec
-    for k, (v, c) in enumerate(units):
-        first, lo, hi = [one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
+    runs = _GridRuns(task, Path(out), fields, [(v, c) for v in variants for c in cells], trials, seeds, ef, train,
+                     progress, dict(preset=preset, progress=False, cache_dir=cache_dir, **fixed))
+    records = []
+    for k, (v, c) in enumerate(runs.units):
+        first, lo, hi = [runs.one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
         while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
-            first.append(one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # the choice sits at an edge of what was tried: one step beyond it
-        runs = [r for r in first if r]
-        if None not in first:                                            # the choice is made (read-only: once every run it needs is on disk)
+            first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # at an edge: one step beyond
+        kept = [r for r in first if r]
+        if None not in first:                               # the choice is made (read-only: once its runs are on disk)
             best = _pick(first); best['chosen'] = True
             choice = {f: best[f] for f in tune}                          # {} without tuning
-            runs += [r for s in seeds[1:] if (r := one(v, c | choice, s, k, True))]
-        records += runs
-        _dump(records, out/'grid.json'); grid_frame(records).to_csv(out/'grid.csv', index=False)
+            kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
+        records += kept
+        _dump(records, runs.out/'grid.json'); grid_frame(records).to_csv(runs.out/'grid.csv', index=False)
     return grid_frame(records)
 
 # %% ../nbs/12_sweeps.ipynb #c6ff074d
@@ -252,27 +311,44 @@ class Study:
     variants:tuple|None = None  # variant names (None: all of `VARIANTS`)
     preset:str = 'repro'        # the `settings.ini` preset under the fixed fields
     fixed:dict = field(default_factory=dict)   # fields every run shares
-    extend:dict = field(default_factory=dict)  # the tuned field -> values tried beyond its grid while the choice sits at an edge (see `run_grid`)
+    extend:dict = field(default_factory=dict)  # the tuned field -> values beyond its grid, for an edge (see `run_grid`)
 
     @property
     def n_runs(self)->int:
-        "Runs a full sweep trains before any edge extension: per (variant, cell), every tuned value with the first seed, then one run per further seed."
-        return len(self.variants or VARIANTS) * len(grid_cells(self.grid)) * (len(grid_cells(self.tune)) + len(self.seeds) - 1)
+        ("Runs a full sweep trains before any edge extension: per (variant, cell), "
+         "every tuned value with the first seed, then one run per further seed.")
+        per_cell = len(grid_cells(self.tune)) + len(self.seeds) - 1
+        return len(self.variants or VARIANTS) * len(grid_cells(self.grid)) * per_cell
 
     def run(self,
             out,                # the sweep's folder (see `run_grid`)
-            **kw,               # more fixed fields (e.g. `source=` the data's folder) or `run_grid` options (`progress`, `cache_dir`, `variants`)
+            # more fixed fields (e.g. `source=` the data's folder)
+            # or `run_grid` options (`progress`, `cache_dir`, `variants`)
+            **kw,
            )->pd.DataFrame:     # `run_grid`'s table
         "Run (or resume, or read back) the study."
         kw = dict(variants=self.variants) | kw
-        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune, extend=self.extend, **(self.fixed | kw))
+        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune,
+                        extend=self.extend, **(self.fixed | kw))
 
+# %% ../nbs/12_sweeps.ipynb #372d3dcf
 _CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
 _LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1, 3e-1, 1.0])
+_AXES = ('d_model', 'max_len', 'n_train')   # the robustness figure's axes
+
+# %% ../nbs/12_sweeps.ipynb #1b82a0e9
 DEPTH_STUDY = Study('imdb', dict(n_layers=[1, 2, 4, 8, 16, 32]), _LRS, fixed=_CENTRE, extend=_EDGES)
-LR_STUDY = Study('agnews', dict(lr=[5e-4, 3e-3, 3e-2, 1e-1]), {}, seeds=(1,), variants=('transformer', 'transformer-rezero', 'transject'))
-ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in ('d_model', 'max_len', 'n_train')}, dict(d_model=[32, 64, 128], max_len=[64, 128, 256], n_train=[500, 1000, 2000, 4000])),
-                         _LRS, variants=('transject', 'transformer'), fixed={k: v for k, v in _CENTRE.items() if k not in ('d_model', 'max_len', 'n_train')} | dict(n_layers=2), extend=_EDGES)
+
+# %% ../nbs/12_sweeps.ipynb #90a83077
+LR_STUDY = Study('agnews', dict(lr=[5e-4, 3e-3, 3e-2, 1e-1]), {}, seeds=(1,),
+                 variants=('transformer', 'transformer-rezero', 'transject'))
+
+# %% ../nbs/12_sweeps.ipynb #dfbdcb6a
+ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in _AXES},
+                                            dict(d_model=[32, 64, 128], max_len=[64, 128, 256],
+                                                 n_train=[500, 1000, 2000, 4000])),
+                         _LRS, variants=('transject', 'transformer'),
+                         fixed={k: v for k, v in _CENTRE.items() if k not in _AXES} | dict(n_layers=2), extend=_EDGES)
 
 # %% ../nbs/12_sweeps.ipynb #81631023
 LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final', 'share_layers_final')
@@ -281,38 +357,45 @@ def export_grid(
     src,             # a sweep's folder (holds `grid.json` from `run_grid`)
     dest,            # where to write `grid.csv` and `layers.json` (created)
 )->pd.DataFrame:     # the table written
-    "Write the small files an experiments notebook renders from: every run's scalars, and the chosen runs' per-layer similarity."
+    ("Write the small files an experiments notebook renders from: every run's scalars, "
+     "and the chosen runs' per-layer similarity.")
     f = Path(src)/'grid.json'
-    if not f.is_file(): raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into {src} first")
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into {src} first")
     records = json.loads(f.read_text())
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     df = grid_frame(records); df.to_csv(dest/'grid.csv', index=False)
-    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()), *LAYER_KEYS)} for r in records if r.get('chosen', True)]
+    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()), *LAYER_KEYS)}
+            for r in records if r.get('chosen', True)]
     _dump(keep, dest/'layers.json')
     return df
 
 def load_grid(
     dest,            # a folder written by `export_grid`
-)->tuple:            # `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (for `plot_layers`)
+)->tuple:            # `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
     "Read back what `export_grid` wrote."
     dest = Path(dest)
-    if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]: raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
+    if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:
+        raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
     return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
 
 # %% ../nbs/12_sweeps.ipynb #e7676824
 def grid_summary(
     df:pd.DataFrame,        # `run_grid`'s table
-    by=None,                # grid fields to group by with the variant (default: every column between 'cell' and 'test_acc')
+    by=None,                # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
     value:str='test_acc',   # the column summarised
 )->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
     "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
     if 'chosen' in df: df = df[df['chosen'].astype(bool)]                # a tuned grid: only the runs kept
     cols = list(df.columns)
     by = list(by) if by is not None else cols[cols.index('cell') + 1:cols.index('test_acc')]
-    if miss := [c for c in [value, *by] if c not in df]: raise KeyError(f"columns {miss} not in the grid table; it has {cols}")
+    if miss := [c for c in [value, *by] if c not in df]:
+        raise KeyError(f"columns {miss} not in the grid table; it has {cols}")
     g = df.groupby(['variant', *by], sort=False)
-    return pd.DataFrame({'mean': g[value].mean(), 'std': g[value].std(ddof=1), 'seeds': g.size(), 'diverged': g['diverged'].sum()})
+    return pd.DataFrame({'mean': g[value].mean(), 'std': g[value].std(ddof=1), 'seeds': g.size(),
+                         'diverged': g['diverged'].sum()})
 
+# %% ../nbs/12_sweeps.ipynb #69aef495
 def best_cells(
     df:pd.DataFrame,        # `run_grid`'s table
     field:str,              # the grid field to choose, e.g. 'n_layers'
@@ -322,23 +405,31 @@ def best_cells(
     s = grid_summary(df, [field], value).reset_index()
     return s.loc[s.groupby('variant', sort=False)['mean'].idxmax()].set_index('variant')
 
+# %% ../nbs/12_sweeps.ipynb #d4e44ac4
 def best_valid(
     df:pd.DataFrame,        # `run_grid`'s table (any runs, e.g. one seed at several learning rates)
     by=('variant',),        # columns whose groups each get their best run
 )->pd.DataFrame:            # the best run's row per group, indexed by `by`
-    "Per group, the run with the best validation accuracy among those that did not diverge (among all of them if every one diverged)."
-    return pd.DataFrame([_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]).set_index(list(by))   # `run_grid`'s own rule
+    ("Per group, the run with the best validation accuracy among those that did not diverge "
+     "(among all of them if every one diverged).")
+    best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]   # `run_grid`'s own rule
+    return pd.DataFrame(best).set_index(list(by))
 
+# %% ../nbs/12_sweeps.ipynb #f2a77516
 def at_best_rate(
     df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
     fixed:float,            # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
-)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate the validation set prefers, and test accuracy there
-    "Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives (`best_valid`)."
-    if df.groupby(['variant', 'lr']).size().max() > 1: raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
+)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
+    ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives "
+     "(`best_valid`).")
+    if df.groupby(['variant', 'lr']).size().max() > 1:
+        raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
     at = df[np.isclose(df.lr, fixed)].set_index('variant').test_acc
-    if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]: raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
+    if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]:
+        raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
     b = best_valid(df)
-    return pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc}).loc[list(dict.fromkeys(df.variant))]
+    t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc})
+    return t.loc[list(dict.fromkeys(df.variant))]
 
 # %% ../nbs/12_sweeps.ipynb #b0b77bdd
 def versus_table(
@@ -347,23 +438,29 @@ def versus_table(
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
     alpha:float=ALPHA,      # the test's level
-)->pd.DataFrame:            # one row per (variant in `VARIANTS` order, value of `field`) where both ran: gain and se in points, df, p, verdict, sure, seeds of each side
-    "Every variant against `ref`, cell by cell, by Welch's t-test with each variant's seed variance pooled over its cells."
+# one row per (variant in `VARIANTS` order, value of `field`) where both ran:
+# gain and se in points, df, p, verdict, sure, seeds of each side
+)->pd.DataFrame:
+    ("Every variant against `ref`, cell by cell, by Welch's t-test "
+     "with each variant's seed variance pooled over its cells.")
     s = grid_summary(df, [field], value).reset_index()
-    if ref not in set(s.variant): raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
-    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2                          # squares about each cell's mean (none from a single seed)
+    if ref not in set(s.variant):
+        raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
+    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2        # squares about each cell's mean (none from one seed)
     g = s.groupby('variant')
-    nu = g['seeds'].sum() - g.size()                                             # pooled df: the sum of n - 1 over the variant's cells
-    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)                           # pooled variance (unused where nu is 0)
+    nu = g['seeds'].sum() - g.size()                            # pooled df: the sum of n - 1 over the variant's cells
+    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)          # pooled variance (unused where nu is 0)
     m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
-    cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
+    cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
+             if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
     cols = ['variant', field, 'gain', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
     if not cells: return pd.DataFrame(columns=cols)
     vs, xs = [v for v, _ in cells], [x for _, x in cells]
-    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells], var[ref], [n.loc[ref, x] for x in xs],
-                       df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
-    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
-                         'sure': np.isin(r['verdict'], ('holds', 'fails')), 'seeds': r['n_a'], 'seeds_ref': r['n_b']}, columns=cols)
+    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells],
+                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
+    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'se': 100 * r['se'], 'df': r['df'],
+                         'p': r['p'], 'verdict': r['verdict'], 'sure': np.isin(r['verdict'], ('holds', 'fails')),
+                         'seeds': r['n_a'], 'seeds_ref': r['n_b']}, columns=cols)
 
 # %% ../nbs/12_sweeps.ipynb #24ddbe9f
 def versus(
@@ -372,14 +469,18 @@ def versus(
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
     alpha:float=ALPHA,      # the test's level
-)->tuple:                   # `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref` in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
-    "Every variant against `ref`, cell by cell, as two frames: the gain in points and whether the test (`versus_table`) finds it real."
+# `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref`
+# in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
+)->tuple:
+    ("Every variant against `ref`, cell by cell, as two frames: the gain in points "
+     "and whether the test (`versus_table`) finds it real.")
     t = versus_table(df, ref, field, value, alpha)
     s = grid_summary(df, [field], value).reset_index()
     m = s.pivot(index='variant', columns=field, values='mean')
     others = [v for v in VARIANTS if v != ref and v in m.index]
     gain = 100 * (m.loc[others] - m.loc[ref])
-    sure = t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns) if len(t) else gain * np.nan
+    sure = (t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns)
+            if len(t) else gain * np.nan)
     return gain, sure.fillna(False).astype(bool)
 
 # %% ../nbs/12_sweeps.ipynb #b0948fa0
@@ -389,13 +490,15 @@ def say_versus(
     v:str,                  # the variant to describe
     field:str='L',          # how the columns are named in the text
 )->str:                     # e.g. "ahead at L=16 (+9.8), level within noise elsewhere"
-    "Where `v` is ahead of or behind the reference by Welch's test at 5% (`versus`), in words; says how far `v` has run if not to every column."
+    ("Where `v` is ahead of or behind the reference by Welch's test at 5% (`versus`), in words; "
+     "says how far `v` has run if not to every column.")
     if v not in gain.index: return "not run yet"
     pts = lambda xs: ', '.join(f"{field}={x} ({gain.loc[v, x]:+.1f})" for x in xs)
     done = [x for x in gain.columns if pd.notna(gain.loc[v, x])]
     up, down = ([x for x in done if sure.loc[v, x] and sign * gain.loc[v, x] > 0] for sign in (1, -1))
     said = [f"ahead at {pts(up)}"] * bool(up) + [f"behind at {pts(down)}"] * bool(down)
-    text = ', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said else "level within noise wherever both ran"
+    text = (', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said
+            else "level within noise wherever both ran")
     return text + ("" if not done or len(done) == len(gain.columns) else f" (run to {field}={max(done)} so far)")
 
 # %% ../nbs/12_sweeps.ipynb #52310c50
@@ -403,25 +506,33 @@ def depth_answer(
     df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
     depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
     field:str='n_layers',   # the depth field
-    collapse_at:float=0.55, # a deepest cell at or below this accuracy collapsed (5 points above chance on a balanced binary task)
+    collapse_at:float=0.55, # a deepest cell at or below this accuracy collapsed (5 points above chance of 2 classes)
     keep_within:float=0.03, # a deepest cell within this of the best kept training
     shallow_at:int=2,       # a best depth at or below this is shallow
     alpha:float=ALPHA,      # the level of the test of best depth against deepest
-)->pd.DataFrame:            # per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop, noise (the test's interval half-width), p, preference
-    "Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, and whether it prefers shallow models by Welch's test at `alpha`."
+# per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop,
+# noise (the test's interval half-width), p, preference
+)->pd.DataFrame:
+    ("Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, "
+     "and whether it prefers shallow models by Welch's test at `alpha`.")
     s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
     rows = {}
     for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
         g, k = s[s.variant == v].set_index(field), kept[kept.variant == v]
         best, deep = g['mean'].idxmax(), g.index.max()
         sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
-        r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep, acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
+        r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep,
+                 acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['verdict'] = ('incomplete' if set(g.index) != set(depths) else 'collapses' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged'] else 'degrades')
-        t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)   # best depth's seeds against the deepest's
+        r['verdict'] = ('incomplete' if set(g.index) != set(depths)
+                        else 'collapses' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
+                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged']
+                        else 'degrades')
+        # best depth's seeds against the deepest's
+        t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
         r['drop'], r['noise'], r['p'] = t['diff'], t['hi'] - t['diff'], t['p']
-        r['preference'] = ('prefers shallow' if best <= shallow_at else 'prefers a middle depth') if t['verdict'] == 'holds' else 'flat within noise'
+        r['preference'] = (('prefers shallow' if best <= shallow_at else 'prefers a middle depth')
+                           if t['verdict'] == 'holds' else 'flat within noise')
         rows[v] = r
     return pd.DataFrame(rows).T.infer_objects()
 
@@ -434,19 +545,22 @@ def plot_grid(
     logx:bool=True,         # log-scale x (depths and widths double)
     title:str|None=None,    # the axes' title
 ):                          # the axes
-    "One line per variant: the seed-mean of `y` against `x`, with the spread over seeds as error bars and diverged runs marked."
+    ("One line per variant: the seed-mean of `y` against `x`, "
+     "with the spread over seeds as error bars and diverged runs marked.")
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     s = grid_summary(df, [x], y).reset_index()
     for v, t in s.groupby('variant', sort=False):
-        t = t.sort_values(x)                                            # cells come in any order (`axis_cells` puts the centre first): draw left to right
+        t = t.sort_values(x)        # cells come in any order (`axis_cells` puts the centre first): draw left to right
         ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
         bad = t[t['diverged'] > 0]
         if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
     if logx: ax.set_xscale('log', base=2)
-    ax.set_xlabel(x); ax.set_ylabel(y); ax.legend(fontsize=6); ax.set_title(title or f'{y} against {x} (x: a diverged run)', fontsize=9)
+    ax.set_xlabel(x); ax.set_ylabel(y); ax.legend(fontsize=6)
+    ax.set_title(title or f'{y} against {x} (x: a diverged run)', fontsize=9)
     return ax
 
+# %% ../nbs/12_sweeps.ipynb #84913325
 def plot_layers(
     records:list,           # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
     key:str='share',        # 'share' or 'cosine'
@@ -458,11 +572,13 @@ def plot_layers(
     check_choice(key, ('share', 'cosine'), 'key'); check_choice(when, ('init', 'final'), 'stage')
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     groups = {}
-    for r in (r for r in records if r.get('chosen', True)): groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
+    for r in (r for r in records if r.get('chosen', True)):
+        groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
     for (v, c), ls in groups.items():
         ax.plot(np.mean(ls, 0), marker='.', lw=1, label=f'{v} {c}')
     ax.set_xlabel('layer (0: embedding)'); ax.set_ylabel(key); ax.legend(fontsize=6)
-    ax.set_title(f"{'similarity share' if key == 'share' else 'mean pairwise cosine'} per layer, {'at initialisation' if when == 'init' else 'after training'}", fontsize=9)
+    ax.set_title(f"{'similarity share' if key == 'share' else 'mean pairwise cosine'} per layer, "
+                 f"{'at initialisation' if when == 'init' else 'after training'}", fontsize=9)
     return ax
 
 # %% ../nbs/12_sweeps.ipynb #b752500a
@@ -476,7 +592,8 @@ def init_sweep(
     seeds=(0,),             # initialisation seeds
     **config,               # model fields shared by all, e.g. `d_model=64`
 )->pd.DataFrame:            # one row per (variant, depth, seed): `depth_measures` at initialisation
-    "Token similarity and first-layer gradient norm of untrained models against depth: the depth study's cheap companion."
+    ("Token similarity and first-layer gradient norm of untrained models against depth: "
+     "the depth study's cheap companion.")
     from transject_nb.models import create_model
     rows = []
     for v in [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]:

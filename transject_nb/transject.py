@@ -22,12 +22,11 @@ from fastcore.basics import patch
 
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_choice,
+from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_fields,
                                unwrap)
 from .bounds import ENTROPIC_CASES, layer_bounds, transject_bounds
 from .cpu import ORTH_MAPS, OrthogonalBank, fused_layer
 from .cpu import CayleyOrthogonal   # noqa: F401 (exported Learners of earlier versions find it here)
-
 
 # %% ../nbs/02_transject.ipynb #53d039cf
 def orthogonal_attention(
@@ -37,9 +36,9 @@ def orthogonal_attention(
     V:torch.Tensor,      # orthogonal `(E, d, d)`, one per expert
 )->torch.Tensor:         # `(B, n, E, d)`: ELU(h U_e Σ V_e) for every expert e
     "TransJect's orthogonal attention $\\mathrm{ELU}(H U_e \\Sigma V_e)$ of all experts at once."
-    z = torch.einsum('bnd,edk->bnek', h, U)                              # (B, n, E, d)  H U_e
-    z = z * sigma[:, None, None, :]                                      # (B, n, E, d)  H U_e Σ (Σ diagonal: scale columns)
-    return F.elu(torch.einsum('bnek,ekj->bnej', z, V))                   # (B, n, E, d)  ELU(H U_e Σ V_e)
+    z = torch.einsum('bnd,edk->bnek', h, U)                  # (B, n, E, d)  H U_e
+    z = z * sigma[:, None, None, :]                          # (B, n, E, d)  H U_e Σ (Σ diagonal: scale columns)
+    return F.elu(torch.einsum('bnek,ekj->bnej', z, V))       # (B, n, E, d)  ELU(H U_e Σ V_e)
 
 # %% ../nbs/02_transject.ipynb #95bc35b7
 SIGMAS = ('approx', 'random')
@@ -66,13 +65,15 @@ def approx_sigma(
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
     U:torch.Tensor,     # the shared orthogonal eigenbasis `(d, d)`
     eps:float=1e-6,     # guard of the standardisation $\sigma^\ast/\max(\max_i\sigma^\ast_i, \epsilon)$
-)->tuple:               # `(sigma (B, d), sigma_star (B, d), recon (B,))`: standardised and raw diagonal, scale-free reconstruction loss
-    "Best diagonal $\\Sigma^\\ast$ of $X^\\top X$ in the basis $U$, standardised to max 1, and the scale-free loss $1-\\sum\\sigma^{\\ast2}/\\|X^\\top X\\|_F^2$."
+# `(sigma (B, d), sigma_star (B, d), recon (B,))`: standardised and raw diagonal, scale-free reconstruction loss
+)->tuple:
+    ("Best diagonal $\\Sigma^\\ast$ of $X^\\top X$ in the basis $U$, standardised to max 1, "
+     "and the scale-free loss $1-\\sum\\sigma^{\\ast2}/\\|X^\\top X\\|_F^2$.")
     wd = torch.promote_types(x.dtype, torch.float32)                     # at least float32, also under autocast
     with torch.autocast(x.device.type, enabled=False):
         X = x.to(wd) * mask[..., None].to(wd)                            # (B, n, d) padding rows zeroed
         n, d = X.shape[-2:]
-        if d <= n: s, g2 = _GramDiag.apply(X, U.to(wd))                  # from the d x d Gram: 2nd^2 + 2d^3 flops per sequence
+        if d <= n: s, g2 = _GramDiag.apply(X, U.to(wd))      # from the d x d Gram: 2nd^2 + 2d^3 flops per sequence
         else:
             s = (X @ U.to(wd)).pow(2).sum(1)                             # (B, d)  σ*_i = ||(XU)_{:,i}||^2
             g2 = (X @ X.mT).pow(2).sum((-2, -1))                         # (B,) ||X X^T||_F^2 = ||X^T X||_F^2
@@ -114,20 +115,24 @@ def input_gate(
     h:torch.Tensor,      # tokens `(B, n, d)`, the layer's input
     A:torch.Tensor,      # expert outputs `(B, n, E, d)` (from `orthogonal_attention`)
     a,                   # residual weight α/L (a 0-d tensor or float)
-    w:torch.Tensor,      # gate weights `(d,)`: the authors' `attn_combine`, a `Linear(d, 1)` shared by the experts (its bias cancels in the softmax)
+    # gate weights `(d,)`: the authors' `attn_combine`, a `Linear(d, 1)` shared by the experts
+    # (its bias cancels in the softmax)
+    w:torch.Tensor,
     mask=None,           # `(B, n)`, True on real tokens (every sequence needs one); None: every token is real
     cases=None,          # `(E, d)` entropic cases, or None for the plain residual
 )->torch.Tensor:         # `(B, E)`: λ of each sequence, rows summing to 1, in float32 or wider
-    "The authors' input-dependent expert gate: $\\lambda_b=\\mathrm{softmax}_e\\bigl(w\\cdot\\max_{t}R(h,aA_e)_{b,t}\\bigr)$, each expert's residual output maxed over the real tokens."
-    wd = torch.promote_types(h.dtype, torch.float32)                                      # the gate in float32 or wider, also under autocast
+    ("The authors' input-dependent expert gate: "
+     "$\\lambda_b=\\mathrm{softmax}_e\\bigl(w\\cdot\\max_{t}R(h,aA_e)_{b,t}\\bigr)$, "
+     "each expert's residual output maxed over the real tokens.")
+    wd = torch.promote_types(h.dtype, torch.float32)        # the gate in float32 or wider, also under autocast
     with torch.autocast(h.device.type, enabled=False):
         h, A = h.to(wd), A.to(wd)
-        if cases is None: R = h[:, :, None] + a * A                                       # (B, n, E, d)  R(h, a A_e) = h + a A_e
+        if cases is None: R = h[:, :, None] + a * A                      # (B, n, E, d)  R(h, a A_e) = h + a A_e
         else:
             coef = torch.tensor(ENTROPIC_CASES, dtype=wd, device=h.device)[cases]        # (E, d, 2)
-            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A                      # (B, n, E, d)  c^x_e h + c^F_e a A_e
+            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A      # (B, n, E, d)  c^x_e h + c^F_e a A_e
         if mask is not None: R = R.masked_fill(~mask[:, :, None, None], float('-inf'))   # padding never wins the max
-        return torch.softmax(R.amax(1) @ w.to(wd), -1)                                    # (B, E) softmax_e(w · max_t R_e)
+        return torch.softmax(R.amax(1) @ w.to(wd), -1)                   # (B, E) softmax_e(w · max_t R_e)
 
 # %% ../nbs/02_transject.ipynb #bd040930
 def orthogonal_ffn(
@@ -145,30 +150,35 @@ class LayerWeights(NamedTuple):
     "One layer's weights for one forward pass, named as in the equations."
     U:torch.Tensor         # `(E, d, d)` orthogonal $U_1..U_E$
     V:torch.Tensor         # `(E, d, d)` orthogonal $V_1..V_E$
-    lam:torch.Tensor       # expert weights λ, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` per sequence (input gate)
+    # expert weights λ, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` per sequence (input gate)
+    lam:torch.Tensor
     a:torch.Tensor         # residual weight $a=\alpha_l/L$ (0-d tensor or float)
     W1:torch.Tensor        # `(d, d)` orthogonal
     b1:torch.Tensor        # `(d,)`
     W2:torch.Tensor        # `(d, d)` orthogonal
     b2:torch.Tensor        # `(d,)`
-    cases:torch.Tensor|None = None  # `(E, d)` entropic cases (training, entropic residual), or None for the plain residual
+    cases:torch.Tensor|None = None  # `(E, d)` entropic cases (training, entropic residual); None: plain residual
 
 def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
     sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1
     p:LayerWeights,      # the layer's weights
-    A=None,              # the experts' outputs `orthogonal_attention(h, sigma, p.U, p.V)` `(B, n, E, d)` if already computed (the input gate reads them first), else None
+    # the experts' outputs `orthogonal_attention(h, sigma, p.U, p.V)` `(B, n, E, d)` if already computed
+    # (the input gate reads them first), else None
+    A=None,
 )->torch.Tensor:         # `(B, n, d)`
-    "One TransJect layer by its equations: the mixture of orthogonal-attention experts with residuals, then the orthogonal residual FFN."
-    if A is None: A = orthogonal_attention(h, sigma, p.U, p.V)                             # (B, n, E, d)
-    h1 = mix_experts(h, A, p.lam, p.a, p.cases)                                            # (B, n, d)
-    return h1 + p.a * orthogonal_ffn(h1, p.W1, p.b1, p.W2, p.b2)                          # (B, n, d)
+    ("One TransJect layer by its equations: the mixture of orthogonal-attention experts with residuals, "
+     "then the orthogonal residual FFN.")
+    if A is None: A = orthogonal_attention(h, sigma, p.U, p.V)           # (B, n, E, d)
+    h1 = mix_experts(h, A, p.lam, p.a, p.cases)                          # (B, n, d)
+    return h1 + p.a * orthogonal_ffn(h1, p.W1, p.b1, p.W2, p.b2)        # (B, n, d)
+
+# %% ../nbs/02_transject.ipynb #e41f73c8
+RESIDUALS = ('plain', 'entropic')         # the residual of `TransJectConfig.residual`
+KERNELS = ('auto', 'readable', 'fused')    # the layer's code: `kernel`
+GATES = ('static', 'input')                # the expert weights λ: `gate`
 
 # %% ../nbs/02_transject.ipynb #37e7f6f8
-RESIDUALS = ('plain', 'entropic')
-KERNELS = ('auto', 'readable', 'fused')
-GATES = ('static', 'input')
-
 @dataclass
 class TransJectConfig(EncoderConfig):
     "TransJect's fields on top of `EncoderConfig`; small CPU defaults."
@@ -184,18 +194,9 @@ class TransJectConfig(EncoderConfig):
         super().__post_init__()
         if self.d_model % 4: raise ValueError("d_model must be a multiple of 4 (half token embedding, half sinusoidal "
                                               f"code of even width), got {self.d_model}")
-        if not isinstance(self.n_experts, int) or isinstance(self.n_experts, bool) or self.n_experts < 1:
-            raise ValueError(f"config field n_experts must be a positive int, got {self.n_experts!r}")
-        if self.sigma not in SIGMAS: raise ValueError(f"sigma must be one of {SIGMAS}, got {self.sigma!r}")
-        if self.residual not in RESIDUALS:
-            raise ValueError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
-        if self.orth_map not in ORTH_MAPS:
-            raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {self.orth_map!r}")
-        eps = self.sigma_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise ValueError(f"sigma_eps must be a float in (0, 1), got {self.sigma_eps!r}")
-        if self.kernel not in KERNELS: raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        check_choice(self.gate, GATES, 'gate')
+        check_fields(self, ints=('n_experts',), open_unit=('sigma_eps',),
+                     choices={k: (valid, k) for k, valid in dict(sigma=SIGMAS, residual=RESIDUALS, orth_map=ORTH_MAPS,
+                                                                 kernel=KERNELS, gate=GATES).items()})
         if self.gate == 'input' and self.kernel == 'fused':
             raise ValueError("gate='input' runs on the readable layer only (the fused kernel takes one λ for the whole "
                              "batch); use kernel='auto' or 'readable'")
@@ -267,14 +268,15 @@ def uses_fused(self:TransJectLayer,
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
-    "The TransJect encoder-classifier: injective embedding, Σ from layer 0, L `TransJectLayer`s, masked pooling and a linear head."
+    ("The TransJect encoder-classifier: injective embedding, Σ from layer 0, L `TransJectLayer`s, "
+     "masked pooling and a linear head.")
     def __init__(self, cfg:TransJectConfig):
         super().__init__(cfg)
         d = cfg.d_model
         self.emb = nn.Embedding(cfg.vocab_sz, d // 2, padding_idx=PAD_ID)
         self.register_buffer('pe', sinusoidal_pe(cfg.max_len, d // 2), persistent=False)   # (max_len, d/2)
         if cfg.sigma == 'approx': self.eigenbasis = OrthogonalBank(1, d, cfg.orth_map)       # the shared U
-        else: self.sigma_param = nn.Parameter(torch.rand(d))                                 # p, σ = tanh(p)/max|tanh(p)|
+        else: self.sigma_param = nn.Parameter(torch.rand(d))                               # p, σ = tanh(p)/max|tanh(p)|
         self.blocks = nn.ModuleList([TransJectLayer(cfg) for _ in range(cfg.n_layers)])
 
     def embed(self,
@@ -308,19 +310,22 @@ class TransJect(EncoderClassifier):
 def token_distance_ratios(
     hs:list,            # hidden states of every layer, `n_layers+1` tensors `(B, n, d)` (from `model.encode`)
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
-)->tuple:               # `(lo, hi)`: float64 `(n_layers+1,)`, min and max over pairs of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
-    "Smallest and largest distance ratio, layer $l$ against layer 0, over every pair of real tokens of each sequence that differ at layer 0."
+)->tuple:        # `(lo, hi)`: float64 `(n_layers+1,)`, min and max over pairs of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
+    ("Smallest and largest distance ratio, layer $l$ against layer 0, "
+     "over every pair of real tokens of each sequence that differ at layer 0.")
     pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
     pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
     if not bool(pair.any()): raise ValueError("no pair of real tokens: every sequence has a single real token")
     dist = lambda t: torch.cdist(t.double(), t.double(), compute_mode='donot_use_mm_for_euclid_dist')   # (B, n, n)
     D0 = dist(hs[0])                                                     # (B, n, n)
-    pair &= D0 > 0                                                       # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
-    if not bool(pair.any()): raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is defined")
+    pair &= D0 > 0          # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
+    if not bool(pair.any()):
+        raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is defined")
     d0 = D0[pair]                                                        # (P,)
     r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
     return r.min(1).values, r.max(1).values
 
+# %% ../nbs/02_transject.ipynb #ecf9223e
 def plot_distance_ratios(
     model:TransJect,    # a TransJect model; its current mode (train/eval) is used
     x:torch.Tensor,     # token ids `(B, n)`
@@ -340,7 +345,8 @@ def plot_distance_ratios(
     tlo, thi = transject_bounds(L)
     ax.axhline(thi, c='C3', ls=':', lw=1.2, label=r'transject_bounds: $(1\pm 1/L)^{2L}$')
     ax.axhline(max(tlo, 1e-3), c='C3', ls=':', lw=1.2)
-    ax.set_xticks(list(ls)); ax.set_yscale('log'); ax.set_xlabel('layer $l$'); ax.set_ylabel(r'$\|h^l_i-h^l_j\| / \|h^0_i-h^0_j\|$')
+    ax.set_xticks(list(ls)); ax.set_yscale('log'); ax.set_xlabel('layer $l$')
+    ax.set_ylabel(r'$\|h^l_i-h^l_j\| / \|h^0_i-h^0_j\|$')
     ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}", fontsize=10)
     ax.legend(fontsize=7)
     return ax
