@@ -54,7 +54,8 @@ def test_declared_plans_cover_every_task_and_variant():
     assert {p.task for p in CLASSIFICATION_STUDIES.values()} == set(TASKS)
     for p in CLASSIFICATION_STUDIES.values():
         assert set(VARIANTS) <= {a.label for a in p.arms}
-    for p in STUDIES.values(): assert len(p.protocol.seeds) >= 3
+    for p in CLASSIFICATION_STUDIES.values(): assert len(p.protocol.seeds) >= 3
+    assert len(STUDIES["lm-neutreno"].protocol.seeds) == 3 and all(len(p.protocol.seeds) >= 2 for p in STUDIES.values())
     lm = {n: p for n, p in STUDIES.items() if p.objective}
     assert {a.variant for a in lm['mlm-depth'].arms} == set(VARIANTS)                # TransJect's four as masked language models
     assert len({(p.fixed['n_train'], p.fixed['max_len']) for p in lm.values()}) == 1   # one corpus and context for every language model

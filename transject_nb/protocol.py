@@ -8,7 +8,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 from __future__ import annotations
 import math, os, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
 import pandas as pd
@@ -29,11 +29,11 @@ from .experiments import RESULT_COLUMNS
 
 # %% auto #0
 __all__ = ['METRICS', 'DATA_FOLDERS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
-           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
-           'queue_next', 'task_source', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials',
-           'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers',
-           'add_study_args', 'study_command']
+           'LM_PROTOCOL2', 'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES',
+           'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study',
+           'trial_rows', 'queue_next', 'task_source', 'plan_data', 'NotQueued', 'make_objective', 'work',
+           'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study',
+           'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-2
 METRICS = dict(accuracy='maximize', perplexity='minimize')   # what a search reads on validation, and which way is better
@@ -445,8 +445,9 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
 
 # %% ../nbs/13_protocol.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
-LM_FIXED = dict(n_train=1000, n_valid=200, n_test=200, max_len=128, vocab_size=4096)   # every language-model run: 1,000 reviews (~0.3M tokens), 4,096 WordPiece ids, contexts of 128
+LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)   # every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
 LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2, metric='perplexity', warmup=100)
+LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell, to fit the budget
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
@@ -456,10 +457,10 @@ LM_STUDIES = (
     StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
               note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, the repro preset's width (d 64)"),
     StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4), fixed=LM_FIXED,
-              protocol=LM_PROTOCOL, objective='causal', note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
-    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
+              protocol=LM_PROTOCOL2, objective='causal', note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
+    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
-    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='masked',
+    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='masked',
               note="every variant, TransJect's four included, as a masked language model (15% of the tokens) at L = 2 and 8"),
 )
 
