@@ -9,21 +9,21 @@ from __future__ import annotations
 import dataclasses, time
 from typing import NamedTuple
 import pandas as pd
-import torch
 import torch.nn as nn
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
-from .core import EncoderClassifier, check_choice, unwrap
+from .core import EncoderClassifier, unwrap
 from .lm import LanguageModel
 
 # %% ../nbs/14a_finetune.ipynb #2abc215b
 def layer_groups(
     model:nn.Module,   # an `EncoderClassifier` (or a Learner or wrapper holding one)
 )->list:               # `n_layers + 2` lists of parameters: before the blocks, each block, the head
-    "ULMFiT's parameter groups of an encoder: what runs before the blocks, each block, then the head; a fastai `splitter`."
+    ("ULMFiT's parameter groups of an encoder: what runs before the blocks, each block, then the head; "
+     "a fastai `splitter`.")
     m = unwrap(model)
     blocks = [list(b.parameters()) for b in m.blocks]
     head = list(m.head.parameters())
@@ -31,7 +31,8 @@ def layer_groups(
     return [[p for p in m.parameters() if id(p) not in taken], *blocks, head]
 
 # %% ../nbs/14a_finetune.ipynb #82f35524
-SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel')   # config fields that shape no weight: they may differ between pretraining and fine-tuning
+# config fields that shape no weight: they may differ between pretraining and fine-tuning
+SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel')
 
 def load_pretrained(
     classifier:nn.Module,   # the `EncoderClassifier` to fine-tune (or a Learner holding one)
@@ -40,23 +41,31 @@ def load_pretrained(
     "Copy a language model's encoder weights, all but its classifier head, into a classifier of the same variant."
     lm = pretrained.model if hasattr(pretrained, 'model') and not isinstance(pretrained, nn.Module) else pretrained
     enc, clf = (lm.encoder if isinstance(lm, LanguageModel) else lm), unwrap(classifier)
-    if not isinstance(enc, EncoderClassifier): raise TypeError(f"pretrained must be a LanguageModel, a Learner holding one, or an encoder; got {type(pretrained).__name__}")
-    if type(enc) is not type(clf): raise ValueError(f"the pretrained encoder is a {type(enc).__name__}, the classifier a {type(clf).__name__}: build the classifier from the same variant")
+    if not isinstance(enc, EncoderClassifier):
+        raise TypeError(f"pretrained must be a LanguageModel, a Learner holding one, or an encoder; "
+                        f"got {type(pretrained).__name__}")
+    if type(enc) is not type(clf):
+        raise ValueError(f"the pretrained encoder is a {type(enc).__name__}, the classifier a {type(clf).__name__}: "
+                         "build the classifier from the same variant")
     a, b = dataclasses.asdict(enc.cfg), dataclasses.asdict(clf.cfg)
     if diff := {k: (a[k], b[k]) for k in a if k not in SHAPELESS and a[k] != b[k]}:
-        raise ValueError(f"the pretrained encoder and the classifier differ in {diff} (pretrained, classifier): build the classifier with the encoder's settings")
+        raise ValueError(f"the pretrained encoder and the classifier differ in {diff} (pretrained, classifier): "
+                         "build the classifier with the encoder's settings")
     state = {k: v for k, v in enc.state_dict().items() if not k.startswith('head.')}
     missing = clf.load_state_dict(state, strict=False).missing_keys
-    if bad := [k for k in missing if not k.startswith('head.')]: raise ValueError(f"the classifier has weights the pretrained encoder lacks: {bad}")
+    if bad := [k for k in missing if not k.startswith('head.')]:
+        raise ValueError(f"the classifier has weights the pretrained encoder lacks: {bad}")
     return list(state)
 
 # %% ../nbs/14a_finetune.ipynb #bc8f70e7
 class Stage(NamedTuple):
     "One stage of gradual unfreezing: the groups from `freeze_to` up train for `epochs` one-cycle epochs."
-    freeze_to:int          # fastai's `freeze_to(n)`: groups `n:` train (negative: counted back from the head; 0: every group)
+    # fastai's `freeze_to(n)`: groups `n:` train (negative: counted back from the head; 0: every group)
+    freeze_to:int
     epochs:int             # one-cycle epochs
     lr_max:float           # the head's rate
-    lr_min:float|None      # the lowest group's rate, spread geometrically up to `lr_max` (None: every trained group at `lr_max`)
+    # the lowest group's rate, spread geometrically up to `lr_max` (None: every trained group at `lr_max`)
+    lr_min:float|None
 
 def ulmfit_schedule(
     lr:float,              # the head's rate in the first stage
@@ -65,24 +74,34 @@ def ulmfit_schedule(
     epochs_last:int=2,     # epochs of the last stage, every group unfrozen
     factor:float=2.6,      # each group's rate is this many times its upper neighbour's smaller
 )->list:                   # the `Stage`s, in order
-    "ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, one more group per stage at half the rate, then all at a fifth."
-    if not 1 <= n_gradual < n_groups: raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups (the last stage unfreezes them all), got {n_gradual}")
-    if lr <= 0 or factor < 1 or epochs_last < 1: raise ValueError(f"need lr > 0, factor >= 1 and epochs_last >= 1, got lr={lr}, factor={factor}, epochs_last={epochs_last}")
+    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
+     "one more group per stage at half the rate, then all at a fifth.")
+    if not 1 <= n_gradual < n_groups:
+        raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups "
+                         f"(the last stage unfreezes them all), got {n_gradual}")
+    if lr <= 0 or factor < 1 or epochs_last < 1:
+        raise ValueError(f"need lr > 0, factor >= 1 and epochs_last >= 1, "
+                         f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
     spread = lambda r: r / factor ** (n_groups - 1)
-    stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1))) for k in range(2, n_gradual + 1)]
+    stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
+                                         for k in range(2, n_gradual + 1)]
     last = lr / 2 ** (n_gradual - 1) / 5
     return stages + [Stage(0, epochs_last, last, spread(last))]
 
 # %% ../nbs/14a_finetune.ipynb #809dfb06
 def fine_tune(
-    learn,                 # a classification `Learner` (e.g. `learner.get_learner`) whose model holds the pretrained encoder (`load_pretrained`)
+    # a classification `Learner` (e.g. `learner.get_learner`)
+    # whose model holds the pretrained encoder (`load_pretrained`)
+    learn,
     stages:list,           # `Stage`s (`ulmfit_schedule`)
     moms=(0.8, 0.7, 0.8),  # one-cycle momentum, ULMFiT's
 )->pd.DataFrame:           # one row per stage: groups trained, epochs, rates, validation loss and accuracy, seconds
-    "Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, then each stage freezes, fits one cycle and validates."
-    learn.splitter, learn.opt = layer_groups, None                                  # the optimiser is rebuilt with one parameter group per layer group
+    ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, "
+     "then each stage freezes, fits one cycle and validates.")
+    learn.splitter, learn.opt = layer_groups, None  # the optimiser is rebuilt with one parameter group per layer group
     n = len(layer_groups(learn.model))
-    skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback' or c is getattr(learn, 'train_checkpoint', None)]   # epochs restart every stage
+    skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
+            or c is getattr(learn, 'train_checkpoint', None)]                   # epochs restart every stage
     rows = []
     with learn.removed_cbs(skip):
         for s in stages:
@@ -90,6 +109,7 @@ def fine_tune(
             t0 = time.perf_counter()
             learn.fit_one_cycle(s.epochs, s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max), moms=moms)
             va = learn.validate()
-            rows.append(dict(groups=f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}", epochs=s.epochs, lr_max=s.lr_max, lr_min=s.lr_min,
-                             valid_loss=float(va[0]), valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0, 1)))
+            groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
+            rows.append(dict(groups=groups, epochs=s.epochs, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
+                             valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0, 1)))
     return pd.DataFrame(rows)

@@ -94,13 +94,18 @@ def estimate_cosine(
     k:torch.Tensor,                # keys `(..., n, D)`
     mask:torch.Tensor|None=None,   # `(..., n)` True on real tokens (keys that count), broadcast over heads; None: all
 )->torch.Tensor:                   # per-token cosine `(..., n)` between $g^{\rm sym}_i$ and $g^{\rm asym}_i$
-    "NeuTRENO's Table 4: cosine between the symmetric-kernel estimate $\\sum_j(u_i-u_j)e^{k_i^\\top k_j/\\sqrt D}$ and the asymmetric one $\\sum_j(u_i-u_j)e^{q_i^\\top k_j/\\sqrt D}$."
-    if not (u.shape == q.shape == k.shape): raise ValueError(f"u, q and k must have the same shape (..., n, D), got {tuple(u.shape)}, {tuple(q.shape)}, {tuple(k.shape)}")
-    scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])          # (2, ..., n, n): symmetric, asymmetric
+    ("NeuTRENO's Table 4: cosine between the symmetric-kernel estimate $\\sum_j(u_i-u_j)e^{k_i^\\top k_j/\\sqrt D}$ "
+     "and the asymmetric one $\\sum_j(u_i-u_j)e^{q_i^\\top k_j/\\sqrt D}$.")
+    if not (u.shape == q.shape == k.shape):
+        raise ValueError(f"u, q and k must have the same shape (..., n, D), "
+                         f"got {tuple(u.shape)}, {tuple(q.shape)}, {tuple(k.shape)}")
+    scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (2, ..., n, n): symmetric, asymmetric
     if mask is not None: scores = scores.masked_fill(~mask[..., None, :], float('-inf'))
     eye = torch.eye(scores.shape[-1], dtype=torch.bool, device=scores.device)
-    P = scores.masked_fill(eye, float('-inf')).softmax(-1).nan_to_num(0.)                # (2, ..., n, n) over j ≠ i: the j = i term is 0 anyway
-    steps = P.sum(-1, keepdim=True) * u - P @ u                                           # (2, ..., n, D)  ∝ Σ_{j≠i} e^{s_ij} (u_i - u_j), no underflow, no cancellation
+    # (2, ..., n, n) over j ≠ i: the j = i term is 0 anyway
+    P = scores.masked_fill(eye, float('-inf')).softmax(-1).nan_to_num(0.)
+    # (2, ..., n, D)  ∝ Σ_{j≠i} e^{s_ij} (u_i - u_j), no underflow, no cancellation
+    steps = P.sum(-1, keepdim=True) * u - P @ u
     return F.cosine_similarity(steps[0], steps[1], dim=-1)
 
 # %% ../nbs/03_gradflow.ipynb #351e5a8b

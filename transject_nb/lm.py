@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-import fastai.callback.progress  # progress bars and `Learner.no_bar`
-import fastai.callback.schedule  # `fit_one_cycle`, `lr_find`
+import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
+import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
 from fastcore.basics import store_attr
 from fastcore.foundation import L
 from fastai.callback.core import Callback
@@ -34,7 +34,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'LMConfig', 'WarmUp', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from .core import PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec
+from .core import (
+    PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec)
 from .models import VARIANTS, create_model, n_params
 from .data import WordPieceTokenizer, cache_key, default_cache_dir, read_imdb, tokenizer_from_state
 from .config import resolve_config
@@ -43,22 +44,26 @@ from .learner import ReconLoss, has_aux_loss, history, train_callbacks
 from .stats import ALPHA, welch
 
 # %% ../nbs/14_lm.ipynb #cca7b082
-CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))  # the package's variants that can be causal
+# the package's variants that can be causal
+CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))
 
 # %% ../nbs/14_lm.ipynb #221e4f8e
 class LMHead(nn.Module):
-    "Next-token logits from hidden states: a linear map `(B, n, d) -> (B, n, V)`, its weight optionally the input embedding's."
+    ("Next-token logits from hidden states: a linear map `(B, n, d) -> (B, n, V)`, "
+     "its weight optionally the input embedding's.")
     def __init__(self,
         d_model:int,                   # width of the hidden states
         vocab_sz:int,                  # number of token ids, padding included
-        emb:nn.Embedding|None=None,    # tie the weight to this embedding (the same Parameter); None: a weight of its own
+        # tie the weight to this embedding (the same Parameter); None: a weight of its own
+        emb:nn.Embedding|None=None,
     ):
         super().__init__()
         self.decoder = nn.Linear(d_model, vocab_sz)
         nn.init.zeros_(self.decoder.bias)
         if emb is not None:
             if tuple(emb.weight.shape) != (vocab_sz, d_model):
-                raise ValueError(f"cannot tie the head to an embedding of shape {tuple(emb.weight.shape)}: expected (vocab_sz, d_model) = ({vocab_sz}, {d_model})")
+                raise ValueError(f"cannot tie the head to an embedding of shape {tuple(emb.weight.shape)}: "
+                                 f"expected (vocab_sz, d_model) = ({vocab_sz}, {d_model})")
             self.decoder.weight = emb.weight                                             # tied: one Parameter
 
     def forward(self,
@@ -67,42 +72,59 @@ class LMHead(nn.Module):
         "Logits of the next token at every position."
         return self.decoder(h)
 
-# %% ../nbs/14_lm.ipynb #7abd2ab5
+# %% ../nbs/14_lm.ipynb #eeb13fd4
 OBJECTIVES = ('causal', 'masked')   # predict the next token from the left; predict hidden tokens from both sides
 
+# %% ../nbs/14_lm.ipynb #ed2c566d
+def _check_lm_encoder(encoder, vocab_sz:int, objective:str):
+    "`LanguageModel`'s checks: an `EncoderClassifier` of `vocab_sz` ids whose attention suits `objective`."
+    if not isinstance(encoder, EncoderClassifier):
+        raise TypeError(f"LanguageModel needs an EncoderClassifier, got {type(encoder).__name__}")
+    cfg = encoder.cfg
+    if check_choice(objective, OBJECTIVES, 'objective') == 'causal' and not hasattr(cfg, 'causal'):
+        raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a causal language model: "
+                         f"its config {type(cfg).__name__} has no causal attention "
+                         "(TransJect's Σ(X⁰) is computed from the whole sequence); "
+                         f"use one of {', '.join(CAUSAL_VARIANTS)}, or objective='masked'")
+    if objective == 'causal' and not cfg.causal:
+        raise ValueError("LanguageModel needs a causal encoder, got one with causal=False "
+                         "(every position would see the tokens it must predict); "
+                         "build it with create_model(variant, vocab_sz, n_classes, causal=True)")
+    if objective == 'masked' and getattr(cfg, 'causal', False):
+        raise ValueError("a masked language model reads both sides of a hidden token: "
+                         "build the encoder with causal=False")
+    if vocab_sz != cfg.vocab_sz:
+        raise ValueError(f"vocab_sz={vocab_sz} differs from the encoder's vocab_sz={cfg.vocab_sz}: "
+                         "a language model predicts its own input ids")
+
+# %% ../nbs/14_lm.ipynb #7abd2ab5
 class LanguageModel(nn.Module):
-    "An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` of the next token (causal) or of each token (masked)."
+    ("An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` of the next token (causal) "
+     "or of each token (masked).")
     def __init__(self,
-        encoder:EncoderClassifier,   # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`; masked: any variant, not causal
+        # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`; masked: any variant, not causal
+        encoder:EncoderClassifier,
         vocab_sz:int,                # number of token ids; must be the encoder's (the targets are its input ids)
-        tie_weights:bool=True,       # the head's weight is the encoder's embedding (TransJect's is d/2 wide: it cannot be tied)
+        # the head's weight is the encoder's embedding (TransJect's is d/2 wide: it cannot be tied)
+        tie_weights:bool=True,
         objective:str='causal',      # one of `OBJECTIVES`
     ):
         super().__init__()
-        if not isinstance(encoder, EncoderClassifier): raise TypeError(f"LanguageModel needs an EncoderClassifier, got {type(encoder).__name__}")
-        cfg = encoder.cfg
-        if check_choice(objective, OBJECTIVES, 'objective') == 'causal' and not hasattr(cfg, 'causal'):
-            raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a causal language model: its config {type(cfg).__name__} has no causal "
-                             f"attention (TransJect's Σ(X⁰) is computed from the whole sequence); use one of {', '.join(CAUSAL_VARIANTS)}, or objective='masked'")
-        if objective == 'causal' and not cfg.causal:
-            raise ValueError("LanguageModel needs a causal encoder, got one with causal=False (every position would see the tokens it must predict); "
-                             "build it with create_model(variant, vocab_sz, n_classes, causal=True)")
-        if objective == 'masked' and getattr(cfg, 'causal', False):
-            raise ValueError("a masked language model reads both sides of a hidden token: build the encoder with causal=False")
-        if vocab_sz != cfg.vocab_sz: raise ValueError(f"vocab_sz={vocab_sz} differs from the encoder's vocab_sz={cfg.vocab_sz}: a language model predicts its own input ids")
+        _check_lm_encoder(encoder, vocab_sz, objective)
         self.encoder, self.vocab_sz, self.objective = encoder, vocab_sz, objective
-        self.head = LMHead(cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
+        self.head = LMHead(encoder.cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
 
     @property
     def cfg(self): return self.encoder.cfg                                                # the encoder's config
+    # the encoder's auxiliary loss (TransJect's Σ reconstruction)
     @property
-    def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss                        # the encoder's auxiliary loss (TransJect's Σ reconstruction)
+    def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
     )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
         "Logits over the vocabulary at every position."
-        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)                  # fastai's LMTensorText -> a plain tensor
+        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)       # fastai's LMTensorText -> a plain tensor
         return self.head(self.encoder.encode(x)[-1])                                     # (B, n, d) -> (B, n, V)
 
 # %% ../nbs/14_lm.ipynb #dd9bc2b3
@@ -112,10 +134,12 @@ def lm_stream(
 )->torch.Tensor:       # `(N,)` int64: the documents concatenated, each followed by `sep_id`
     "One contiguous token stream: every document followed by the separator."
     if sep_id == PAD_ID: raise ValueError(f"sep_id must not be the padding id {PAD_ID}: a stream holds no padding")
-    docs = [torch.as_tensor(list(d) if not isinstance(d, torch.Tensor) else d, dtype=torch.long).reshape(-1) for d in token_id_lists]
+    docs = [torch.as_tensor(list(d) if not isinstance(d, torch.Tensor) else d, dtype=torch.long).reshape(-1)
+            for d in token_id_lists]
     if not docs: raise ValueError("lm_stream needs at least one document, got none")
     for i, d in enumerate(docs):
-        if bool((d == PAD_ID).any()): raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
+        if bool((d == PAD_ID).any()):
+            raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
     return torch.cat([torch.cat([d, d.new_tensor([sep_id])]) for d in docs])
 
 # %% ../nbs/14_lm.ipynb #a924348e
@@ -128,10 +152,14 @@ def lm_loader(
     what:str='',           # how an error names the stream
 )->LMDataLoader:
     "fastai's `LMDataLoader` over documents with separators, checked long enough for `bs` rows."
-    s = [torch.cat([d, d.new_tensor([sep_id])]) for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1) for t in docs)]
+    s = [torch.cat([d, d.new_tensor([sep_id])])
+         for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1)
+                   for t in docs)]
     lm_stream(docs, sep_id)                                                            # the same checks
     n = sum(len(d) for d in s)
-    if (n - 1) // bs < 2: raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} (each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
+    if (n - 1) // bs < 2:
+        raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} "
+                         "(each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
     return LMDataLoader(s, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
 
 # %% ../nbs/14_lm.ipynb #972c33c4
@@ -144,7 +172,8 @@ def lm_dls(
     shuffle:bool=True,     # reorder the training documents every epoch
     device=None,           # where batches go (default: fastai's default device)
 )->DataLoaders:            # `(train, valid)` fastai `LMDataLoader`s
-    "fastai DataLoaders for language modelling: the documents as one stream with separators, batches `(x, y)` with `y` the next tokens."
+    ("fastai DataLoaders for language modelling: the documents as one stream with separators, "
+     "batches `(x, y)` with `y` the next tokens.")
     dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
@@ -153,7 +182,8 @@ def unigram_perplexity(
     train:torch.Tensor,    # the training stream `(N,)` (`lm_stream`)
     valid:torch.Tensor,    # the stream to score `(M,)`
     vocab_sz:int,          # number of token ids, padding included
-)->float:                  # exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed training frequencies
+# exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed training frequencies
+)->float:
     "Perplexity of the add-one smoothed unigram model of `train` on `valid`: the baseline a language model must beat."
     counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
     counts[PAD_ID] = -1                                                                  # padding gets probability 0
@@ -161,21 +191,26 @@ def unigram_perplexity(
     return math.exp(-p[valid.reshape(-1)].log().mean().item())
 
 # %% ../nbs/14_lm.ipynb #8d2b1068
-IGNORE_INDEX = -100   # the target of a position the loss skips (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
+# the target of a position the loss skips (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
+IGNORE_INDEX = -100
 
 def mask_tokens(
     x:torch.Tensor,      # token ids `(B, n)`, no padding
     mask_id:int,         # the `[MASK]` id
     vocab_sz:int,        # number of token ids
     p:float=0.15,        # the share of positions to predict
-    first_word:int=5,    # random replacements are drawn from ids >= this (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
+    # random replacements are drawn from ids >= this (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
+    first_word:int=5,
     generator=None,      # a `torch.Generator` on `x`'s device (None: torch's global one)
 )->tuple:                # `(inputs, targets)`, both `(B, n)`
-    "BERT's corruption: each position chosen with probability `p`, then 80% `[MASK]`, 10% a random token, 10% unchanged; targets elsewhere are `IGNORE_INDEX`."
+    ("BERT's corruption: each position chosen with probability `p`, then 80% `[MASK]`, 10% a random token, "
+     "10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
     if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
-    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz: raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
+        raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
+                         f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
     u = lambda: torch.rand(x.shape, device=x.device, generator=generator)
-    chosen, how = u() < p, u()                                                     # (B, n) which positions; (B, n) what becomes of them
+    chosen, how = u() < p, u()                                 # (B, n) which positions; (B, n) what becomes of them
     rand = torch.randint(first_word, vocab_sz, x.shape, device=x.device, generator=generator)
     inputs = torch.where(chosen & (how < 0.8), torch.full_like(x, mask_id), x)
     inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), rand, inputs)
@@ -183,7 +218,8 @@ def mask_tokens(
 
 # %% ../nbs/14_lm.ipynb #ffbc86b8
 class MaskedLMCallback(Callback):
-    "Turn each batch `(x, y)` into `mask_tokens(x)`: fresh positions every training batch, the same ones every epoch in validation."
+    ("Turn each batch `(x, y)` into `mask_tokens(x)`: fresh positions every training batch, "
+     "the same ones every epoch in validation.")
     order = -5   # before every callback that reads the batch
     def __init__(self,
         mask_id:int,      # the `[MASK]` id
@@ -198,7 +234,8 @@ class MaskedLMCallback(Callback):
         self.learn.xb, self.learn.yb = (inp,), (targ,)
 
 class MaskedAccuracy(Metric):
-    "Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), counted token by token."
+    ("Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), "
+     "counted token by token.")
     def reset(self): self.hit, self.n = 0, 0
     def accumulate(self, learn):
         targ, pred = learn.yb[0], learn.pred.argmax(-1)
@@ -215,21 +252,29 @@ def lm_learner(
     variant:str,               # causal: one of `CAUSAL_VARIANTS`; masked: any of `VARIANTS`
     vocab_sz:int,              # number of token ids, padding included
     objective:str='causal',    # one of `OBJECTIVES`
-    tie_weights:bool|None=None, # tie the head to the input embedding (None: tied for causal models; untied for masked ones, as TransJect's cannot be)
+    # tie the head to the input embedding (None: tied for causal models; untied for masked ones,
+    # as TransJect's cannot be)
+    tie_weights:bool|None=None,
     mask_id:int|None=None,     # masked: the `[MASK]` id
     mask_p:float=0.15,         # masked: the share of positions to predict (`mask_tokens`)
     lr:float=1e-3,             # default learning rate of `fit`
     cbs=None,                  # more fastai callbacks
-    **config,                  # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
-)->Learner:                    # a fastai Learner: `CrossEntropyLossFlat` (chosen positions only when masked), token accuracy and `Perplexity`
+    # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
+    **config,
+# a fastai Learner: `CrossEntropyLossFlat` (chosen positions only when masked), token accuracy and `Perplexity`
+)->Learner:
     "A fastai Learner for a causal or masked language model of `variant` on `dls`."
     causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
-    if config.get('causal', causal) is not causal: raise ValueError(f"a {objective} language model has causal={causal}; got causal={config['causal']!r}")
-    if not causal and mask_id is None: raise ValueError("a masked language model needs mask_id, the [MASK] id (e.g. LMCorpus.mask_id)")
+    if config.get('causal', causal) is not causal:
+        raise ValueError(f"a {objective} language model has causal={causal}; got causal={config['causal']!r}")
+    if not causal and mask_id is None:
+        raise ValueError("a masked language model needs mask_id, the [MASK] id (e.g. LMCorpus.mask_id)")
     config = dict(max_len=dls.train.seq_len) | config | ({'causal': True} if causal else {})
-    if config['max_len'] < dls.train.seq_len: raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' seq_len={dls.train.seq_len}")
+    if config['max_len'] < dls.train.seq_len:
+        raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' seq_len={dls.train.seq_len}")
     tie = causal if tie_weights is None else tie_weights
-    model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)   # n_classes=2: the unused classifier head
+    # n_classes=2: the unused classifier head
+    model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)
     extra = [] if causal else [MaskedLMCallback(mask_id, vocab_sz, mask_p)]
     return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=lr,
                    metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()], cbs=extra + list(L(cbs)))
@@ -246,19 +291,21 @@ def generate(
 )->torch.Tensor:            # `(n,)` the generated ids, without the prompt
     "Continue a prompt by sampling from the model (greedy when `temperature` is 0)."
     lm = model.model if isinstance(model, Learner) else model
-    if not isinstance(lm, LanguageModel): raise TypeError(f"generate needs a LanguageModel or a Learner holding one, got {type(lm).__name__}")
+    if not isinstance(lm, LanguageModel):
+        raise TypeError(f"generate needs a LanguageModel or a Learner holding one, got {type(lm).__name__}")
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).tolist()
     if not ids: raise ValueError("generate needs a prompt of at least one token")
     if not isinstance(n, int) or n < 0: raise ValueError(f"n must be an int >= 0, got {n!r}")
     if not temperature >= 0: raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1): raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
     dev, max_len = next(lm.parameters()).device, lm.encoder.cfg.max_len
     g = torch.Generator().manual_seed(seed) if seed is not None else None
     was, out = lm.training, list(ids)
     lm.eval()
     try:
         for _ in range(n):
-            logits = lm(torch.tensor(out[-max_len:], device=dev)[None])[0, -1].float().cpu()   # (V,) at the last position
+            logits = lm(torch.tensor(out[-max_len:], device=dev)[None])[0, -1].float().cpu()  # (V,) at the last one
             logits[PAD_ID] = float('-inf')
             if temperature == 0: out.append(int(logits.argmax())); continue
             logits = logits / temperature
@@ -294,35 +341,46 @@ class LMCorpus:
         n_train:int|None=None,   # the first training documents to keep (None: all)
         n_valid:int|None=None,   # the first validation documents (None: all)
         n_test:int|None=None,    # the first test documents (None: all)
-    )->'LMCorpus':               # the same tokenizer, fewer documents (each split was shuffled when the corpus was made)
+    # the same tokenizer, fewer documents (each split was shuffled when the corpus was made)
+    )->'LMCorpus':
         "A smaller corpus with the same vocabulary: the first documents of each split."
-        for k, (n, have) in dict(n_train=(n_train, len(self.train)), n_valid=(n_valid, len(self.valid)), n_test=(n_test, len(self.test))).items():
-            if n is not None and not 1 <= n <= have: raise ValueError(f"{k}={n}: the corpus has {have} documents in that split")
+        for k, (n, have) in dict(n_train=(n_train, len(self.train)), n_valid=(n_valid, len(self.valid)),
+                                 n_test=(n_test, len(self.test))).items():
+            if n is not None and not 1 <= n <= have:
+                raise ValueError(f"{k}={n}: the corpus has {have} documents in that split")
         cut = lambda d, n: d if n is None else d[:n]
-        return dataclasses.replace(self, train=cut(self.train, n_train), valid=cut(self.valid, n_valid), test=cut(self.test, n_test),
+        return dataclasses.replace(self, train=cut(self.train, n_train), valid=cut(self.valid, n_valid),
+                                   test=cut(self.test, n_test),
                                    key=cache_key(corpus=self.key, take=(n_train, n_valid, n_test)))
 
     def summary(self)->pd.DataFrame:
         "Documents and tokens (separators included) per split."
-        n = {s: (len(d), sum(len(x) + 1 for x in d)) for s, d in dict(train=self.train, valid=self.valid, test=self.test).items()}
+        n = {s: (len(d), sum(len(x) + 1 for x in d))
+             for s, d in dict(train=self.train, valid=self.valid, test=self.test).items()}
         return pd.DataFrame(n, index=['documents', 'tokens']).T
 
 # %% ../nbs/14_lm.ipynb #d02088d3
 def save_vocab(
     tokenizer,   # a `data.WordPieceTokenizer`
     path,        # where the `vocab.txt` goes
-)->Path:         # `path`: one token per line, line n is id n, as `WordPieceTokenizer.from_vocab` and `load_task(vocab=...)` read it
-    "Write a WordPiece vocabulary as a bert `vocab.txt`, so that a classifier can tokenize exactly as a pretrained language model did."
+# `path`: one token per line, line n is id n, as `WordPieceTokenizer.from_vocab` and `load_task(vocab=...)` read it
+)->Path:
+    ("Write a WordPiece vocabulary as a bert `vocab.txt`, "
+     "so that a classifier can tokenize exactly as a pretrained language model did.")
     vocab = tokenizer.tok.get_vocab()                                              # token -> id
     ids = sorted(vocab.values())
-    if ids != list(range(len(ids))): raise ValueError(f"the vocabulary's ids are not 0..{len(ids) - 1} without gaps: it cannot be written as vocab.txt")
+    if ids != list(range(len(ids))):
+        raise ValueError(f"the vocabulary's ids are not 0..{len(ids) - 1} without gaps: "
+                         "it cannot be written as vocab.txt")
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(''.join(t + '\n' for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])), encoding='utf-8')
     return path
 
 # %% ../nbs/14_lm.ipynb #1deee7e4
 def imdb_texts(
-    source,          # an IMDb folder: train/test/unsup CSVs (`unsup.csv[.gz]`: columns id, text) or an aclImdb tree (`train/unsup/*.txt`)
+    # an IMDb folder: train/test/unsup CSVs (`unsup.csv[.gz]`: columns id, text)
+    # or an aclImdb tree (`train/unsup/*.txt`)
+    source,
 )->dict:             # 'unsup', 'train', 'test' -> list of review texts
     "The review texts of IMDb's three parts, labels dropped: what a language model reads."
     root = Path(source)
@@ -331,21 +389,26 @@ def imdb_texts(
     csvs = [root/'unsup.csv', root/'unsup.csv.gz']
     if (f := next((p for p in csvs if p.is_file()), None)) is not None:
         unsup = pd.read_csv(f, usecols=['text'], keep_default_na=False).text.tolist()
-    elif (root/'train'/'unsup').is_dir(): unsup = [p.read_text(encoding='utf-8') for p in sorted((root/'train'/'unsup').glob('*.txt'))]
-    else: raise FileNotFoundError(f"IMDb source {source}: no unsup.csv[.gz] and no train/unsup folder: the unlabelled reviews are missing")
+    elif (root/'train'/'unsup').is_dir():
+        unsup = [p.read_text(encoding='utf-8') for p in sorted((root/'train'/'unsup').glob('*.txt'))]
+    else: raise FileNotFoundError(f"IMDb source {source}: no unsup.csv[.gz] and no train/unsup folder: "
+                                  "the unlabelled reviews are missing")
     return dict(unsup=unsup, train=list(splits['train'].texts), test=list(splits['test'].texts))
 
 # %% ../nbs/14_lm.ipynb #5609eb52
 def _split_heldout(texts:dict, n_train, n_valid, n_test, seed:int)->tuple:
-    "Training texts (unsup + train, shuffled, the first n_train), held-out validation and test texts that no training candidate repeats, and how many held-out texts were dropped."
+    ("Training texts (unsup + train, shuffled, the first n_train), held-out validation and test texts "
+     "that no training candidate repeats, and how many held-out texts were dropped.")
     rng = np.random.default_rng(seed)
     pool = texts['unsup'] + texts['train']
     train = [pool[i] for i in rng.permutation(len(pool))[:n_train]]
-    seen, test = set(pool), list(dict.fromkeys(texts['test']))                     # every training candidate; the distinct test reviews
+    seen, test = set(pool), list(dict.fromkeys(texts['test']))     # every training candidate; the distinct test reviews
     held = [t for t in test if t not in seen]
     n_valid = len(held) // 2 if n_valid is None else n_valid                       # None: half the held-out pool each
     n_test = len(held) - n_valid if n_test is None else n_test
-    if n_valid + n_test > len(held): raise ValueError(f"n_valid + n_test = {n_valid + n_test}, but only {len(held)} held-out reviews are not training documents")
+    if n_valid + n_test > len(held):
+        raise ValueError(f"n_valid + n_test = {n_valid + n_test}, "
+                         f"but only {len(held)} held-out reviews are not training documents")
     held = [held[i] for i in rng.permutation(len(held))[:n_valid + n_test]]
     return train, held[:n_valid], held[n_valid:], len(test) - len([t for t in test if t not in seen])
 
@@ -360,99 +423,130 @@ def load_lm_corpus(
     cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
     refresh:bool=False,      # rebuild even if cached
 )->LMCorpus:
-    "IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, held-out test reviews to validate and test on."
+    ("IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, "
+     "held-out test reviews to validate and test on.")
     for k, v in dict(vocab_size=vocab_size, n_valid=n_valid, n_test=n_test).items():
-        if (v is not None or k == 'vocab_size') and (not isinstance(v, int) or isinstance(v, bool) or v < 1): raise ValueError(f"{k} must be a positive int, got {v!r}")
-    if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1): raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
+        if (v is not None or k == 'vocab_size') and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"{k} must be a positive int, got {v!r}")
+    if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1):
+        raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
     texts = imdb_texts(source)
-    digest = hashlib.sha256('\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s]).encode()).hexdigest()   # the texts, not their files
-    key = cache_key(kind='lm-corpus', texts=digest, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed)
+    joined = '\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s])
+    digest = hashlib.sha256(joined.encode()).hexdigest()                           # the texts, not their files
+    key = cache_key(kind='lm-corpus', texts=digest, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid,
+                    n_test=n_test, seed=seed)
     cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cfile = cdir/f"lm-imdb-{key}.pt" if cdir else None
     if cfile is not None and cfile.exists() and not refresh:
         st = torch.load(cfile, weights_only=True)
         docs = {s: [x.long() for x in st[s].split(st[s + '_len'].tolist())] for s in ('train', 'valid', 'test')}
-        return LMCorpus(**docs, tokenizer=tokenizer_from_state(st['tokenizer']), source=str(source), key=key, dropped=int(st['dropped']))
+        return LMCorpus(**docs, tokenizer=tokenizer_from_state(st['tokenizer']), source=str(source), key=key,
+                        dropped=int(st['dropped']))
     train, valid, test, dropped = _split_heldout(texts, n_train, n_valid, n_test, seed)
     tok = WordPieceTokenizer.train(train, vocab_size)
     enc = lambda texts: [torch.tensor(ids, dtype=torch.long) for ids in tok.encode_batch(texts)[0]]
     c = LMCorpus(enc(train), enc(valid), enc(test), tok, str(source), key, dropped)
-    if cfile is not None:                                                          # the ids flat, in the smallest dtype that holds them, and each document's length
+    if cfile is not None:           # the ids flat, in the smallest dtype that holds them, and each document's length
         dt = torch.int16 if c.vocab_sz <= 32767 else torch.int32
-        st = {s: torch.cat(getattr(c, s)).to(dt) for s in ('train', 'valid', 'test')} | {s + '_len': torch.tensor([len(x) for x in getattr(c, s)]) for s in ('train', 'valid', 'test')}
+        st = ({s: torch.cat(getattr(c, s)).to(dt) for s in ('train', 'valid', 'test')}
+              | {s + '_len': torch.tensor([len(x) for x in getattr(c, s)]) for s in ('train', 'valid', 'test')})
         atomic_save(st | dict(tokenizer=tok.state(), dropped=dropped), cfile)
     return c
 
 # %% ../nbs/14_lm.ipynb #6acf353f
 @dataclass
 class LMConfig:
-    "What a language-model run adds to the model, training and data fields: the objective, the vocabulary, masking and warm-up."
+    ("What a language-model run adds to the model, training and data fields: the objective, the vocabulary, "
+     "masking and warm-up.")
     objective:str = 'causal'   # one of `OBJECTIVES`
     vocab_size:int = 8192      # WordPiece ids trained on the corpus (`load_lm_corpus`)
     mask_p:float = 0.15        # masked: the share of positions to predict
     warmup:int = 0             # optimiser steps over which the learning rate rises linearly to its value (0: none)
 
     def __post_init__(self):
-        check_fields(self, ints=('vocab_size',), counts=('warmup',), open_unit=('mask_p',), choices=dict(objective=(OBJECTIVES, 'objective')))
+        check_fields(self, ints=('vocab_size',), counts=('warmup',), open_unit=('mask_p',),
+                     choices=dict(objective=(OBJECTIVES, 'objective')))
 
 LM_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig))
 
 # %% ../nbs/14_lm.ipynb #3e6d6a82
 class WarmUp(Callback):
-    "Linear learning-rate warm-up: optimiser step s of a run trains at lr · min(1, (s+1)/steps), resumed runs counted from their start."
+    ("Linear learning-rate warm-up: optimiser step s of a run trains at lr · min(1, (s+1)/steps), "
+     "resumed runs counted from their start.")
     order = 55   # after fastai's ParamScheduler (if any) has set this batch's rate
     def __init__(self, steps:int): self.steps, self.base = steps, None
-    def before_fit(self): self.base = None                                          # the run's rates, read at its first batch
+    def before_fit(self): self.base = None                                 # the run's rates, read at its first batch
     def before_batch(self):
         if not self.training: return
         if self.base is None: self.base = [h['lr'] for h in self.opt.hypers]
         f = min(1., (self.epoch * self.n_iter + self.iter + 1) / self.steps)
         for h, b in zip(self.opt.hypers, self.base): h['lr'] = b * f
-    def after_fit(self):                                                            # also at the end of `validate`, which may have no optimiser
+    def after_fit(self):                                   # also at the end of `validate`, which may have no optimiser
         if self.opt is not None and self.base is not None:
             for h, b in zip(self.opt.hypers, self.base): h['lr'] = b
 
-# %% ../nbs/14_lm.ipynb #7e11e812
+# %% ../nbs/14_lm.ipynb #ae8a31b7
 def _lm_corpus(dcfg, lcfg:LMConfig, cache_dir)->LMCorpus:
     "The run's corpus: the task's reviews under `dcfg.source`, the first documents of each split."
-    if dcfg.source is None: raise ValueError("a language model reads the IMDb reviews: give source= the folder holding unsup.csv.gz, train.csv.gz and test.csv.gz (e.g. shared/data/imdb), or corpus=")
+    if dcfg.source is None:
+        raise ValueError("a language model reads the IMDb reviews: give source= the folder holding unsup.csv.gz, "
+                         "train.csv.gz and test.csv.gz (e.g. shared/data/imdb), or corpus=")
     c = load_lm_corpus(dcfg.source, lcfg.vocab_size, seed=dcfg.data_seed, cache_dir=cache_dir)
     return c.take(dcfg.n_train, dcfg.n_valid, dcfg.n_test)
 
+# %% ../nbs/14_lm.ipynb #4befbdc4
+def _lm_configs(task:str, variant:str, preset:str, overrides:dict)->tuple:
+    ("The run's `LMConfig` (its fields popped from `overrides`), the model, training and data fields "
+     "(`config.resolve_config`) with `causal=True` for a causal model, and the context length.")
+    lcfg = LMConfig(**{k: overrides.pop(k) for k in LM_FIELDS if k in overrides})
+    causal = lcfg.objective == 'causal'
+    if overrides.get('causal', causal) is not causal:
+        raise ValueError(f"a {lcfg.objective} language model has causal={causal}; got causal={overrides['causal']!r}")
+    rc = resolve_config(task, variant, preset, **overrides)
+    seq_len = rc['model'].setdefault('max_len', variant_spec(variant).config_cls.max_len)
+    if causal: rc['model']['causal'] = True
+    return lcfg, rc, seq_len
+
+# %% ../nbs/14_lm.ipynb #7e11e812
 def get_lm_learner(
     variant:str,               # causal: one of `CAUSAL_VARIANTS`; masked: any of `VARIANTS`
     task:str='imdb',           # the task whose preset sizes the model (its reviews are the corpus)
     preset:str='auto',         # the preset of `settings.ini` under every field (`config.PRESETS`)
-    corpus:LMCorpus|None=None, # the documents (default: `load_lm_corpus(source)`, cut to n_train, n_valid, n_test documents)
+    # the documents (default: `load_lm_corpus(source)`, cut to n_train, n_valid, n_test documents)
+    corpus:LMCorpus|None=None,
     path=None,                 # run folder (default `runs/<task>-<objective>/<variant>`)
     cbs=None,                  # more callbacks
     cache_dir=None,            # the corpus cache
     device=None,               # where to train (default: CUDA if available, else CPU)
-    **overrides,               # model, training and data fields (`config.resolve_config`), and `LMConfig`'s; `max_len` is the context
+    # model, training and data fields (`config.resolve_config`), and `LMConfig`'s; `max_len` is the context
+    **overrides,
 )->FixedLearner:               # `train_learner` trains it, `evaluate_lm` scores it
-    "A language-model run of `variant`: its corpus, model, loaders and the classifier's run callbacks (best weights, early stopping, checkpoint, history)."
-    lcfg = LMConfig(**{k: overrides.pop(k) for k in LM_FIELDS if k in overrides})
-    causal = lcfg.objective == 'causal'
-    if overrides.get('causal', causal) is not causal: raise ValueError(f"a {lcfg.objective} language model has causal={causal}; got causal={overrides['causal']!r}")
-    rc = resolve_config(task, variant, preset, **overrides)
+    ("A language-model run of `variant`: its corpus, model, loaders and the classifier's run callbacks "
+     "(best weights, early stopping, checkpoint, history).")
+    lcfg, rc, seq_len = _lm_configs(task, variant, preset, overrides)
     mcfg, tcfg, dcfg = rc['model'], rc['train'], rc['data']
-    seq_len = mcfg.setdefault('max_len', variant_spec(variant).config_cls.max_len)
-    if causal: mcfg['causal'] = True
+    causal = lcfg.objective == 'causal'
     corpus = corpus if corpus is not None else _lm_corpus(dcfg, lcfg, cache_dir)
     device = default_device() if device is None else torch.device(device)
     set_seed(tcfg.seed)
-    model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal, lcfg.objective).to(device)
+    model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal,
+                          lcfg.objective).to(device)
     aux = has_aux_loss(model)
-    dls = DataLoaders(*(lm_loader(getattr(corpus, s), corpus.sep_id, tcfg.bs, seq_len, s == 'train', device, s) for s in ('train', 'valid')))
-    config = dict(task=f"{task}:{lcfg.objective}", variant=variant, preset=rc['preset'], model=dict(mcfg), train=dataclasses.asdict(tcfg),
-                  data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg), data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
-    extra = ([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)]) + ([WarmUp(lcfg.warmup)] if lcfg.warmup else [])
-    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr, wd=tcfg.weight_decay,
-                         opt_func=partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay),
-                         metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else []),
+    dls = DataLoaders(*(lm_loader(getattr(corpus, s), corpus.sep_id, tcfg.bs, seq_len, s == 'train', device, s)
+                        for s in ('train', 'valid')))
+    config = dict(task=f"{task}:{lcfg.objective}", variant=variant, preset=rc['preset'], model=dict(mcfg),
+                  train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
+                  data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
+    extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
+             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))
+    opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
+    metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
+    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
+                         wd=tcfg.weight_decay, opt_func=opt_func, metrics=metrics,
                          cbs=train_callbacks(tcfg, config, aux, device) + extra + list(L(cbs)),
                          path=Path(path) if path is not None else Path('runs')/f"{task}-{lcfg.objective}"/variant)
-    learn.config, learn.train_cfg, learn.lm_cfg, learn.corpus, learn.task, learn.variant = config, tcfg, lcfg, corpus, task, variant
+    learn.config, learn.train_cfg, learn.lm_cfg = config, tcfg, lcfg
+    learn.corpus, learn.task, learn.variant = corpus, task, variant
     return learn
 
 # %% ../nbs/14_lm.ipynb #6a925e36
@@ -465,34 +559,42 @@ def evaluate_lm(
     with learn.no_bar(): va, te = learn.validate(), learn.validate(dl=test_dl)
     h = history(learn) if learn.recorder.values else None
     return dict(task=learn.task, objective=learn.lm_cfg.objective, variant=learn.variant, seed=tcfg.seed,
-                valid_loss=float(va[0]), valid_ppl=float(va[2]), valid_acc=float(va[1]), test_loss=float(te[0]), test_ppl=float(te[2]),
-                test_acc=float(te[1]), params=n_params(learn.model), epochs=0 if h is None else len(h),
+                valid_loss=float(va[0]), valid_ppl=float(va[2]), valid_acc=float(va[1]), test_loss=float(te[0]),
+                test_ppl=float(te[2]), test_acc=float(te[1]), params=n_params(learn.model),
+                epochs=0 if h is None else len(h),
                 best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
                 train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
 
 # %% ../nbs/14_lm.ipynb #51eb14c2
-NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 32.60}, 'test_ppl': {'transformer': 34.29, 'neutreno': 33.70}}
-                               ).rename_axis('model')   # NeuTRENO paper, Table 3: WikiText-103 perplexity, the softmax Transformer language model against NeuTRENO
+# NeuTRENO paper, Table 3: WikiText-103 perplexity, the softmax Transformer language model against NeuTRENO
+NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 32.60},
+                                'test_ppl': {'transformer': 34.29, 'neutreno': 33.70}}).rename_axis('model')
 
 def lm_table(
     runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
-)->pd.DataFrame:         # per arm: seeds, test and validation perplexity (mean and std over seeds), token accuracy, epochs, the rate
-    "Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, its accuracy, epochs and rate."
+# per arm: seeds, test and validation perplexity (mean and std over seeds), token accuracy, epochs, the rate
+)->pd.DataFrame:
+    ("Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, "
+     "its accuracy, epochs and rate.")
     g = runs.groupby('variant', sort=False)
-    return pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(), valid_ppl=g.valid_ppl.mean(),
-                             test_acc=g.test_acc.mean(), epochs=g.epochs.mean(), lr=g.lr.first())).rename_axis('arm')
+    return pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(),
+                             valid_ppl=g.valid_ppl.mean(), test_acc=g.test_acc.mean(), epochs=g.epochs.mean(),
+                             lr=g.lr.first())).rename_axis('arm')
 
 def lm_versus(
     runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
     claims,              # (better, worse) arm labels: the claim that `better` has the lower test loss
     alpha:float=ALPHA,   # the test's level
-)->pd.DataFrame:         # per claim: mean test perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
-    "Welch's t-test at `alpha` of 'a has the lower test loss than b' on the per-seed test losses, for each claim whose arms both have runs."
+# per claim: mean test perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
+)->pd.DataFrame:
+    ("Welch's t-test at `alpha` of 'a has the lower test loss than b' on the per-seed test losses, "
+     "for each claim whose arms both have runs.")
     rows = []
     for a, b in claims:
         la, lb = (runs.loc[runs.variant == x, 'test_loss'].astype(float).to_numpy() for x in (a, b))
         if not len(la) or not len(lb): continue
         r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
-        rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()), ratio=math.exp(la.mean() - lb.mean()),
-                         diff_nats=lb.mean() - la.mean(), p=r['p'], verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
+        rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()),
+                         ratio=math.exp(la.mean() - lb.mean()), diff_nats=lb.mean() - la.mean(), p=r['p'],
+                         verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
     return pd.DataFrame(rows)

@@ -35,20 +35,45 @@ __all__ = ['METRICS', 'DATA_FOLDERS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_R
            'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study',
            'run_workers', 'add_study_args', 'study_command']
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-2
-METRICS = dict(accuracy='maximize', perplexity='minimize')   # what a search reads on validation, and which way is better
+# %% ../nbs/13_protocol.ipynb #a5c6af86
+METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
 
+# %% ../nbs/13_protocol.ipynb #3722bf2b
 def _rates(xs, what:str)->tuple:
+    "`xs` as floats, checked: positive, finite, distinct learning rates; `what` names them in an error."
     xs = tuple(float(x) for x in xs)
-    if any(not x > 0 or not math.isfinite(x) for x in xs): raise ValueError(f"{what} must be positive, finite learning rates, got {xs}")
+    if any(not x > 0 or not math.isfinite(x) for x in xs):
+        raise ValueError(f"{what} must be positive, finite learning rates, got {xs}")
     if len(set(xs)) < len(xs): raise ValueError(f"{what} has repeated rates: {xs}")
     return xs
 
+# %% ../nbs/13_protocol.ipynb #3279da28
+def _grid_and_seeds(p)->tuple:
+    ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, nearest first), "
+     "and its seeds, checked fresh: `(lrs, seeds)`.")
+    lrs, lo, hi = _rates(p.lrs, 'lrs'), _rates(p.below, 'below'), _rates(p.above, 'above')
+    if not lrs: raise ValueError("lrs is empty: give at least one learning rate to search")
+    if bad := [x for x in lo if x >= min(lrs)]:
+        raise ValueError(f"below holds {bad}, not below the grid's lowest rate {min(lrs):g}")
+    if bad := [x for x in hi if x <= max(lrs)]:
+        raise ValueError(f"above holds {bad}, not above the grid's highest rate {max(lrs):g}")
+    if list(lo) != sorted(lo, reverse=True) or list(hi) != sorted(hi):
+        raise ValueError(f"below must run downwards and above upwards (nearest first), got below={lo}, above={hi}")
+    seeds = tuple(p.seeds)
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+        raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
+    if p.search_seed in seeds:
+        raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
+    return lrs, seeds
+
+# %% ../nbs/13_protocol.ipynb #553ccc0e-2
 @dataclass(frozen=True)
 class Protocol:
-    "The rules every arm of a fair comparison follows: the rates searched on validation, the seeds, the epoch budget, early stopping, pruning."
+    ("The rules every arm of a fair comparison follows: the rates searched on validation, the seeds, the epoch budget, "
+     "early stopping, pruning.")
     lrs:tuple = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # the log-spaced search grid, the same for every arm
-    below:tuple = (1e-4, 3e-5, 1e-5)            # rates tried one at a time, nearest first, while the best rate is the lowest tried
+    # rates tried one at a time, nearest first, while the best rate is the lowest tried
+    below:tuple = (1e-4, 3e-5, 1e-5)
     above:tuple = (1e-1, 3e-1, 1.0)             # ... while the best rate is the highest tried
     search_seed:int = 0                         # the seed of every search run; never one of `seeds`
     seeds:tuple = (1, 2, 3)                     # fresh seeds trained at the chosen rate: the table's runs
@@ -56,27 +81,24 @@ class Protocol:
     patience:int = 3                            # early stopping: epochs without a lower validation loss
     prune_warmup:int = 1                        # a search run is never pruned before this many epochs have finished
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    metric:str = 'accuracy'                     # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
-    warmup:int = 0                              # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
+    # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
+    metric:str = 'accuracy'
+    # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
+    warmup:int = 0
 
     def __post_init__(self):
-        lrs, lo, hi = _rates(self.lrs, 'lrs'), _rates(self.below, 'below'), _rates(self.above, 'above')
-        if not lrs: raise ValueError("lrs is empty: give at least one learning rate to search")
-        if bad := [x for x in lo if x >= min(lrs)]: raise ValueError(f"below holds {bad}, not below the grid's lowest rate {min(lrs):g}")
-        if bad := [x for x in hi if x <= max(lrs)]: raise ValueError(f"above holds {bad}, not above the grid's highest rate {max(lrs):g}")
-        if list(lo) != sorted(lo, reverse=True) or list(hi) != sorted(hi): raise ValueError(f"below must run downwards and above upwards (nearest first), got below={lo}, above={hi}")
-        seeds = tuple(self.seeds)
-        if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds): raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
-        if self.search_seed in seeds: raise ValueError(f"search_seed {self.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
-        check_fields(self, ints=('epochs', 'patience'), counts=('search_seed', 'prune_warmup', 'prune_startup', 'warmup'),
-                     choices=dict(metric=(METRICS, 'metric')))
+        lrs, seeds = _grid_and_seeds(self)
+        check_fields(self, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
+                     counts=('search_seed', 'prune_warmup', 'prune_startup', 'warmup'))
         if not self.patience < self.epochs:
-            raise ValueError(f"need ints 1 <= patience < epochs, got patience={self.patience!r}, epochs={self.epochs!r}")
+            raise ValueError(f"need ints 1 <= patience < epochs, "
+                             f"got patience={self.patience!r}, epochs={self.epochs!r}")
         object.__setattr__(self, 'lrs', tuple(sorted(lrs))); object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
-        return dict(epochs=self.epochs, patience=self.patience, sched='constant') | (dict(warmup=self.warmup) if self.warmup else {})
+        return (dict(epochs=self.epochs, patience=self.patience, sched='constant')
+                | (dict(warmup=self.warmup) if self.warmup else {}))
 
     @property
     def maximize(self)->bool: return METRICS[self.metric] == 'maximize'   # whether a higher validation value is better
@@ -97,16 +119,22 @@ class Arm:
     def __post_init__(self):
         check_choice(self.variant, VARIANTS, 'variant')
         if self.label is None:
-            object.__setattr__(self, 'label', '+'.join([self.variant, *(f"{k}={v}" for k, v in self.overrides.items())]))
+            label = '+'.join([self.variant, *(f"{k}={v}" for k, v in self.overrides.items())])
+            object.__setattr__(self, 'label', label)
 
 # %% ../nbs/13_protocol.ipynb #4da784ca
 def _check_lm_plan(plan, arms):
-    "A language-model plan reads the IMDb reviews, is judged by perplexity, and a causal one has only causal-capable arms."
+    ("A language-model plan reads the IMDb reviews, is judged by perplexity, "
+     "and a causal one has only causal-capable arms.")
     check_choice(plan.objective, OBJECTIVES, 'objective')
-    if plan.task != 'imdb': raise ValueError(f"plan {plan.name!r}: language models read the IMDb reviews; its task must be 'imdb', got {plan.task!r}")
-    if plan.protocol.metric != 'perplexity': raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be 'perplexity'")
+    if plan.task != 'imdb':
+        raise ValueError(f"plan {plan.name!r}: language models read the IMDb reviews; "
+                         f"its task must be 'imdb', got {plan.task!r}")
+    if plan.protocol.metric != 'perplexity':
+        raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be 'perplexity'")
     if plan.objective == 'causal' and (bad := [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]):
-        raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
+        raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; "
+                         f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-4
 @dataclass(frozen=True)
@@ -119,17 +147,21 @@ class StudyPlan:
     fixed:dict = field(default_factory=dict)    # fields every run shares on top of the preset (what was shrunk, say)
     protocol:Protocol = Protocol()              # the rules
     note:str = ''                               # what differs from the preset and why
-    objective:str|None = None                   # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
+    # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
+    objective:str|None = None
 
     def __post_init__(self):
         check_choice(self.task, TASKS, 'task')
         arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in self.arms)
         if not arms: raise ValueError(f"plan {self.name!r} has no arms")
-        if len({a.label for a in arms}) < len(arms): raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
+        if len({a.label for a in arms}) < len(arms):
+            raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
         if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
             raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
         if self.objective is not None: _check_lm_plan(self, arms)
-        elif self.protocol.metric != 'accuracy': raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', got {self.protocol.metric!r}")
+        elif self.protocol.metric != 'accuracy':
+            raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', "
+                             f"got {self.protocol.metric!r}")
         object.__setattr__(self, 'arms', arms)
 
     def arm(self, label:str)->Arm:
@@ -150,15 +182,17 @@ class StudyPlan:
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-5
 def next_trials(
-    rows:list,         # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and value
+    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and value
+    rows:list,
     protocol:Protocol, # the rules
 )->list:               # the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
-    "The protocol's next step for one arm: the grid, one rate past an edge while the best search run sits there, then the seeds at the chosen rate."
+    ("The protocol's next step for one arm: the grid, one rate past an edge while the best search run sits there, "
+     "then the seeds at the chosen rate.")
     search = [r for r in rows if r['phase'] == 'search']
     if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
     best = chosen_rate(rows, protocol.maximize)
-    if best is None: return []                                          # no search run completed: nothing to choose from (see `arm_status`)
+    if best is None: return []                      # no search run completed: nothing to choose from (see `arm_status`)
     tried = [r['lr'] for r in search]
     step = []
     if best == max(tried) and (up := [x for x in protocol.above if x > max(tried)]): step.append(up[0])
@@ -170,7 +204,9 @@ def next_trials(
 def chosen_rate(
     rows:list,           # an arm's queued trials (see `next_trials`)
     maximize:bool=True,  # whether a higher validation value is better (accuracy) or lower (perplexity)
-)->float|None:           # the search rate with the best validation value among completed search runs (ties: the lower rate); None if none completed
+# the search rate with the best validation value among completed search runs (ties: the lower rate);
+# None if none completed
+)->float|None:
     "The learning rate the search chose, on the validation metric only."
     done = sorted((r for r in rows if r['phase'] == 'search' and r['state'] == 'COMPLETE'), key=lambda r: r['lr'])
     if not done: return None
@@ -178,23 +214,27 @@ def chosen_rate(
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
-    url=None,            # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
+    # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
+    url=None,
     heartbeat:int=60,    # seconds between a running trial's heartbeats
     grace:int|None=None, # seconds without a heartbeat after which a trial is stale (default 2 × heartbeat)
     max_retry:int=3,     # times a stale trial is queued again
-)->RDBStorage:           # a storage several worker processes share, on one machine (SQLite) or across machines (a database server)
-    "An Optuna storage whose trials beat a heartbeat, so that the trial of a killed worker is queued again with the same rate and seed."
+# a storage several worker processes share, on one machine (SQLite) or across machines (a database server)
+)->RDBStorage:
+    ("An Optuna storage whose trials beat a heartbeat, "
+     "so that the trial of a killed worker is queued again with the same rate and seed.")
     url = str(url or 'runs/studies.db')
     if '://' not in url:
         p = Path(url).expanduser().resolve(); p.parent.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{p}"
     kw = dict(connect_args=dict(timeout=120)) if url.startswith('sqlite') else {}
-    for attempt in range(6):                                            # workers that start together race to create a fresh storage's tables
+    for attempt in range(6):                      # workers that start together race to create a fresh storage's tables
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=grace or 2 * heartbeat,
-                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True))
+                retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
+                return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
+                                  grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
         except SQLAlchemyError:
             if attempt == 5: raise
             time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
@@ -207,9 +247,11 @@ def arm_study(
 )->optuna.Study:       # created on first use, loaded after
     "The Optuna study of one arm: maximise validation accuracy; a median pruner stops hopeless search runs."
     p = plan.protocol
-    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric], load_if_exists=True,
-                               sampler=optuna.samplers.RandomSampler(seed=0),       # never used: every trial is queued with its rate and seed
-                               pruner=optuna.pruners.MedianPruner(n_startup_trials=p.prune_startup, n_warmup_steps=p.prune_warmup))
+    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric],
+                               load_if_exists=True,
+                               sampler=optuna.samplers.RandomSampler(seed=0),  # never used: every trial is queued
+                               pruner=optuna.pruners.MedianPruner(n_startup_trials=p.prune_startup,
+                                                                  n_warmup_steps=p.prune_warmup))
 
 def trial_rows(
     study:optuna.Study,   # an arm's study
@@ -219,14 +261,15 @@ def trial_rows(
     for t in study.get_trials(deepcopy=False):
         if 'phase' not in t.user_attrs: continue
         fixed = t.params or t.system_attrs.get('fixed_params', {})
-        rows.append(dict(t.user_attrs, number=t.number, state=t.state.name, value=t.value, lr=fixed.get('lr'), seed=fixed.get('seed'),
-                         retry_of=t.system_attrs.get('failed_trial')))
+        rows.append(dict(t.user_attrs, number=t.number, state=t.state.name, value=t.value, lr=fixed.get('lr'),
+                         seed=fixed.get('seed'), retry_of=t.system_attrs.get('failed_trial')))
     return rows
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-8
 @contextmanager
 def _plan_lock(storage):
-    "Workers on one machine take turns at queueing (a file lock beside a SQLite file); across machines, `skip_if_exists` and `_duplicate` guard."
+    ("Workers on one machine take turns at queueing (a file lock beside a SQLite file); "
+     "across machines, `skip_if_exists` and `_duplicate` guard.")
     url = getattr(storage, 'url', '')
     try: import fcntl                                                   # POSIX; elsewhere the two guards above suffice
     except ImportError: fcntl = None
@@ -248,11 +291,14 @@ def queue_next(
         fail_stale_trials(study)
     with _plan_lock(storage):
         new = next_trials(trial_rows(study), plan.protocol)
-        for t in new: study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']), skip_if_exists=True)
+        for t in new:
+            study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']),
+                                skip_if_exists=True)
     return new
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-9
-DATA_FOLDERS = dict(imdb='imdb', charimdb='imdb', agnews='ag_news')   # task -> its folder under a data root (ListOps is generated)
+# task -> its folder under a data root (ListOps is generated)
+DATA_FOLDERS = dict(imdb='imdb', charimdb='imdb', agnews='ag_news')
 
 def task_source(
     task:str,        # one of `TASKS`
@@ -262,7 +308,9 @@ def task_source(
     data = data or os.environ.get('TRANSJECT_DATA')
     if data is None or task not in DATA_FOLDERS: return None
     p = Path(data)/DATA_FOLDERS[check_choice(task, TASKS, 'task')]
-    if not p.is_dir(): raise FileNotFoundError(f"no folder {p} for task {task!r}: the data root {data} should hold {sorted(set(DATA_FOLDERS.values()))}")
+    if not p.is_dir():
+        raise FileNotFoundError(f"no folder {p} for task {task!r}: "
+                                f"the data root {data} should hold {sorted(set(DATA_FOLDERS.values()))}")
     return str(p)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-10
@@ -270,13 +318,16 @@ def plan_data(
     plan:StudyPlan,   # the plan
     data=None,        # the data root (see `task_source`)
     cache_dir=None,   # `load_task`'s cache
-)->TaskData|LMCorpus:  # the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
+# the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
+)->TaskData|LMCorpus:
     "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
     src = task_source(plan.task, data)
     if plan.objective is not None:
         f = plan.fixed
-        return load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir).take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
-    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed, **({} if src is None else dict(source=src)))
+        c = load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir)
+        return c.take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
+    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed,
+                        **({} if src is None else dict(source=src)))
     max_len = rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
     return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
 
@@ -298,19 +349,26 @@ def make_objective(
     cache_dir=None,        # `load_task`'s cache
     source=None,           # the task's data folder (`task_source`)
     progress=False,        # `train_learner`'s progress
-):                         # `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
-    "Train one queued run (resuming its folder), with the pruner on search runs; record what it did as the trial's user attributes."
+# `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
+):
+    ("Train one queued run (resuming its folder), with the pruner on search runs; "
+     "record what it did as the trial's user attributes.")
     def objective(trial:optuna.Trial)->float:
         phase = trial.user_attrs.get('phase')
-        if phase is None: raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the protocol")
+        if phase is None:
+            raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the protocol")
         lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
-        if (d := _duplicate(trial.study, trial, lr, seed)) is not None: raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
+        if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
+            raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
         path = plan.run_dir(out, arm, lr, seed)
         cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
-        kw = dict(preset=plan.preset, path=path, cache_dir=cache_dir, cbs=cbs, **plan.overrides(arm, lr, seed), **({} if source is None else dict(source=source)))
-        learn = get_learner(plan.task, arm.variant, **kw) if plan.objective is None else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw)
+        kw = dict(preset=plan.preset, path=path, cache_dir=cache_dir, cbs=cbs, **plan.overrides(arm, lr, seed),
+                  **({} if source is None else dict(source=source)))
+        learn = (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
+                 else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
         trial.set_user_attr('run_dir', str(path))
-        if (ck := path/'models'/'checkpoint.pth').exists(): trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)   # epochs already done
+        if (ck := path/'models'/'checkpoint.pth').exists():
+            trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)                   # epochs already done
         try: train_learner(learn, resume=True, progress=progress)
         finally: _record(trial, learn)
         if phase == 'seed':
@@ -320,6 +378,7 @@ def make_objective(
         with learn.no_bar(): return float(learn.validate(ds_idx=1)[1 if plan.objective is None else 2])
     return objective
 
+# %% ../nbs/13_protocol.ipynb #4a93cdfb
 def _record(trial, learn):
     "What a run did, kept on its trial: epochs, the kept epoch, seconds, the data's key."
     h = history(learn) if learn.recorder.values else None
@@ -341,16 +400,22 @@ def work(
     name:str='worker',     # how the progress lines name this worker
     progress:bool=True,    # a line per finished trial
 )->int:                    # trials this worker ran
-    "One worker: queue each arm's next step and run one queued trial at a time, until every arm is done; any number may share a storage."
+    ("One worker: queue each arm's next step and run one queued trial at a time, until every arm is done; "
+     "any number may share a storage.")
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     arms = [plan.arm(a) for a in arms] if arms else list(plan.arms)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)   # heartbeats and `fail_stale_trials` are marked experimental
-        warnings.filterwarnings('ignore', message='The reported value is ignored')           # a resumed run replays its checkpoint's epochs
-        return _work(plan, storage, out, arms, cache_dir, task_source(plan.task, data), poll, max_trials, name, progress)
+        # heartbeats and `fail_stale_trials` are marked experimental
+        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
+        # a resumed run replays its checkpoint's epochs
+        warnings.filterwarnings('ignore', message='The reported value is ignored')
+        return _work(plan, storage, out, arms, cache_dir, task_source(plan.task, data), poll, max_trials, name,
+                     progress)
 
+# %% ../nbs/13_protocol.ipynb #5d5ba762
 def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
+    "`work`'s loop: queue each arm's next step, run one waiting trial, wait while others hold the last ones."
     ran = 0
     while max_trials is None or ran < max_trials:
         busy = False
@@ -361,33 +426,41 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
                 busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
                 continue
             t0, done = time.perf_counter(), []
-            study.optimize(make_objective(plan, arm, out, cache_dir, source), n_trials=1, catch=(NotQueued,), gc_after_trial=True,
-                           callbacks=[lambda s, t: done.append(t)])
+            study.optimize(make_objective(plan, arm, out, cache_dir, source), n_trials=1, catch=(NotQueued,),
+                           gc_after_trial=True, callbacks=[lambda s, t: done.append(t)])
             ran, busy = ran + 1, True
             if progress and done and 'phase' in done[0].user_attrs:
-                print(f"[{name}] {plan.study_name(arm)} {_say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)}", flush=True)
+                said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
+                print(f"[{name}] {plan.study_name(arm)} {said}", flush=True)
             break
         else:
             if not busy: return ran                                     # every arm is done
-            time.sleep(poll)                                            # others hold the last trials; stale ones are retried on the next pass
+            time.sleep(poll)              # others hold the last trials; stale ones are retried on the next pass
     return ran
 
+# %% ../nbs/13_protocol.ipynb #81c039d2
 def _say_trial(t, secs, metric='accuracy')->str:
+    "One progress line for a finished trial: phase, rate, seed, validation (and test) score, epochs, seconds."
     u, p, acc = t.user_attrs, t.params, metric == 'accuracy'
     val = (f"valid {100 * t.value:.1f}%" if acc else f"valid perplexity {t.value:.1f}") if t.value is not None else ''
     val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
-    test = '' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc else f", test perplexity {math.exp(u['test_loss']):.1f}"
-    return f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, {u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s"
+    test = ('' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc
+            else f", test perplexity {math.exp(u['test_loss']):.1f}")
+    return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, "
+            f"{u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s")
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-14
-TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs', 'train_secs',
-                 'params', 'data_key', 'number', 'retry_of')
-LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss',)   # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy
+TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
+                 'train_secs', 'params', 'data_key', 'number', 'retry_of')
+# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy
+LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss',)
 
 def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
-)->pd.DataFrame:      # one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language models); `value` is the validation metric
+# one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language models);
+# `value` is the validation metric
+)->pd.DataFrame:
     "Every queued trial of a plan's studies, finished or not, as one table."
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     names = {s.study_name for s in storage.get_all_studies()}
@@ -400,7 +473,9 @@ def study_trials(
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
-)->pd.DataFrame:           # per arm: state, search runs by outcome, trials retried and runs failed for good, the chosen rate and whether it is the last allowed, seeds done, epochs, hours
+# per arm: state, search runs by outcome, trials retried and runs failed for good, the chosen rate
+# and whether it is the last allowed, seeds done, epochs, hours
+)->pd.DataFrame:
     "Where each arm of a plan stands."
     out = {}
     for a in plan.arms:
@@ -410,44 +485,55 @@ def arm_status(
         p = plan.protocol
         lr = chosen_rate(rows, p.maximize)
         nxt = next_trials(rows, p) if len(t) else None
-        state = ('not started' if not len(t) else 'done' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() and len(d) == len(p.seeds)
-                 else 'failed' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() else 'seeds' if (t.phase == 'seed').any() else 'search')
+        state = ('not started' if not len(t)
+                 else 'done' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() and len(d) == len(p.seeds)
+                 else 'failed' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any()
+                 else 'seeds' if (t.phase == 'seed').any() else 'search')
         limit = lr is not None and (lr == max(p.lrs + p.above) or lr == min(p.lrs + p.below))
-        runs = t.groupby(['phase', 'lr', 'seed']).state                   # a run's trials: a killed one's retries share its rate and seed
-        out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()), pruned=int((s.state == 'PRUNED').sum()),
-                            retried=int(t.retry_of.notna().sum()), failed=int(runs.apply(lambda x: (x == 'FAIL').all()).sum()) if len(t) else 0,
+        runs = t.groupby(['phase', 'lr', 'seed']).state   # a run's trials: a killed one's retries share its rate, seed
+        out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()),
+                            pruned=int((s.state == 'PRUNED').sum()), retried=int(t.retry_of.notna().sum()),
+                            failed=int(runs.apply(lambda x: (x == 'FAIL').all()).sum()) if len(t) else 0,
                             lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
-                            epochs=int(t.epochs.fillna(0).sum()), hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
+                            epochs=int(t.epochs.fillna(0).sum()),
+                            hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-16
 def study_runs(
     trials:pd.DataFrame,   # from `study_trials`
     plan:StudyPlan,        # the plan
-)->pd.DataFrame:           # the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
+# the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
+)->pd.DataFrame:
     "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
     if plan.objective is not None: return _lm_runs(d, plan)
-    df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value, best_epoch=d.best_epoch,
-                           epochs=d.epochs, params=d.params, train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
+    df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value,
+                           best_epoch=d.best_epoch, epochs=d.epochs, params=d.params, train_secs=d.train_secs,
+                           data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
     return df[[*RESULT_COLUMNS, 'lr']].astype({'seed': int}).reset_index(drop=True)
 
 # %% ../nbs/13_protocol.ipynb #a139e7a9
-LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'test_loss', 'test_acc', 'best_epoch', 'epochs', 'params',
-                     'train_secs', 'data_key', 'preset', 'lr')   # a language-model table's runs: `variant` holds the arm's label
+# a language-model table's runs: `variant` holds the arm's label
+LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'test_loss', 'test_acc',
+                     'best_epoch', 'epochs', 'params', 'train_secs', 'data_key', 'preset', 'lr')
 
 def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
     "A language-model plan's finished seed runs, columns `LM_RESULT_COLUMNS`."
-    df = pd.DataFrame(dict(task=d.task, objective=plan.objective, variant=d.arm, seed=d.seed, test_ppl=np.exp(d.test_loss.astype(float)),
-                           valid_ppl=d.value, test_loss=d.test_loss, test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
-                           train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
+    df = pd.DataFrame(dict(task=d.task, objective=plan.objective, variant=d.arm, seed=d.seed,
+                           test_ppl=np.exp(d.test_loss.astype(float)), valid_ppl=d.value, test_loss=d.test_loss,
+                           test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
+                           train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
+                           lr=d.lr))
     return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
 
 # %% ../nbs/13_protocol.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
-LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)   # every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
-LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2, metric='perplexity', warmup=100)
-LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell, to fit the budget
+# every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
+LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
+LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2,
+                       metric='perplexity', warmup=100)
+LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
@@ -455,26 +541,35 @@ _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a
 
 LM_STUDIES = (
     StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
-              note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, the repro preset's width (d 64)"),
-    StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4), fixed=LM_FIXED,
-              protocol=LM_PROTOCOL2, objective='causal', note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
-    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
+              note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
+                   "the repro preset's width (d 64)"),
+    StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
+              fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
+              note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
+    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
+              objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
-    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='masked',
-              note="every variant, TransJect's four included, as a masked language model (15% of the tokens) at L = 2 and 8"),
+    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
+              objective='masked',
+              note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
+                   "at L = 2 and 8"),
 )
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-17
 GATE = Arm('transject', dict(gate='input'))     # the ablation: the authors' input-dependent expert gate (02_transject)
 
 STUDIES = {p.name: p for p in (
-    StudyPlan('fair-agnews', 'agnews', _ALL, protocol=Protocol(seeds=(1, 2, 3, 4, 5)), note="the repro preset; 5 seeds, the task being cheap"),
-    StudyPlan('fair-listops', 'listops', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
+    StudyPlan('fair-agnews', 'agnews', _ALL, protocol=Protocol(seeds=(1, 2, 3, 4, 5)),
+              note="the repro preset; 5 seeds, the task being cheap"),
+    StudyPlan('fair-listops', 'listops', _ALL + (GATE,),
+              note="the repro preset; the input gate as an ablation of transject"),
     StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
-    StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), note="the repro preset at 512 bytes, not 1,024, to fit the budget"),
+    StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512),
+              note="the repro preset at 512 bytes, not 1,024, to fit the budget"),
     *LM_STUDIES,
 )}
-CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}   # the fair tables of the TransJect paper, one per task
+# the fair tables of the TransJect paper, one per task
+CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}
 
 def study_plan(
     name:str,   # a key of `STUDIES`
@@ -486,9 +581,14 @@ def study_plan(
 def plan_cost(
     plan:StudyPlan,             # the plan
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
-    secs_per_epoch:dict|None=None, # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished (e.g. from the fixed-rate runs)
-)->pd.DataFrame:                # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left (a lower bound: steps past an edge are not foreseen)
-    "What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs."
+    # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished
+    # (e.g. from the fixed-rate runs)
+    secs_per_epoch:dict|None=None,
+# per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
+# (a lower bound: steps past an edge are not foreseen)
+)->pd.DataFrame:
+    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; "
+     "seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs.")
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
@@ -499,14 +599,15 @@ def plan_cost(
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
     rows = {}
-    for a in plan.arms:                                                 # seconds per epoch: the arm's own, else given, else its family's on this task
+    for a in plan.arms:                   # seconds per epoch: the arm's own, else given, else its family's on this task
         g = fin[fin.arm == a.label]
         given = secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))   # by arm, else by variant
         rate = next((r for r in (measured[a.label], given, family[fam(a)]) if not np.isnan(r)), np.nan)
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE')).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + d_left, secs_per_epoch=round(float(rate), 1),
-                             hours_done=round(float(g.train_secs.sum()) / 3600, 2), hours_left=round((s_left * e_search + d_left * e_seed) * rate / 3600, 2))
+                             hours_done=round(float(g.train_secs.sum()) / 3600, 2),
+                             hours_left=round((s_left * e_search + d_left * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-19
@@ -528,7 +629,8 @@ def export_study(
     storage,          # `open_storage`'s URL or path, or a storage
     dest,             # the folder of the committed results, e.g. `nbs/results/fair/imdb`
 )->pd.DataFrame:      # the trials written
-    "Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`): the small files the experiments pages render from."
+    ("Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`): "
+     "the small files the experiments pages render from.")
     trials = study_trials(plan, storage)
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     trials.to_csv(dest/'trials.csv', index=False)
@@ -552,52 +654,75 @@ def run_workers(
     threads:int=1,         # torch threads per worker
     heartbeat:int=60,      # seconds between heartbeats (a killed worker's trial is retried after twice this)
 ):                         # the plan's `arm_status` once every worker has stopped
-    "Run a declared plan with several worker processes sharing one storage; Ctrl-C stops them, and the same call resumes."
+    ("Run a declared plan with several worker processes sharing one storage; "
+     "Ctrl-C stops them, and the same call resumes.")
     import multiprocessing as mp
-    if plan.name not in STUDIES or STUDIES[plan.name] != plan: raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
+    if plan.name not in STUDIES or STUDIES[plan.name] != plan:
+        raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
     if not isinstance(workers, int) or workers < 1: raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     url = str(storage or 'runs/studies.db')
-    open_storage(url)                                                   # create the tables once, before the workers race to
+    open_storage(url)                                           # create the tables once, before the workers race to
     ctx = mp.get_context('spawn')
-    ps = [ctx.Process(target=_worker, args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}', heartbeat)) for i in range(workers)]
+    ps = [ctx.Process(target=_worker,
+                      args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}', heartbeat))
+          for i in range(workers)]
     for p in ps: p.start()
     try:
         for p in ps: p.join()
     except KeyboardInterrupt:
         for p in ps: p.terminate()
         raise
-    if bad := [p.exitcode for p in ps if p.exitcode]: raise RuntimeError(f"{len(bad)} worker(s) failed (exit codes {bad}); the storage keeps every finished trial, and the same command resumes")
+    if bad := [p.exitcode for p in ps if p.exitcode]:
+        raise RuntimeError(f"{len(bad)} worker(s) failed (exit codes {bad}); "
+                           "the storage keeps every finished trial, and the same command resumes")
     return arm_status(study_trials(plan, url), plan)
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-21
-STUDY_HELP = "run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, early stopping, fresh seeds, on Optuna"
+# %% ../nbs/13_protocol.ipynb #10ac5ba5
+STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, "
+              "early stopping, fresh seeds, on Optuna")
 
+# %% ../nbs/13_protocol.ipynb #553ccc0e-21
 def add_study_args(p):
     "The `study` command's options."
     p.add_argument('name', choices=list(STUDIES), help='the declared plan (protocol.STUDIES)')
-    p.add_argument('--storage', default='runs/studies.db', help='Optuna storage every worker shares: a SQLite file, or a database URL for workers on several machines (default runs/studies.db)')
-    p.add_argument('--start-from', default=None, metavar='FILE', help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage when that does not exist yet")
-    p.add_argument('--out', default='runs/studies', help='folder of the runs (checkpoints, so that a retried trial resumes)')
-    p.add_argument('--workers', type=int, default=1, help='worker processes on this machine (start more on others with the same --storage URL)')
+    p.add_argument('--storage', default='runs/studies.db',
+                   help='Optuna storage every worker shares: a SQLite file, or a database URL for workers on several '
+                        'machines (default runs/studies.db)')
+    p.add_argument('--start-from', default=None, metavar='FILE',
+                   help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage "
+                        "when that does not exist yet")
+    p.add_argument('--out', default='runs/studies',
+                   help='folder of the runs (checkpoints, so that a retried trial resumes)')
+    p.add_argument('--workers', type=int, default=1,
+                   help='worker processes on this machine (start more on others with the same --storage URL)')
     p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
     p.add_argument('--arms', default=None, help='comma-separated arm labels to work on (default: all)')
-    p.add_argument('--data', default=None, help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
-    p.add_argument('--cache-dir', default=None, help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
+    p.add_argument('--data', default=None,
+                   help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
+    p.add_argument('--cache-dir', default=None,
+                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
     p.add_argument('--status', action='store_true', help='print where each arm stands and what it cost; train nothing')
-    p.add_argument('--export', default=None, metavar='DIR', help='write trials.csv and runs.csv into DIR; train nothing')
-    p.add_argument('--snapshot', default=None, metavar='FILE', help='write a consistent copy of a SQLite --storage to FILE; train nothing')
-    p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT', help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
+    p.add_argument('--export', default=None, metavar='DIR',
+                   help='write trials.csv and runs.csv into DIR; train nothing')
+    p.add_argument('--snapshot', default=None, metavar='FILE',
+                   help='write a consistent copy of a SQLite --storage to FILE; train nothing')
+    p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
+                   help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
+# %% ../nbs/13_protocol.ipynb #11a7466e
 def study_command(a, words):
     "Run the `study` command on parsed options."
-    if words: raise ValueError(f"study takes no field overrides, got {words}: a plan's fields are declared in protocol.STUDIES")
+    if words:
+        raise ValueError(f"study takes no field overrides, got {words}: "
+                         "a plan's fields are declared in protocol.STUDIES")
     plan, url = study_plan(a.name), a.storage
     if a.start_from and '://' not in url and not Path(url).exists():
         Path(url).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(a.start_from, url)
         print(f"storage {url} started from {a.start_from}", flush=True)
     if a.dashboard is not None:
         try: from optuna_dashboard import run_server
-        except ImportError: raise ValueError("--dashboard needs the optuna-dashboard package: pip install optuna-dashboard") from None
+        except ImportError:
+            raise ValueError("--dashboard needs the optuna-dashboard package: pip install optuna-dashboard") from None
         return run_server(open_storage(url), host='127.0.0.1', port=a.dashboard)
     if a.snapshot: return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
     if a.export:
