@@ -673,6 +673,30 @@ class ListOpsTokenizer:
         return dict(kind=self.kind)
     def __repr__(self): return f'ListOpsTokenizer(vocab_sz={self.vocab_sz})'
 
+# %% ../nbs/06_data.ipynb #90c43c6a
+@patch(cls_method=True)
+def derive(cls:WordPieceTokenizer,
+    texts:Sequence,   # the texts whose pieces are counted (the training documents)
+    size:int,         # most pieces to keep, the five special tokens included
+    base,             # the WordPiece `vocab.txt` to derive from (bert-base-uncased's: `find_vocab`)
+)->WordPieceTokenizer:
+    ("A vocabulary of at most `size` pieces of `base`, the same on every machine: the special tokens, "
+     "the single characters the texts use, then their most frequent pieces under `base` (ties by the piece).")
+    from collections import Counter
+    from tokenizers import models
+    bt = cls.from_vocab(base)
+    counts, names = Counter(i for ids in bt.encode_batch(texts)[0] for i in ids), bt.tok.get_vocab()
+    piece = {i: t for t, i in names.items()}
+    seen = {piece[i]: n for i, n in counts.items() if piece[i] not in _SPECIALS}
+    chars = sorted(t for t in seen if len(t.removeprefix('##')) == 1)
+    if len(_SPECIALS) + len(chars) > size:
+        raise ValueError(f"size={size} cannot hold the {len(_SPECIALS)} special tokens and the {len(chars)} single "
+                         "characters the texts use, which every word needs")
+    rest = sorted((t for t in seen if t not in chars), key=lambda t: (-seen[t], t))
+    keep = _SPECIALS + chars + rest[:size - len(_SPECIALS) - len(chars)]
+    wp = models.WordPiece({t: i for i, t in enumerate(keep)}, unk_token='[UNK]', max_input_chars_per_word=100)
+    return cls(cls._pipeline(wp), f'{len(keep)} pieces of {base}, the most frequent in {len(texts)} texts')
+
 # %% ../nbs/06_data.ipynb #1fb022fb
 def tokenizer_from_state(state:dict):
     "Rebuild a tokenizer saved with `.state()`."

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/lm.html.md"""
 
 # %% ../nbs/14_lm.ipynb #1b0d396f
 from __future__ import annotations
-import dataclasses, hashlib, math
+import dataclasses, hashlib, math, warnings
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
 from .core import (
     PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec)
 from .models import VARIANTS, create_model, n_params
-from .data import WordPieceTokenizer, cache_key, default_cache_dir, read_imdb, tokenizer_from_state
+from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
+                              tokenizer_from_state)
 from .config import resolve_config
 from .fastai_fixes import FixedLearner
 from .learner import ReconLoss, has_aux_loss, history, train_callbacks
@@ -412,16 +413,34 @@ def _split_heldout(texts:dict, n_train, n_valid, n_test, seed:int)->tuple:
     held = [held[i] for i in rng.permutation(len(held))[:n_valid + n_test]]
     return train, held[:n_valid], held[n_valid:], len(test) - len([t for t in test if t not in seen])
 
+# %% ../nbs/14_lm.ipynb #e317d35a
+def _corpus_key(texts:dict, base, **parts)->str:
+    "What a corpus depends on: the texts (not their files), the base vocabulary (or training one), the sizes and seed."
+    joined = '\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s])
+    vocab = hashlib.sha256(Path(base).read_bytes()).hexdigest() if base else 'trained'
+    return cache_key(kind='lm-corpus', texts=hashlib.sha256(joined.encode()).hexdigest(), vocab=vocab, **parts)
+
+def _corpus_vocab(train:list, vocab_size:int, base)->WordPieceTokenizer:
+    "The corpus's vocabulary: derived from `base`, the same everywhere; else trained, with a warning."
+    if base: return WordPieceTokenizer.derive(train, vocab_size, base)
+    warnings.warn("no base vocab.txt beside the data: the corpus's WordPiece vocabulary is trained, and a trained "
+                  "vocabulary differs from one process to the next; pass base= (bert-base-uncased's vocab.txt) "
+                  "for one that does not", UserWarning, stacklevel=3)
+    return WordPieceTokenizer.train(train, vocab_size)
+
 # %% ../nbs/14_lm.ipynb #205eb170
 def load_lm_corpus(
     source,                  # an IMDb folder (see `imdb_texts`), e.g. `shared/data/imdb`
-    vocab_size:int=8192,     # WordPiece ids trained on the training documents
+    vocab_size:int=8192,     # WordPiece ids: derived from `base` (`WordPieceTokenizer.derive`), else trained
     n_train:int|None=None,   # training documents (None: all 75,000)
     n_valid:int|None=None,   # validation documents, from the test split (None: half the held-out reviews)
     n_test:int|None=None,    # test documents, other reviews of the test split (None: the other half)
     seed:int=42,             # seed of the shuffles
     cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
     refresh:bool=False,      # rebuild even if cached
+    # the vocab.txt the vocabulary is derived from (default: `data.find_vocab(source)`, bert's beside the data);
+    # where there is none, one is trained on the documents: not reproducible, so a warning says so
+    base=None,
 )->LMCorpus:
     ("IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, "
      "held-out test reviews to validate and test on.")
@@ -430,11 +449,8 @@ def load_lm_corpus(
             raise ValueError(f"{k} must be a positive int, got {v!r}")
     if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1):
         raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
-    texts = imdb_texts(source)
-    joined = '\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s])
-    digest = hashlib.sha256(joined.encode()).hexdigest()                           # the texts, not their files
-    key = cache_key(kind='lm-corpus', texts=digest, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid,
-                    n_test=n_test, seed=seed)
+    texts, base = imdb_texts(source), base or find_vocab(source, hub=False)
+    key = _corpus_key(texts, base, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed)
     cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cfile = cdir/f"lm-imdb-{key}.pt" if cdir else None
     if cfile is not None and cfile.exists() and not refresh:
@@ -443,7 +459,7 @@ def load_lm_corpus(
         return LMCorpus(**docs, tokenizer=tokenizer_from_state(st['tokenizer']), source=str(source), key=key,
                         dropped=int(st['dropped']))
     train, valid, test, dropped = _split_heldout(texts, n_train, n_valid, n_test, seed)
-    tok = WordPieceTokenizer.train(train, vocab_size)
+    tok = _corpus_vocab(train, vocab_size, base)
     enc = lambda texts: [torch.tensor(ids, dtype=torch.long) for ids in tok.encode_batch(texts)[0]]
     c = LMCorpus(enc(train), enc(valid), enc(test), tok, str(source), key, dropped)
     if cfile is not None:           # the ids flat, in the smallest dtype that holds them, and each document's length
