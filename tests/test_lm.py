@@ -177,3 +177,36 @@ def test_learner_trains_and_generates():
     assert generate(learn, [5], n=8, seed=1).tolist() == generate(learn, [5], n=8, seed=1).tolist()
     assert not (generate(learn, [5], n=50, temperature=5., seed=0) == PAD_ID).any()
     with pytest.raises(ValueError, match='a causal language model has causal=True; got causal=False'): lm_learner(dls, 'transformer', 16, causal=False)
+
+
+def test_masking_rate_and_ignored_positions():
+    from transject_nb.lm import IGNORE_INDEX, mask_tokens
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(5, 500, (32, 256), generator=g)
+    inp, targ = mask_tokens(x, mask_id=4, vocab_sz=500, p=0.2, generator=g)
+    chosen = targ != IGNORE_INDEX
+    assert abs(chosen.float().mean().item() - 0.2) < 0.01
+    assert torch.equal(inp[~chosen], x[~chosen]) and torch.equal(targ[chosen], x[chosen])
+    assert abs((inp[chosen] == 4).float().mean().item() - 0.8) < 0.03
+
+
+def test_the_streams_respect_their_splits(tmp_path):
+    "No held-out review is a training document, a review in both of IMDb's splits is dropped, and the cache gives the same."
+    import pandas as pd
+    from transject_nb.lm import load_lm_corpus
+    words = 'the a film plot good bad long dull great music'.split()
+    rnd = torch.Generator().manual_seed(0)
+    say = lambda: ' '.join(words[i] for i in torch.randint(0, len(words), (int(torch.randint(6, 20, (1,), generator=rnd)),), generator=rnd))
+    tr, te, un = [say() for _ in range(30)], [say() for _ in range(30)], [say() for _ in range(40)]
+    te[0] = tr[0]
+    for name, texts in dict(train=tr, test=te).items():
+        pd.DataFrame(dict(id=range(len(texts)), label=[i % 2 for i in range(len(texts))], text=texts)).to_csv(tmp_path/f'{name}.csv', index=False)
+    pd.DataFrame(dict(id=range(len(un)), text=un)).to_csv(tmp_path/'unsup.csv', index=False)
+    chars = sorted(set(''.join(words)))
+    (tmp_path/'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', *chars, *('##' + c for c in chars), *words]) + '\n')
+    c = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
+    train = {tuple(d.tolist()) for d in c.train}
+    assert not train & {tuple(d.tolist()) for d in c.valid + c.test}
+    assert c.dropped >= 1
+    again = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
+    assert [d.tolist() for d in again.test] == [d.tolist() for d in c.test] and again.tokenizer.tok.get_vocab() == c.tokenizer.tok.get_vocab()

@@ -15,12 +15,12 @@ from typing import NamedTuple, Sequence
 
 # %% auto #0
 __all__ = ['logger', 'DEFAULT_MAX_LEN', 'CLASSES', 'DATA_VERSION', 'LISTOPS_OPS', 'LISTOPS_VOCAB', 'IMDB_LAYOUT', 'AGNEWS_LAYOUT',
-           'LISTOPS_LAYOUT', 'BERT_VOCAB_SHA256', 'pad_batch', 'TokenSplit', 'ListOpsConfig', 'listops_tree',
-           'listops_value', 'listops_tokens', 'lra_source', 'eval_listops', 'generate_listops', 'plot_lengths',
-           'plot_labels', 'RawSplit', 'read_imdb', 'read_agnews', 'listops_normalise', 'read_listops_tsv',
-           'WordPieceTokenizer', 'ByteTokenizer', 'ListOpsTokenizer', 'tokenizer_from_state', 'find_vocab',
-           'stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task', 'encode_text',
-           'TaskItems', 'TokenIds', 'ItemLabel', 'task_datasets']
+           'LISTOPS_LAYOUT', 'BERT_VOCAB_SHA256', 'DATA_FOLDERS', 'pad_batch', 'TokenSplit', 'ListOpsConfig',
+           'listops_tree', 'listops_value', 'listops_tokens', 'lra_source', 'eval_listops', 'generate_listops',
+           'plot_lengths', 'plot_labels', 'RawSplit', 'read_imdb', 'read_agnews', 'listops_normalise',
+           'read_listops_tsv', 'WordPieceTokenizer', 'ByteTokenizer', 'ListOpsTokenizer', 'tokenizer_from_state',
+           'find_vocab', 'stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task',
+           'task_source', 'encode_text', 'TaskItems', 'TokenIds', 'ItemLabel', 'task_datasets']
 
 # %% ../nbs/06_data.ipynb #41748fbe
 import numpy as np
@@ -1057,6 +1057,23 @@ def load_task(
         atomic_save(td.state(), cfile)
         logger.info(f"{task}: cached in {cfile}")
     return td
+
+# %% ../nbs/06_data.ipynb #42d170c4
+# task -> its folder under a data root (ListOps is generated)
+DATA_FOLDERS = dict(imdb='imdb', charimdb='imdb', agnews='ag_news')
+
+def task_source(
+    task:str,        # one of `TASKS`
+    data=None,       # a data root holding `imdb/` and `ag_news/` (default: $TRANSJECT_DATA; None: fastai's download)
+)->str|None:         # the `source` field of the task's runs
+    "Where a task's files are under a data root; None for the generated ListOps or when no root is given."
+    data = data or os.environ.get('TRANSJECT_DATA')
+    if data is None or task not in DATA_FOLDERS: return None
+    p = Path(data)/DATA_FOLDERS[check_choice(task, TASKS, 'task')]
+    if not p.is_dir():
+        raise FileNotFoundError(f"no folder {p} for task {task!r}: "
+                                f"the data root {data} should hold {sorted(set(DATA_FOLDERS.values()))}")
+    return str(p)
 
 # %% ../nbs/06_data.ipynb #b7d1a0e2
 def encode_text(

@@ -6,17 +6,24 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, time
+import dataclasses, json, time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 import pandas as pd
 import torch.nn as nn
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune']
+__all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
+           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
-from .core import EncoderClassifier, unwrap
-from .lm import LanguageModel
+from .core import EncoderClassifier, atomic_write, check_choice, unwrap
+from .models import VARIANTS
+from .data import load_task, task_source
+from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab
+from .learner import evaluate, find_lr, get_learner, train_learner
+from .config import model_fields
 
 # %% ../nbs/14a_finetune.ipynb #2abc215b
 def layer_groups(
@@ -113,3 +120,120 @@ def fine_tune(
             rows.append(dict(groups=groups, epochs=s.epochs, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
                              valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0, 1)))
     return pd.DataFrame(rows)
+
+# %% ../nbs/14a_finetune.ipynb #c0c8362e
+@dataclass(frozen=True)
+class PretrainPlan:
+    ("A declared pretraining-then-fine-tuning comparison: per arm, a language model, then classifiers "
+     "fine-tuned from it and from scratch.")
+    name:str                 # e.g. 'ulmfit-imdb': the `study` command's argument
+    arms:tuple               # variants (`models.VARIANTS`)
+    # model fields the language model and the classifiers share (each variant takes those it has)
+    model:dict
+    lm:dict                  # the pretraining run's fields (`lm.get_lm_learner`): documents, context, epochs
+    clf:dict                 # the classifiers' fields (`learner.get_learner`): max_len, bs, epochs, patience
+    seeds:tuple = (1, 2, 3)  # seeds of the classifiers (the language model is one run, seed 0)
+    n_gradual:int = 3        # ULMFiT stages that unfreeze one more group
+    preset:str = 'repro'     # the `settings.ini` preset under every run
+    note:str = ''            # what the sizes are and why
+
+    def __post_init__(self):
+        for v in self.arms: check_choice(v, VARIANTS, 'variant')
+        if not self.arms or not self.seeds: raise ValueError(f"plan {self.name!r} needs arms and seeds")
+
+    def model_fields(self, variant:str)->dict:
+        "The shared model fields that `variant` has (TransJect has no heads, the softmax family no experts)."
+        return {k: v for k, v in self.model.items() if k in model_fields(variant)}
+
+    def objective(self, variant:str)->str:
+        "How the arm pretrains: causal where the variant can be, masked otherwise."
+        return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
+
+# %% ../nbs/14a_finetune.ipynb #39b2afb6
+def _lm_run(plan, v, out, source, progress):
+    "The arm's language model, pretrained (or read back), its rate from `lr_find`, and its scores."
+    learn = get_lm_learner(v, 'imdb', objective=plan.objective(v), preset=plan.preset, path=Path(out)/plan.name/v/'lm',
+                           source=source, seed=0, **plan.model_fields(v), **plan.lm)
+    find_lr(learn)
+    train_learner(learn, progress=progress)
+    return learn, evaluate_lm(learn) | dict(lr=learn.train_cfg.lr)
+
+def _clf_data(plan, lm_learn, source, out):
+    "IMDb's classification splits, tokenized with the language model's vocabulary."
+    vocab = save_vocab(lm_learn.corpus.tokenizer, Path(out)/plan.name/'vocab'/f"{lm_learn.corpus.key}.txt")
+    max_len = plan.clf.get('max_len', 256)
+    return load_task('imdb', source=source, max_len=max_len, vocab=vocab, progress=False)
+
+# %% ../nbs/14a_finetune.ipynb #6ec59ba5
+def _classifier(plan, v, data, path, seed, pretrained=None):
+    "A classifier run: pretrained (fine-tuned by ULMFiT's schedule) or from scratch, each at its `lr_find` rate."
+    causal = pretrained is not None and plan.objective(v) == 'causal'      # a causal encoder keeps its mask
+    learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
+                        **plan.model_fields(v), **plan.clf, **({'causal': True} if causal else {}))
+    t0 = time.perf_counter()
+    if pretrained is None:
+        lr = find_lr(learn); train_learner(learn, progress=False); stages = None
+    else:
+        load_pretrained(learn, pretrained)
+        learn.splitter, learn.opt = layer_groups, None
+        learn.freeze_to(-1); lr = find_lr(learn)                                # the head's rate, the rest frozen
+        with learn.no_bar(), learn.no_logging():
+            stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual))
+    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0, 1))
+    return res if stages is None else res | dict(stages=stages.to_dict('records'))
+
+# %% ../nbs/14a_finetune.ipynb #f40d2983
+def run_pretrain_plan(
+    plan:PretrainPlan,      # the plan
+    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
+    out='runs/pretrain',    # the runs' root folder
+    progress:bool=True,     # a line per finished step
+)->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
+    ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
+     "and from-scratch classifiers.")
+    source = task_source('imdb', data)
+    if source is None:
+        raise ValueError("a pretraining plan reads the IMDb reviews: "
+                         "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
+    for v in plan.arms:
+        lm_file, todo = Path(out)/plan.name/v/'lm'/'results.json', []
+        for kind, seed in [(k, s) for s in plan.seeds for k in ('ulmfit', 'scratch')]:
+            if not (f := Path(out)/plan.name/v/kind/f'seed{seed}'/'results.json').exists(): todo.append((kind, seed, f))
+        if lm_file.exists() and not todo: continue                                 # the arm is done
+        lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
+        if not lm_file.exists(): atomic_write(lm_file, json.dumps(lm_res, indent=1))
+        data_ = None
+        for kind, seed, f in todo:
+            data_ = data_ or _clf_data(plan, lm_learn, source, out)
+            res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None)
+            atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
+            if progress:
+                print(f"[{plan.name}] {v} {kind} seed {seed}: test {100 * res['test_acc']:.1f}%, "
+                      f"{res['secs']:.0f} s", flush=True)
+    return pretrain_results(plan, out)
+
+# %% ../nbs/14a_finetune.ipynb #63b83384
+def pretrain_results(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), seed, scores, seconds
+    "The finished runs of a pretraining plan, read from their `results.json`."
+    rows = []
+    for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
+        r = json.loads(f.read_text())
+        kind = 'lm' if f.parent.name == 'lm' else r['kind']
+        secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
+        rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, seed=r.get('seed'), secs=secs)
+                    | {k: r.get(k) for k in ('test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs')})
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs',
+                                       'secs'])
+
+# %% ../nbs/14a_finetune.ipynb #321a5209
+PRETRAIN_STUDIES = {p.name: p for p in (
+    PretrainPlan('ulmfit-imdb', ('transformer-prenorm', 'transject'),
+                 model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
+                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=1, patience=1),
+                 clf=dict(max_len=256, bs=32, epochs=20, patience=3),
+                 note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews; "
+                      "IMDb's repro split at 256 tokens"),
+)}

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import math, os, shutil, sqlite3, time, warnings
+import math, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,20 +20,21 @@ from optuna_integration import FastAIV2PruningCallback
 from sqlalchemy.exc import SQLAlchemyError
 from .core import TASKS, check_choice, check_fields, preset_section, variant_spec
 from .models import VARIANTS
-from .data import TaskData, load_task
+from .data import TaskData, load_task, task_source
 from .config import resolve_config
 from .checkpoint import load_checkpoint
 from .learner import get_learner, train_learner, evaluate, history
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
+from .finetune import PRETRAIN_STUDIES, pretrain_results, run_pretrain_plan
 
 # %% auto #0
-__all__ = ['METRICS', 'DATA_FOLDERS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_PROTOCOL2', 'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES',
-           'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study',
-           'trial_rows', 'queue_next', 'task_source', 'plan_data', 'NotQueued', 'make_objective', 'work',
-           'study_trials', 'arm_status', 'study_runs', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study',
-           'run_workers', 'add_study_args', 'study_command']
+__all__ = ['METRICS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2',
+           'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
+           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
+           'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs',
+           'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
+           'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -295,23 +296,6 @@ def queue_next(
             study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']),
                                 skip_if_exists=True)
     return new
-
-# %% ../nbs/13_protocol.ipynb #553ccc0e-9
-# task -> its folder under a data root (ListOps is generated)
-DATA_FOLDERS = dict(imdb='imdb', charimdb='imdb', agnews='ag_news')
-
-def task_source(
-    task:str,        # one of `TASKS`
-    data=None,       # a data root holding `imdb/` and `ag_news/` (default: $TRANSJECT_DATA; None: fastai's download)
-)->str|None:         # the `source` field of the task's runs
-    "Where a task's files are under a data root; None for the generated ListOps or when no root is given."
-    data = data or os.environ.get('TRANSJECT_DATA')
-    if data is None or task not in DATA_FOLDERS: return None
-    p = Path(data)/DATA_FOLDERS[check_choice(task, TASKS, 'task')]
-    if not p.is_dir():
-        raise FileNotFoundError(f"no folder {p} for task {task!r}: "
-                                f"the data root {data} should hold {sorted(set(DATA_FOLDERS.values()))}")
-    return str(p)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-10
 def plan_data(
@@ -684,7 +668,8 @@ STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): eac
 # %% ../nbs/13_protocol.ipynb #553ccc0e-21
 def add_study_args(p):
     "The `study` command's options."
-    p.add_argument('name', choices=list(STUDIES), help='the declared plan (protocol.STUDIES)')
+    p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
+                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, fine-tune)')
     p.add_argument('--storage', default='runs/studies.db',
                    help='Optuna storage every worker shares: a SQLite file, or a database URL for workers on several '
                         'machines (default runs/studies.db)')
@@ -709,12 +694,25 @@ def add_study_args(p):
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
+# %% ../nbs/13_protocol.ipynb #eab688f8
+def _pretrain_command(plan, a):
+    "A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them."
+    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out)
+    res = pretrain_results(plan, a.out)
+    if a.export:
+        Path(a.export).mkdir(parents=True, exist_ok=True); res.to_csv(Path(a.export)/'runs.csv', index=False)
+        return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv)", flush=True)
+    want = len(plan.arms) * (1 + 2 * len(plan.seeds))
+    print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}", flush=True)
+    return res
+
 # %% ../nbs/13_protocol.ipynb #11a7466e
 def study_command(a, words):
     "Run the `study` command on parsed options."
     if words:
         raise ValueError(f"study takes no field overrides, got {words}: "
                          "a plan's fields are declared in protocol.STUDIES")
+    if a.name in PRETRAIN_STUDIES: return _pretrain_command(PRETRAIN_STUDIES[a.name], a)
     plan, url = study_plan(a.name), a.storage
     if a.start_from and '://' not in url and not Path(url).exists():
         Path(url).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(a.start_from, url)

@@ -1,0 +1,45 @@
+"Pretraining, then fine-tuning: the encoder's weights reach the classifier, and each stage trains what it says."
+import subprocess, sys, warnings
+import pytest, torch
+import torch.nn as nn
+warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
+from transject_nb.models import create_model
+from transject_nb.lm import LanguageModel
+from transject_nb.finetune import PRETRAIN_STUDIES, layer_groups, load_pretrained, ulmfit_schedule
+
+
+@pytest.mark.parametrize('variant', ['transformer', 'neutreno', 'transject', 'random-entropic-transject'])
+def test_a_pretrained_encoder_loads_into_the_classifier(variant):
+    torch.manual_seed(0)
+    causal = variant in ('transformer', 'neutreno')
+    enc = create_model(variant, 50, 2, d_model=16, n_layers=2, max_len=32, **({'causal': True} if causal else {}))
+    lm = LanguageModel(enc, 50, tie_weights=causal, objective='causal' if causal else 'masked')
+    clf = create_model(variant, 50, 3, d_model=16, n_layers=2, max_len=128)
+    copied = load_pretrained(clf, lm)
+    sd, esd = clf.state_dict(), enc.state_dict()
+    assert copied and all(torch.equal(sd[k], esd[k]) for k in copied)
+    assert {k for k in sd if k not in copied} == {'head.weight', 'head.bias'}
+    assert len(layer_groups(clf)) == 4 and sum(len(g) for g in layer_groups(clf)) == len(list(clf.parameters()))
+
+
+def test_the_schedule_freezes_what_it_says():
+    "fastai's optimiser, built on `layer_groups`: after freeze_to(n) only the groups n.. (and fastai's norm weights) train."
+    from fastai.optimizer import Adam
+    from fastai.torch_core import params
+    torch.manual_seed(0)
+    m = create_model('transformer', 50, 2, d_model=16, n_layers=2)
+    groups = layer_groups(m)
+    opt = Adam(groups, lr=1e-2)
+    for stage in ulmfit_schedule(1e-2, len(groups), n_gradual=2):
+        opt.freeze_to(stage.freeze_to)
+        k = len(groups) + stage.freeze_to if stage.freeze_to < 0 else stage.freeze_to
+        assert all(p.requires_grad == (i >= k) for i, g in enumerate(groups) for p in g)
+    assert [s.freeze_to for s in ulmfit_schedule(1e-2, 4, n_gradual=2)] == [-1, -2, 0]
+
+
+def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path):
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', 'ulmfit-imdb', '--status', '--out', str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"0 of {len(plan.arms) * (1 + 2 * len(plan.seeds))} runs finished" in r.stdout
