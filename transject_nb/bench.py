@@ -437,7 +437,7 @@ def bench_table(
     progress:bool|None=None,
 )->pd.DataFrame:             # one row per (n, model)
     ("Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak "
-     "probed in the same rounds (`_matmul_probe`), and peak memory, for every model and length.")
+     "probed in the same rounds, and peak memory, for every model and length.")
     ns = _check_bench_args(models, ns, B, reps, warmup, device)
     rows, slow = [], set()
     vocab = min(m.cfg.vocab_sz for m in models.values())
