@@ -568,16 +568,20 @@ def plan_cost(
     # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished
     # (e.g. from the fixed-rate runs)
     secs_per_epoch:dict|None=None,
+    # (search, seed): epochs per run where the plan has no finished run of that phase, e.g. those of a like plan
+    # (None: the fewest the protocol allows, patience + 2 and patience + 3)
+    epochs:tuple|None=None,
 # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
 # (a lower bound: steps past an edge are not foreseen)
 )->pd.DataFrame:
     ("What a plan has cost so far and what it still needs, in hours of one CPU thread; "
-     "seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs.")
+     "seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs; "
+     "epochs per run the plan's own, else `epochs`.")
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
     ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
-    e_search, e_seed = ep('search', p.patience + 2), ep('seed', p.patience + 3)
+    e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'), epochs or (p.patience + 2, p.patience + 3)))
     fam = lambda a: variant_spec(a.variant).family
     per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
