@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import math, shutil, sqlite3, time, warnings
+import math, operator, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +24,7 @@ from .data import TaskData, load_task, task_source
 from .config import resolve_config
 from .checkpoint import load_checkpoint
 from .learner import get_learner, train_learner, evaluate, history
+from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
 from .finetune import PRETRAIN_STUDIES, pretrain_results, run_pretrain_plan
@@ -33,8 +34,8 @@ __all__ = ['METRICS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 
            'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
            'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
            'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs',
-           'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
-           'study_command']
+           'load_study_run', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers',
+           'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -510,6 +511,34 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
                            train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
                            lr=d.lr))
     return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
+
+# %% ../nbs/13_protocol.ipynb #14358ccc
+def load_study_run(
+    plan:StudyPlan,     # the plan
+    arm:str,            # the arm's label
+    lr:float,           # the run's rate (e.g. the arm's chosen one, `arm_status`)
+    seed:int,           # the run's seed
+    out,                # the runs' root folder, as the workers were given it
+    data=None,          # the plan's data if already loaded (`plan_data`); else loaded from `source`
+    source=None,        # the data root (`task_source`) where `data` is None
+    device=None,        # where the model goes (default: CUDA if available, else CPU)
+)->FixedLearner:        # the run's Learner, with its best weights and its history
+    "A finished run of a plan back as its Learner, at its kept epoch, without training."
+    try: lr, seed = float(lr), operator.index(seed)                 # numpy's scalars too (a row of `study_runs`)
+    except TypeError: raise TypeError(f"lr must be a number and seed an int, got lr={lr!r}, seed={seed!r}") from None
+    a = next((x for x in plan.arms if x.label == arm), None)
+    if a is None: raise ValueError(f"{plan.name} has no arm {arm!r}; its arms: {', '.join(x.label for x in plan.arms)}")
+    path = plan.run_dir(out, a, lr, seed)
+    if not (ck := path/'models'/'checkpoint.pth').exists():
+        raise FileNotFoundError(f"no run of {arm} at lr={lr:g}, seed {seed}: {ck} does not exist")
+    if not (st := load_checkpoint(ck))['done']:
+        raise ValueError(f"the run in {path} has not finished (its checkpoint is at epoch {st['epoch']})")
+    data = data if data is not None else plan_data(plan, source)
+    kw = dict(preset=plan.preset, path=path, device=device, **plan.overrides(a, lr, seed))
+    learn = (get_learner(plan.task, a.variant, data=data, **kw) if plan.objective is None
+             else get_lm_learner(a.variant, plan.task, objective=plan.objective, corpus=data, **kw))
+    train_learner(learn, resume=True, progress=False)              # finished: the best weights back, nothing trained
+    return learn
 
 # %% ../nbs/13_protocol.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
