@@ -326,6 +326,12 @@ def _duplicate(study, trial, lr, seed):
         if t.number < trial.number and t.params.get('lr') == lr and t.params.get('seed') == seed: return t.number
     return None
 
+def _run_learner(plan, arm, lr, seed, out, **kw):
+    "The Learner of one run of a plan, in its folder, not trained: a classifier, or a language model."
+    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed), **plan.overrides(arm, lr, seed), **kw)
+    return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
+            else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-12
 def make_objective(
     plan:StudyPlan,        # the plan
@@ -347,10 +353,8 @@ def make_objective(
             raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
         path = plan.run_dir(out, arm, lr, seed)
         cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
-        kw = dict(preset=plan.preset, path=path, cache_dir=cache_dir, cbs=cbs, **plan.overrides(arm, lr, seed),
-                  **({} if source is None else dict(source=source)))
-        learn = (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
-                 else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
+        learn = _run_learner(plan, arm, lr, seed, out, cache_dir=cache_dir, cbs=cbs,
+                             **({} if source is None else dict(source=source)))
         trial.set_user_attr('run_dir', str(path))
         if (ck := path/'models'/'checkpoint.pth').exists():
             trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)                   # epochs already done
@@ -534,9 +538,8 @@ def load_study_run(
     if not (st := load_checkpoint(ck))['done']:
         raise ValueError(f"the run in {path} has not finished (its checkpoint is at epoch {st['epoch']})")
     data = data if data is not None else plan_data(plan, source)
-    kw = dict(preset=plan.preset, path=path, device=device, **plan.overrides(a, lr, seed))
-    learn = (get_learner(plan.task, a.variant, data=data, **kw) if plan.objective is None
-             else get_lm_learner(a.variant, plan.task, objective=plan.objective, corpus=data, **kw))
+    given = {'data' if plan.objective is None else 'corpus': data}  # a classifier's splits, or an LM's documents
+    learn = _run_learner(plan, a, lr, seed, out, device=device, **given)
     train_learner(learn, resume=True, progress=False)              # finished: the best weights back, nothing trained
     return learn
 
