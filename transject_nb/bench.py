@@ -10,8 +10,8 @@ import argparse, contextlib, json, math, operator, os, platform, statistics, tem
 from dataclasses import dataclass, fields
 
 # %% auto #0
-__all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_KERNELS', 'machine_info', 'time_fn', 'matmul_peak',
-           'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
+__all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_FIXED', 'BENCH_KERNELS', 'machine_info', 'time_fn',
+           'matmul_peak', 'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
            'transject_flops', 'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops',
            'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_table',
            'crossover', 'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step', 'add_bench_args',
@@ -572,6 +572,7 @@ def profile_step(
 BENCH_HELP = ("time training or inference of variants against nn.TransformerEncoder: tokens/s, ratio, FLOP rate, "
               "fraction of the matmul peak, peak memory")
 BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the headline; d_ff is 4 d_model unless given
+BENCH_FIXED = dict(vocab_sz=30522, n_classes=2, kernel=None)   # set by bench itself: bert's vocabulary, --kernels
 
 def add_bench_args(
     p:argparse.ArgumentParser,  # the parser (or subparser) to extend
@@ -596,6 +597,13 @@ def add_bench_args(
     p.add_argument('--compile', action='store_true', help='time torch.compile(model)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
+    owners = field_owners([*(variant_spec(v).config_cls for v in VARIANTS), TorchEncoderConfig])
+    rest = sorted(set(owners) - set(BENCH_DEFAULTS) - set(BENCH_FIXED) - {'d_ff', 'max_len'})
+    given = ', '.join(f'--{k} (default {v})' for k, v in BENCH_DEFAULTS.items())
+    p.epilog = (f"Model config fields follow the options as --field value, typed by their annotation, and apply to "
+                f"every model that has them: {given}, --d_ff (default 4 d_model); and with their config's default: "
+                f"{', '.join(f'--{k}' for k in rest)}. max_len is the longest --n, the vocabulary bert's "
+                f"({BENCH_FIXED['vocab_sz']} ids), TransJect's layer chosen by --kernels.")
 
 # %% ../nbs/10_bench.ipynb #e0c85ae4
 BENCH_KERNELS = ('readable', 'fused')   # TransJect's layer: the equations as written, or the fused CPU kernel
@@ -617,10 +625,18 @@ def _bench_fields(
     if 'kernel' in overrides:
         raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); "
                          "drop --kernel")
+    if fixed := sorted(set(overrides) & set(BENCH_FIXED)):
+        raise ValueError(f"bench builds every model with {BENCH_FIXED['vocab_sz']} token ids and "
+                         f"{BENCH_FIXED['n_classes']} classes; drop --{', --'.join(fixed)}")
     owners = field_owners([*(variant_spec(v).config_cls for v in variants), TorchEncoderConfig])
     for k in overrides: check_choice(k, owners, 'model config field')
-    return {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v
-            for k, v in overrides.items()}
+    typed = {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v
+             for k, v in overrides.items()}
+    for v in variants:                                      # a variant's own fields are what make it that variant
+        if clash := {k: x for k, x in variant_spec(v).fixed.items() if k in typed and typed[k] != x}:
+            raise ValueError(f"the variant {v!r} fixes {', '.join(f'{k}={x!r}' for k, x in clash.items())}; "
+                             f"drop --{', --'.join(clash)} or choose the variant that has it")
+    return typed
 
 # %% ../nbs/10_bench.ipynb #e0c85ae7
 def _bench_models(
