@@ -35,7 +35,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
-    PAD_ID, EncoderClassifier, atomic_save, check_choice, check_fields, config_fields, variant_spec)
+    PAD_ID, EncoderClassifier, Trace, atomic_save, check_choice, check_fields, config_fields, variant_spec)
 from .models import VARIANTS, create_model, n_params
 from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
                               tokenizer_from_state)
@@ -120,6 +120,10 @@ class LanguageModel(nn.Module):
     # the encoder's auxiliary loss (TransJect's Σ reconstruction)
     @property
     def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss
+
+    def trace(self, x:torch.Tensor)->Trace:
+        "The encoder's `Trace` of `x`, every layer's states (the head is not applied): the analyses read it."
+        return self.encoder.trace(x)
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
