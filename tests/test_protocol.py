@@ -8,6 +8,7 @@ warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
                                    study_runs, study_trials, plan_cost, plan_data, work)
 from transject_nb.cli import run_command
+from transject_nb.checkpoint import load_checkpoint
 
 TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4, d_model=16, n_layers=1)
 PLAN = """
@@ -112,9 +113,14 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
         """)
     p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
     ns = {}; exec(plan_src, ns); plan = ns['plan']
-    hist = lambda: [f for f in (tmp_path/'runs').rglob('history.csv') if len(f.read_text().splitlines()) >= 3]   # header and two epochs
+    def saved_epoch():
+        "The last epoch the run's checkpoint holds (-1: none yet); the history is written before the checkpoint."
+        for f in (tmp_path/'runs').rglob('checkpoint.pth'):
+            try: return load_checkpoint(f)['epoch']
+            except (EOFError, RuntimeError, FileNotFoundError): pass          # replaced while being read: try again
+        return -1
     t0 = time.time()
-    while not hist() and time.time() - t0 < 300 and p.poll() is None: time.sleep(0.2)
+    while saved_epoch() < 1 and time.time() - t0 < 300 and p.poll() is None: time.sleep(0.2)   # two epochs saved
     assert p.poll() is None, p.communicate()[0]                              # still training when killed
     p.send_signal(signal.SIGKILL); p.wait()
     t = study_trials(plan, tmp_path/'s.db')
