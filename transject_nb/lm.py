@@ -572,15 +572,20 @@ def get_lm_learner(
 # %% ../nbs/14_lm.ipynb #6a925e36
 def evaluate_lm(
     learn:FixedLearner,   # a trained `get_lm_learner` run
-)->dict:                  # validation and test loss, perplexity and token accuracy, with the run's size and history
-    "Validation and test scores of a language-model run's current (best) weights; the only use of its test documents."
+)->dict:                  # validation, test and training-text loss, perplexity and token accuracy; size, history
+    ("Validation, test and training-text scores of a language-model run's current (best) weights; "
+     "the only use of its test documents.")
     c, tcfg = learn.corpus, learn.train_cfg
-    test_dl = lm_loader(c.test, c.sep_id, tcfg.bs, learn.dls.train.seq_len, device=learn.dls.device, what='test')
-    with learn.no_bar(): va, te = learn.validate(), learn.validate(dl=test_dl)
+    dl = lambda docs, what: lm_loader(docs, c.sep_id, tcfg.bs, learn.dls.train.seq_len, device=learn.dls.device,
+                                      what=what)
+    with learn.no_bar():
+        va, te = learn.validate(), learn.validate(dl=dl(c.test, 'test'))
+        tr = learn.validate(dl=dl(c.train[:len(c.valid)], 'training'))   # as many training documents as validation ones
     h = history(learn) if learn.recorder.values else None
     return dict(task=learn.task, objective=learn.lm_cfg.objective, variant=learn.variant, seed=tcfg.seed,
                 valid_loss=float(va[0]), valid_ppl=float(va[2]), valid_acc=float(va[1]), test_loss=float(te[0]),
-                test_ppl=float(te[2]), test_acc=float(te[1]), params=n_params(learn.model),
+                test_ppl=float(te[2]), test_acc=float(te[1]), train_loss=float(tr[0]), train_ppl=float(tr[2]),
+                params=n_params(learn.model),
                 epochs=0 if h is None else len(h),
                 best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
                 train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
@@ -592,26 +597,29 @@ NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 
 
 def lm_table(
     runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
-# per arm: seeds, test and validation perplexity (mean and std over seeds), token accuracy, epochs, the rate
+# per arm: seeds, test, validation and training-text perplexity (test: mean and std over seeds), accuracy, epochs, rate
 )->pd.DataFrame:
     ("Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, "
      "its accuracy, epochs and rate.")
     g = runs.groupby('variant', sort=False)
     return pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(),
-                             valid_ppl=g.valid_ppl.mean(), test_acc=g.test_acc.mean(), epochs=g.epochs.mean(),
+                             valid_ppl=g.valid_ppl.mean(), train_ppl=g.train_ppl.mean(), test_acc=g.test_acc.mean(),
+                             epochs=g.epochs.mean(),
                              lr=g.lr.first())).rename_axis('arm')
 
 def lm_versus(
     runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
-    claims,              # (better, worse) arm labels: the claim that `better` has the lower test loss
+    claims,              # (better, worse) arm labels: the claim that `better` has the lower loss
     alpha:float=ALPHA,   # the test's level
-# per claim: mean test perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
+    loss:str='test_loss', # the per-seed loss judged: 'test_loss', or 'train_loss' (how well a model fits its text)
+# per claim: mean perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
 )->pd.DataFrame:
-    ("Welch's t-test at `alpha` of 'a has the lower test loss than b' on the per-seed test losses, "
+    ("Welch's t-test at `alpha` of 'a has the lower loss than b' on the per-seed losses (`loss`), "
      "for each claim whose arms both have runs.")
+    check_choice(loss, ('test_loss', 'train_loss'), 'loss')
     rows = []
     for a, b in claims:
-        la, lb = (runs.loc[runs.variant == x, 'test_loss'].astype(float).to_numpy() for x in (a, b))
+        la, lb = (runs.loc[runs.variant == x, loss].astype(float).to_numpy() for x in (a, b))
         if not len(la) or not len(lb): continue
         r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
         rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()),

@@ -362,7 +362,8 @@ def make_objective(
         finally: _record(trial, learn)
         if phase == 'seed':
             res = evaluate(learn) if plan.objective is None else evaluate_lm(learn)
-            for k in ('test_acc', 'test_loss', 'valid_loss', 'params'): trial.set_user_attr(k, res[k])
+            keys = ('test_acc', 'test_loss', 'valid_loss', 'params') + (('train_loss',) if plan.objective else ())
+            for k in keys: trial.set_user_attr(k, res[k])
             return res['valid_acc' if plan.objective is None else 'valid_ppl']
         with learn.no_bar(): return float(learn.validate(ds_idx=1)[1 if plan.objective is None else 2])
     return objective
@@ -441,8 +442,9 @@ def _say_trial(t, secs, metric='accuracy')->str:
 # %% ../nbs/13_protocol.ipynb #553ccc0e-14
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
                  'train_secs', 'params', 'data_key', 'number', 'retry_of')
-# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy
-LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss',)
+# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy; `train_loss` is its kept
+# weights' loss on training text (`lm.evaluate_lm`)
+LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
 
 def study_trials(
     plan:StudyPlan,   # the plan
@@ -504,13 +506,16 @@ def study_runs(
 
 # %% ../nbs/13_protocol.ipynb #a139e7a9
 # a language-model table's runs: `variant` holds the arm's label
-LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'test_loss', 'test_acc',
-                     'best_epoch', 'epochs', 'params', 'train_secs', 'data_key', 'preset', 'lr')
+LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'train_ppl',
+                     'test_loss', 'train_loss', 'test_acc', 'best_epoch', 'epochs', 'params', 'train_secs', 'data_key',
+                     'preset', 'lr')
 
 def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
     "A language-model plan's finished seed runs, columns `LM_RESULT_COLUMNS`."
     df = pd.DataFrame(dict(task=d.task, objective=plan.objective, variant=d.arm, seed=d.seed,
-                           test_ppl=np.exp(d.test_loss.astype(float)), valid_ppl=d.value, test_loss=d.test_loss,
+                           test_ppl=np.exp(d.test_loss.astype(float)), valid_ppl=d.value,
+                           train_ppl=np.exp(d.train_loss.astype(float)), test_loss=d.test_loss,
+                           train_loss=d.train_loss,
                            test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
                            train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
                            lr=d.lr))
