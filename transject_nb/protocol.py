@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
 from sqlalchemy.exc import SQLAlchemyError
-from .core import TASKS, check_choice, check_fields, preset_section, variant_spec
+from .core import TASKS, check_choice, check_fields, config_fields, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
 from .config import resolve_config
@@ -34,8 +34,8 @@ __all__ = ['METRICS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 
            'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
            'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
            'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs',
-           'load_study_run', 'study_plan', 'plan_cost', 'snapshot_storage', 'export_study', 'run_workers',
-           'add_study_args', 'study_command']
+           'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
+           'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -635,6 +635,37 @@ def plan_cost(
                              hours_done=round(float(g.train_secs.sum()) / 3600, 2),
                              hours_left=round((s_left * e_search + d_left * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
+
+# %% ../nbs/13_protocol.ipynb #5fd7e0ce
+def cost_stand_in(
+    variant:str,   # a registered variant
+)->str:            # the variant whose epoch costs what `variant`'s does
+    ("The variant timed for `variant`'s cost: `transformer` for the softmax family, `random-transject` for random Σ, "
+     "else `transject`.")
+    spec = variant_spec(variant)
+    if spec.family != 'transject': return 'transformer'
+    return 'random-transject' if spec.fixed.get('sigma') == 'random' else 'transject'
+
+def epoch_secs(
+    plan:StudyPlan,   # the plan
+    out,              # a scratch folder for the timed runs
+    source=None,      # the task's data folder (`task_source`)
+    data=None,        # the plan's data, loaded once (default: `plan_data(plan, source)`)
+    lr:float=3e-3,    # the timed epoch's rate (an epoch costs the same at any rate)
+)->pd.DataFrame:      # per arm: its stand-in's label and the seconds of one training epoch
+    "One training epoch of each cost stand-in of a plan's arms, timed one after another in this process."
+    given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
+    timed, rows = {}, []
+    for a in plan.arms:
+        spec = variant_spec(cost_stand_in(a.variant))
+        takes = set(config_fields(spec.config_cls)) - set(spec.fixed)  # the arm's fields it can take (a depth)
+        arm = Arm(spec.name, {k: v for k, v in a.overrides.items() if k in takes})
+        if arm.label not in timed:
+            learn = _run_learner(plan, arm, lr, 0, out, **given)
+            t0 = time.perf_counter(); train_learner(learn, epochs=1, resume=False, progress=False)
+            timed[arm.label] = time.perf_counter() - t0
+        rows.append(dict(arm=a.label, stand_in=arm.label, secs_per_epoch=round(timed[arm.label], 1)))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-19
 def snapshot_storage(
