@@ -31,7 +31,8 @@ from fastai.torch_core import default_device, set_seed
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
-           'LMConfig', 'WarmUp', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus']
+           'LMConfig', 'WarmUp', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus', 'lm_depth_steps',
+           'lm_depth_answer']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -626,3 +627,57 @@ def lm_versus(
                          ratio=math.exp(la.mean() - lb.mean()), diff_nats=lb.mean() - la.mean(), p=r['p'],
                          verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
     return pd.DataFrame(rows)
+
+# %% ../nbs/14_lm.ipynb #534b0b1c
+def _depth(label:str)->int:
+    "The `n_layers` of an arm label such as 'transformer+n_layers=8'."
+    if '+n_layers=' not in label:
+        raise ValueError(f"arm label {label!r} has no '+n_layers=L': a depth study labels its arms by depth")
+    return int(label.split('+n_layers=')[1].split('+')[0])
+
+def lm_depth_steps(
+    runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol.LM_RESULT_COLUMNS`
+    alpha:float=ALPHA,   # the test's level
+# per arm and step: the depths, then ratio, p and verdict of 'the deeper has the lower loss' on test and training text
+)->pd.DataFrame:
+    ("Each arm's depths in order, each against the next shallower one with runs, "
+     "judged on the test and on the training-text losses.")
+    d = runs.assign(L=runs.variant.map(_depth), arm=runs.variant.str.replace(r'\+n_layers=\d+', '', regex=True))
+    rows = []
+    for arm, g in d.groupby('arm', sort=False):
+        Ls = sorted(g.L.unique())
+        for lo, hi in zip(Ls, Ls[1:]):
+            pair = g[g.L.isin((lo, hi))].assign(variant=lambda x: x.L.astype(str))
+            ok = np.isfinite(pair[['test_loss', 'train_loss']].astype(float)).all(axis=1)   # per run: not diverged
+            finite = bool(ok.all())
+            row = dict(arm=arm, shallower=lo, deeper=hi, diverged=not ok[pair.L == hi].all())
+            for k in ('test', 'train'):                                 # a diverged depth has no verdict, only its flag
+                v = lm_versus(pair, [(str(hi), str(lo))], alpha, f'{k}_loss') if finite else None
+                row |= {f'{k}_{c}': v[c][0] if finite else np.nan for c in ('ratio', 'p')}
+                row[f'{k}_verdict'] = v.verdict[0] if finite else 'diverged'
+            rows.append(row)
+    return pd.DataFrame(rows, columns=['arm', 'shallower', 'deeper', 'diverged'] + [
+        f'{k}_{c}' for k in ('test', 'train') for c in ('ratio', 'p', 'verdict')])
+
+def lm_depth_answer(
+    steps:pd.DataFrame,   # from `lm_depth_steps`
+)->pd.Series:             # per arm, a phrase
+    "Each arm's depth steps in words: how far it improves on held-out text, and why it stops."
+    out = {}
+    for arm, g in steps.groupby('arm', sort=False):
+        up = list(g.itertuples())
+        k = next((i for i, r in enumerate(up) if r.test_verdict != 'holds'), len(up))
+        said = f"improves from L={up[0].shallower} to L={up[k - 1].deeper}" if k else ''
+        if k == len(up): out[arm] = said + ', at every step'; continue
+        r = up[k]
+        if r.test_verdict == 'diverged': why = f"diverges at L={r.deeper if r.diverged else r.shallower}"
+        elif r.test_verdict == 'one seed': why = f"L={r.deeper} has one seed, no verdict"
+        else:
+            fits = {'holds': 'its training-text perplexity still falls (it overfits)',
+                    'fails': 'its training-text perplexity rises too (it trains worse)',
+                    'within noise': 'nor does its training-text perplexity fall'
+                    }.get(r.train_verdict, 'one seed on training text')
+            what = 'is worse' if r.test_verdict == 'fails' else 'is no better on held-out text'
+            why = f"at L={r.deeper} it {what} than at L={r.shallower}: {fits}"
+        out[arm] = f"{said}; then {why}" if said else why
+    return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
