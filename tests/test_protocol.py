@@ -3,6 +3,7 @@ sharing one storage, a worker killed mid-trial, the dashboard and the `study` co
 import os, signal, subprocess, sys, textwrap, time, warnings
 from pathlib import Path
 import pandas as pd
+import optuna
 import pytest
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
@@ -38,7 +39,29 @@ def test_the_search_never_looks_at_a_pruned_or_running_run():
     p = Protocol(lrs=(1e-3, 1e-2), below=(1e-4,), above=(3e-2,), seeds=(1,))
     assert next_trials([row(1e-3, .4), row(1e-2, None, 'RUNNING')], p) == []
     assert chosen_rate([row(1e-3, .4), row(1e-2, .9, 'PRUNED')]) == 1e-3
-    assert next_trials([row(1e-3, .4), row(1e-2, .9, 'PRUNED'), row(1e-4, .3)], p) == [dict(phase='seed', lr=1e-3, seed=1)]
+    rows = [row(1e-3, .4), row(1e-2, .9, 'PRUNED'), row(1e-4, .3)]
+    assert next_trials(rows, p) == [dict(phase='recheck', lr=1e-2, seed=0)]          # a pruned neighbour: run to its end
+    assert next_trials(rows + [row(1e-2, .35, phase='recheck')], p) == [dict(phase='seed', lr=1e-3, seed=1)]
+    far = [row(1e-3, .4), row(1e-2, .3), row(3e-2, .9, 'PRUNED'), row(1e-4, .3)]   # pruned, but not a neighbour
+    assert next_trials(far, p) == [dict(phase='seed', lr=1e-3, seed=1)]
+
+
+def test_a_recheck_that_wins_moves_the_choice_and_the_table():
+    p = Protocol(lrs=(1e-3, 1e-2), below=(1e-4,), above=(3e-2,), seeds=(1, 2))
+    rows = [row(1e-3, .6), row(1e-2, .4), row(1e-4, .3, 'PRUNED')] + [row(1e-3, .6, phase='seed', seed=s) for s in (1, 2)]
+    assert next_trials(rows, p) == [dict(phase='recheck', lr=1e-4, seed=0)]        # even after the seeds ran
+    rows.append(row(1e-4, .7, phase='recheck'))
+    assert chosen_rate(rows) == 1e-4
+    assert next_trials(rows, p) == [dict(phase='seed', lr=1e-4, seed=s) for s in (1, 2)]
+    rows += [row(1e-4, .7, phase='seed', seed=s) for s in (1, 2)]
+    assert next_trials(rows, p) == []
+    plan = StudyPlan('x', 'listops', ('transject',), protocol=p)
+    t = pd.DataFrame([dict(r, task='listops', arm='transject', variant='transject', test_acc=.5, best_epoch=1, epochs=3,
+                           train_secs=1., params=10, data_key='k', number=i, retry_of=None) for i, r in enumerate(rows)])
+    assert arm_status(t, plan).loc['transject', 'state'] == 'done'
+    assert list(study_runs(t, plan).lr) == [1e-4, 1e-4]                          # the overturned seeds leave the table
+    assert arm_status(t.iloc[:-2], plan).loc['transject', 'state'] == 'seeds'              # the recheck won: seeds again
+    assert arm_status(t.iloc[:-3], plan).loc['transject', 'state'] == 'search'             # a recheck is due
 
 
 def test_bad_plans_are_refused_with_what_was_expected():
@@ -190,3 +213,30 @@ def test_workers_opening_a_fresh_storage_together_all_succeed(tmp_path):
     ps = [_spawn(script, tmp_path/'fresh.db', start) for _ in range(4)]
     logs = [p.communicate(timeout=300)[0] for p in ps]
     assert [p.returncode for p in ps] == [0] * 4, logs
+
+
+def _pruned_step(pruner, values, maximize=True):
+    "The step at which `pruner` stops a run reporting `values`, after two finished runs climbing to 0.7 (None: never)."
+    s = optuna.create_study(direction='maximize' if maximize else 'minimize', pruner=pruner)
+    for _ in range(2):
+        t = s.ask()
+        for step, v in enumerate((.5, .6, .7, .7, .7)): t.report(v if maximize else 1 - v, step)
+        s.tell(t, .7 if maximize else .3)
+    t = s.ask()
+    for step, v in enumerate(values):
+        t.report(v, step)
+        if t.should_prune(): return step
+    return None
+
+
+def test_the_patient_pruner_never_stops_a_slow_run_while_it_improves():
+    slow = (.3, .4, .45, .5, .49)                       # behind the finished runs at every epoch
+    assert _pruned_step(Protocol().pruner(), slow) == 1                         # the median rule: at its second epoch
+    assert _pruned_step(Protocol(prune_patience=0).pruner(), slow) == 4         # patient: once it stalls
+    assert _pruned_step(Protocol(prune_patience=1).pruner(), slow + (.48,)) is None  # k = 1: two epochs without gain...
+    assert _pruned_step(Protocol(prune_patience=1).pruner(), (.3, .4, .45, .44, .43)) == 4  # ... at step 4, not 3
+    assert _pruned_step(Protocol(prune_patience=0).pruner(), (.7, .6, .55, .56), maximize=False) == 3
+    # the classification plans are declared as they ran, with the median rule; the language-model plans are patient
+    assert all(p.protocol.prune_patience is None for n, p in STUDIES.items() if p.objective is None)
+    assert all(p.protocol.prune_patience == 0 for n, p in STUDIES.items() if p.objective is not None)
+    with pytest.raises(ValueError, match="prune_patience must be an int >= 0"): Protocol(prune_patience=1.5)

@@ -30,11 +30,11 @@ from .experiments import RESULT_COLUMNS
 from .finetune import PRETRAIN_STUDIES, pretrain_results, run_pretrain_plan
 
 # %% auto #0
-__all__ = ['METRICS', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2',
-           'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
-           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
-           'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs',
-           'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
+__all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
+           'LM_PROTOCOL2', 'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES',
+           'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study',
+           'trial_rows', 'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status',
+           'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
            'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
@@ -83,6 +83,9 @@ class Protocol:
     patience:int = 3                            # early stopping: epochs without a lower validation loss
     prune_warmup:int = 1                        # a search run is never pruned before this many epochs have finished
     prune_startup:int = 2                       # search runs that finish before any is pruned
+    # None: the median rule alone; k: a run is pruned only once it has gone k + 1 epochs without a better
+    # validation value (Optuna's `PatientPruner`), so that a slow rate still improving is never stopped
+    prune_patience:int|None = None
     # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
     metric:str = 'accuracy'
     # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
@@ -91,7 +94,7 @@ class Protocol:
     def __post_init__(self):
         lrs, seeds = _grid_and_seeds(self)
         check_fields(self, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
-                     counts=('search_seed', 'prune_warmup', 'prune_startup', 'warmup'))
+                     counts=('search_seed', 'prune_warmup', 'prune_startup', 'prune_patience', 'warmup'))
         if not self.patience < self.epochs:
             raise ValueError(f"need ints 1 <= patience < epochs, "
                              f"got patience={self.patience!r}, epochs={self.epochs!r}")
@@ -101,6 +104,14 @@ class Protocol:
         "The training fields every run of this protocol shares."
         return (dict(epochs=self.epochs, patience=self.patience, sched='constant')
                 | (dict(warmup=self.warmup) if self.warmup else {}))
+
+    def pruner(self)->optuna.pruners.BasePruner:
+        "The pruner of every search run: the median rule, made patient where `prune_patience` is set."
+        rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup, n_warmup_steps=self.prune_warmup)
+        if self.prune_patience is None: return rule
+        with warnings.catch_warnings():                                       # Optuna marks it experimental
+            warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.PatientPruner(rule, self.prune_patience)
 
     @property
     def maximize(self)->bool: return METRICS[self.metric] == 'maximize'   # whether a higher validation value is better
@@ -174,43 +185,49 @@ class StudyPlan:
         "The Optuna study of one arm."
         return f"{self.name}/{arm.label}"
 
-    def run_dir(self, out, arm:Arm, lr:float, seed:int)->Path:
-        "The folder of one run: its checkpoint lets a retried trial resume."
-        return Path(out)/self.name/arm.label/f"lr={lr:g}"/f"seed{seed}"
+    def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
+        "The folder of one run: its checkpoint lets a retried trial resume; a recheck has its own, beside its pruned one."
+        return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
 
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
         "Every field one run sets over the preset."
         return self.fixed | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-5
+SEARCH_PHASES = ('search', 'recheck')   # the runs that choose an arm's rate; 'seed' runs make its table
+
 def next_trials(
     # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and value
     rows:list,
     protocol:Protocol, # the rules
 )->list:               # the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
     ("The protocol's next step for one arm: the grid, one rate past an edge while the best search run sits there, "
-     "then the seeds at the chosen rate.")
-    search = [r for r in rows if r['phase'] == 'search']
+     "a pruned neighbour of the best rate again without the pruner, then the seeds at the chosen rate.")
+    search = [r for r in rows if r['phase'] in SEARCH_PHASES]
     if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
     best = chosen_rate(rows, protocol.maximize)
     if best is None: return []                      # no search run completed: nothing to choose from (see `arm_status`)
-    tried = [r['lr'] for r in search]
+    tried = sorted({r['lr'] for r in search})
     step = []
-    if best == max(tried) and (up := [x for x in protocol.above if x > max(tried)]): step.append(up[0])
-    if best == min(tried) and (dn := [x for x in protocol.below if x < min(tried)]): step.append(dn[0])
+    if best == tried[-1] and (up := [x for x in protocol.above if x > tried[-1]]): step.append(up[0])
+    if best == tried[0] and (dn := [x for x in protocol.below if x < tried[0]]): step.append(dn[0])
     if step: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in step]
-    have = {r['seed'] for r in rows if r['phase'] == 'seed'}
+    i, settled = tried.index(best), {r['lr'] for r in search if r['state'] == 'COMPLETE' or r['phase'] == 'recheck'}
+    pruned = {r['lr'] for r in search if r['state'] == 'PRUNED'}
+    again = [x for x in tried[max(i - 1, 0):i + 2] if x in pruned - settled]    # the best rate's neighbours
+    if again: return [dict(phase='recheck', lr=x, seed=protocol.search_seed) for x in again]
+    have = {r['seed'] for r in rows if r['phase'] == 'seed' and r['lr'] == best}
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
 def chosen_rate(
     rows:list,           # an arm's queued trials (see `next_trials`)
     maximize:bool=True,  # whether a higher validation value is better (accuracy) or lower (perplexity)
-# the search rate with the best validation value among completed search runs (ties: the lower rate);
+# the search rate with the best validation value among completed search runs and rechecks (ties: the lower rate);
 # None if none completed
 )->float|None:
     "The learning rate the search chose, on the validation metric only."
-    done = sorted((r for r in rows if r['phase'] == 'search' and r['state'] == 'COMPLETE'), key=lambda r: r['lr'])
+    done = sorted((r for r in rows if r['phase'] in SEARCH_PHASES and r['state'] == 'COMPLETE'), key=lambda r: r['lr'])
     if not done: return None
     return (max(done, key=lambda r: r['value']) if maximize else min(done, key=lambda r: r['value']))['lr']
 
@@ -247,13 +264,12 @@ def arm_study(
     arm:Arm,           # one of its arms
     storage,           # from `open_storage`
 )->optuna.Study:       # created on first use, loaded after
-    "The Optuna study of one arm: maximise validation accuracy; a median pruner stops hopeless search runs."
+    "The Optuna study of one arm: the best validation metric; `Protocol.pruner` stops hopeless search runs."
     p = plan.protocol
     return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric],
                                load_if_exists=True,
                                sampler=optuna.samplers.RandomSampler(seed=0),  # never used: every trial is queued
-                               pruner=optuna.pruners.MedianPruner(n_startup_trials=p.prune_startup,
-                                                                  n_warmup_steps=p.prune_warmup))
+                               pruner=p.pruner())
 
 def trial_rows(
     study:optuna.Study,   # an arm's study
@@ -294,8 +310,9 @@ def queue_next(
     with _plan_lock(storage):
         new = next_trials(trial_rows(study), plan.protocol)
         for t in new:
+            # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a second copy of it
             study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']),
-                                skip_if_exists=True)
+                                skip_if_exists=t['phase'] != 'recheck')
     return new
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-10
@@ -321,14 +338,17 @@ class NotQueued(Exception):
     "A trial the protocol did not queue (another worker took the last queued one first)."
 
 def _duplicate(study, trial, lr, seed):
-    "An earlier trial with the same rate and seed that is running or finished well: this one must not train it again."
+    ("An earlier trial of the same phase, rate and seed that is running or finished well: "
+     "this one must not train it again.")
+    phase = trial.user_attrs.get('phase')
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)):
-        if t.number < trial.number and t.params.get('lr') == lr and t.params.get('seed') == seed: return t.number
+        if (t.number < trial.number and t.user_attrs.get('phase') == phase and t.params.get('lr') == lr
+                and t.params.get('seed') == seed): return t.number
     return None
 
-def _run_learner(plan, arm, lr, seed, out, **kw):
+def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
     "The Learner of one run of a plan, in its folder, not trained: a classifier, or a language model."
-    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed), **plan.overrides(arm, lr, seed), **kw)
+    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase), **plan.overrides(arm, lr, seed), **kw)
     return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
             else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
 
@@ -342,7 +362,7 @@ def make_objective(
     progress=False,        # `train_learner`'s progress
 # `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
 ):
-    ("Train one queued run (resuming its folder), with the pruner on search runs; "
+    ("Train one queued run (resuming its folder), with the pruner on search runs only; "
      "record what it did as the trial's user attributes.")
     def objective(trial:optuna.Trial)->float:
         phase = trial.user_attrs.get('phase')
@@ -351,9 +371,9 @@ def make_objective(
         lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
         if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
             raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
-        path = plan.run_dir(out, arm, lr, seed)
+        path = plan.run_dir(out, arm, lr, seed, phase)
         cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
-        learn = _run_learner(plan, arm, lr, seed, out, cache_dir=cache_dir, cbs=cbs,
+        learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
                              **({} if source is None else dict(source=source)))
         trial.set_user_attr('run_dir', str(path))
         if (ck := path/'models'/'checkpoint.pth').exists():
@@ -464,7 +484,7 @@ def study_trials(
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
-# per arm: state, search runs by outcome, trials retried and runs failed for good, the chosen rate
+# per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good, the chosen rate
 # and whether it is the last allowed, seeds done, epochs, hours
 )->pd.DataFrame:
     "Where each arm of a plan stands."
@@ -472,18 +492,21 @@ def arm_status(
     for a in plan.arms:
         t = trials[trials.arm == a.label]
         rows = t.to_dict('records')
-        s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE')]
         p = plan.protocol
         lr = chosen_rate(rows, p.maximize)
+        s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]
         nxt = next_trials(rows, p) if len(t) else None
+        todo = {x['phase'] for x in nxt or []} | set(t.phase[t.state.isin(['WAITING', 'RUNNING'])])
         state = ('not started' if not len(t)
-                 else 'done' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any() and len(d) == len(p.seeds)
-                 else 'failed' if not nxt and not (t.state.isin(['WAITING', 'RUNNING'])).any()
-                 else 'seeds' if (t.phase == 'seed').any() else 'search')
+                 else 'done' if not todo and len(d) == len(p.seeds)
+                 else 'failed' if not todo
+                 else 'seeds' if todo == {'seed'} else 'search')
         limit = lr is not None and (lr == max(p.lrs + p.above) or lr == min(p.lrs + p.below))
         runs = t.groupby(['phase', 'lr', 'seed']).state   # a run's trials: a killed one's retries share its rate, seed
         out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()),
-                            pruned=int((s.state == 'PRUNED').sum()), retried=int(t.retry_of.notna().sum()),
+                            pruned=int((s.state == 'PRUNED').sum()),
+                            rechecked=int(((t.phase == 'recheck') & (t.state == 'COMPLETE')).sum()),
+                            retried=int(t.retry_of.notna().sum()),
                             failed=int(runs.apply(lambda x: (x == 'FAIL').all()).sum()) if len(t) else 0,
                             lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
                             epochs=int(t.epochs.fillna(0).sum()),
@@ -497,7 +520,9 @@ def study_runs(
 # the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
 )->pd.DataFrame:
     "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
+    chosen = {a: chosen_rate(g.to_dict('records'), plan.protocol.maximize) for a, g in trials.groupby('arm')}
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
+    d = d[d.lr == d.arm.map(chosen)]                  # seeds at a rate a later recheck overturned are not the table's
     if plan.objective is not None: return _lm_runs(d, plan)
     df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value,
                            best_epoch=d.best_epoch, epochs=d.epochs, params=d.params, train_secs=d.train_secs,
@@ -553,7 +578,7 @@ _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
 # every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
 LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
 LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2,
-                       metric='perplexity', warmup=100)
+                       metric='perplexity', warmup=100, prune_patience=0)
 LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
@@ -629,11 +654,14 @@ def plan_cost(
         g = fin[fin.arm == a.label]
         given = secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))   # by arm, else by variant
         rate = next((r for r in (measured[a.label], given, family[fam(a)]) if not np.isnan(r)), np.nan)
+        arm_rows = t[t.arm == a.label].to_dict('records')
+        lr = chosen_rate(arm_rows, p.maximize)
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
-        d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE')).sum())
-        rows[a.label] = dict(runs_done=len(g), runs_left=s_left + d_left, secs_per_epoch=round(float(rate), 1),
+        r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0   # run to their end
+        d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
+        rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
                              hours_done=round(float(g.train_secs.sum()) / 3600, 2),
-                             hours_left=round((s_left * e_search + d_left * e_seed) * rate / 3600, 2))
+                             hours_left=round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
 # %% ../nbs/13_protocol.ipynb #5fd7e0ce
