@@ -186,7 +186,7 @@ class StudyPlan:
         return f"{self.name}/{arm.label}"
 
     def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
-        "The folder of one run: its checkpoint lets a retried trial resume; a recheck has its own, beside its pruned one."
+        "The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a retried trial resume."
         return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
 
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
