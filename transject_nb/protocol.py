@@ -206,7 +206,7 @@ def next_trials(
     search = [r for r in rows if r['phase'] in SEARCH_PHASES]
     if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
-    best = chosen_rate(rows, protocol.maximize)
+    best = chosen_rate(rows, protocol.maximize, len(protocol.seeds))
     if best is None: return []                      # no search run completed: nothing to choose from (see `arm_status`)
     tried = sorted({r['lr'] for r in search})
     step = []
@@ -221,15 +221,23 @@ def next_trials(
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
 def chosen_rate(
-    rows:list,           # an arm's queued trials (see `next_trials`)
-    maximize:bool=True,  # whether a higher validation value is better (accuracy) or lower (perplexity)
-# the search rate with the best validation value among completed search runs and rechecks (ties: the lower rate);
-# None if none completed
+    rows:list,             # an arm's queued trials (see `next_trials`)
+    maximize:bool=True,    # whether a higher validation value is better (accuracy) or lower (perplexity)
+    seeds:int|None=None,   # the fresh seeds a rate's table needs (`len(Protocol.seeds)`); None: search runs only
+# the search rate with the best validation value among completed search runs and rechecks; where a recheck moved the
+# choice after the seeds had run, so that two or more rates have all their seeds, the one of those with the best mean
+# validation over its seeds (ties: the lower rate); None if none completed
 )->float|None:
     "The learning rate the search chose, on the validation metric only."
-    done = sorted((r for r in rows if r['phase'] in SEARCH_PHASES and r['state'] == 'COMPLETE'), key=lambda r: r['lr'])
-    if not done: return None
-    return (max(done, key=lambda r: r['value']) if maximize else min(done, key=lambda r: r['value']))['lr']
+    best = max if maximize else min
+    done = [r for r in rows if r['state'] == 'COMPLETE']
+    by_seeds = {}
+    for r in done:
+        if r['phase'] == 'seed': by_seeds.setdefault(r['lr'], []).append(r['value'])
+    full = {lr: np.mean(v) for lr, v in sorted(by_seeds.items()) if seeds and len(v) >= seeds}
+    if len(full) > 1: return best(full, key=full.get)                   # more evidence than one search run per rate
+    search = sorted((r for r in done if r['phase'] in SEARCH_PHASES), key=lambda r: r['lr'])
+    return best(search, key=lambda r: r['value'])['lr'] if search else None
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
@@ -493,7 +501,7 @@ def arm_status(
         t = trials[trials.arm == a.label]
         rows = t.to_dict('records')
         p = plan.protocol
-        lr = chosen_rate(rows, p.maximize)
+        lr = chosen_rate(rows, p.maximize, len(p.seeds))
         s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]
         nxt = next_trials(rows, p) if len(t) else None
         todo = {x['phase'] for x in nxt or []} | set(t.phase[t.state.isin(['WAITING', 'RUNNING'])])
@@ -520,7 +528,8 @@ def study_runs(
 # the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
 )->pd.DataFrame:
     "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
-    chosen = {a: chosen_rate(g.to_dict('records'), plan.protocol.maximize) for a, g in trials.groupby('arm')}
+    p = plan.protocol
+    chosen = {a: chosen_rate(g.to_dict('records'), p.maximize, len(p.seeds)) for a, g in trials.groupby('arm')}
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
     d = d[d.lr == d.arm.map(chosen)]                  # seeds at a rate a later recheck overturned are not the table's
     if plan.objective is not None: return _lm_runs(d, plan)
@@ -655,7 +664,7 @@ def plan_cost(
         given = secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))   # by arm, else by variant
         rate = next((r for r in (measured[a.label], given, family[fam(a)]) if not np.isnan(r)), np.nan)
         arm_rows = t[t.arm == a.label].to_dict('records')
-        lr = chosen_rate(arm_rows, p.maximize)
+        lr = chosen_rate(arm_rows, p.maximize, len(p.seeds))
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
         r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0   # run to their end
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
