@@ -190,6 +190,18 @@ def test_resume_equals_uninterrupted(data, tmp_path):
     with pytest.raises(ValueError, match='different run'): train_learner(_learn(data, tmp_path/'res', **(kw | dict(d_model=32))))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_resume_on_cuda(data, tmp_path):
+    "A run resumed on a GPU: the checkpoint is read onto the CPU, and its optimiser state must go back to the GPU."
+    kw = dict(epochs=2, patience=5)
+    mk = lambda **k: get_learner('listops', 'transformer', preset='cpu', data=data, path=tmp_path, device='cuda',
+                                 **(dict(d_model=16, n_layers=1, max_len=32, bs=32, lr=2e-3) | kw | k))
+    with pytest.raises(RuntimeError, match='simulated crash'): train_learner(mk(cbs=_Crash()), progress=False)
+    res = train_learner(mk(), progress=False)
+    assert len(history(res)) == 2 and all(t.device.type == 'cuda' for s in res.opt.state.values() for t in s.values()
+                                         if isinstance(t, torch.Tensor))
+
+
 def test_early_stopping_uses_patience(data, tmp_path):
     learn = _learn(data, tmp_path, epochs=6, patience=1, lr=1.0)      # a learning rate that cannot keep improving
     train_learner(learn, progress=False)

@@ -77,6 +77,17 @@ def test_no_future_when_causal(name, sym):
         assert future_leak(m, x, t) < 1e-6, f"{name}: position <= {t} saw token {t + 1}"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.parametrize('name', BASELINES)
+@pytest.mark.parametrize('bf16', [False, True])
+def test_no_future_when_causal_cuda(name, bf16):
+    "The same on the GPU's attention kernels, in float32 and under bfloat16 autocast."
+    x, m = padded_batch().cuda(), model(name, True).cuda()
+    with torch.autocast('cuda', dtype=torch.bfloat16, enabled=bf16):
+        for t in (0, 2, 5, 7, 8, 9):
+            assert future_leak(m, x, t) < 1e-6, f"{name} on CUDA (bf16={bf16}): position <= {t} saw token {t + 1}"
+
+
 @pytest.mark.parametrize('name', BASELINES)
 def test_future_seen_when_not_causal(name):
     x = padded_batch()

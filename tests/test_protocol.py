@@ -1,13 +1,15 @@
 """The comparison protocol (`transject_nb.protocol`) at tiny sizes: the search's edge rule, early stopping, two workers
 sharing one storage, a worker killed mid-trial, the dashboard and the `study` command. No timing is asserted."""
-import os, signal, subprocess, sys, textwrap, time, warnings
+import json, os, signal, subprocess, sys, textwrap, time, warnings
+from dataclasses import replace
 from pathlib import Path
 import pandas as pd
 import optuna
 import pytest
+import torch
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
-                                   study_runs, study_trials, plan_cost, plan_data, work)
+                                   study_runs, study_trials, plan_cost, plan_data, run_workers, work)
 from transject_nb.cli import run_command
 from transject_nb.checkpoint import load_checkpoint
 
@@ -252,6 +254,17 @@ def test_the_committed_trials_are_the_committed_storages(folder):
     assert plans, 'a snapshot without any exported plan'
     cols = ['arm', 'phase', 'lr', 'seed', 'state', 'epochs']
     for p, d in plans:
+        db = root/('studies-gpu.db' if p.device == 'cuda' else 'studies.db')       # a GPU plan's snapshot is its own
         key = lambda df: df[cols].sort_values(cols[:-1]).reset_index(drop=True)
-        pd.testing.assert_frame_equal(key(study_trials(p, root/'studies.db')), key(pd.read_csv(d/'trials.csv')),
-                                      check_dtype=False)
+        pd.testing.assert_frame_equal(key(study_trials(p, db)), key(pd.read_csv(d/'trials.csv')), check_dtype=False)
+    if folder == 'lm':                                                             # the GPU table ran, and on a GPU
+        assert any(p.device == 'cuda' for p, _ in plans)
+        gpu = pd.read_csv(root/'lm-depth-gpu'/'runs.csv')
+        assert len(gpu) and set(gpu.data_key) == {json.loads((root/'corpus.json').read_text())['key']}   # the CPU plans' corpus
+
+
+def test_a_gpu_plan_refuses_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(ValueError, match="sized for a GPU"): run_workers(STUDIES['lm-depth-gpu'], tmp_path/'s.db', tmp_path)
+    with pytest.raises(ValueError, match="sized for a GPU"): work(STUDIES['lm-depth-gpu'], tmp_path/'s.db', tmp_path)
+    with pytest.raises(ValueError, match="device must be None"): replace(STUDIES['lm-depth'], device='tpu')

@@ -91,7 +91,11 @@ def restore_state(
 ):
     "Put a checkpoint's weights, optimiser, per-batch history, smoothed loss and torch's random state into `learn`."
     unwrap(learn.model).load_state_dict(st['model'])
-    learn.opt.load_state_dict(dict(state=st['opt']['state'], hypers=L(st['opt']['hypers'])))
+    # the checkpoint was read onto the CPU: each optimiser state goes to its parameter's device (a GPU run's)
+    ps = learn.opt.all_params().itemgot(0)
+    state = [{k: v.to(p.device) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for p, s in zip(ps, st['opt']['state'])]
+    learn.opt.load_state_dict(dict(state=state, hypers=L(st['opt']['hypers'])))
     rec = learn.recorder
     rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
     rec.smooth_loss.val, rec.smooth_loss.count = torch.tensor(st['smooth']['val']), st['smooth']['count']

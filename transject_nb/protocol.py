@@ -31,11 +31,12 @@ from .finetune import PRETRAIN_STUDIES, pretrain_results, run_pretrain_plan
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_PROTOCOL2', 'LM_DEPTHS', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES',
-           'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study',
-           'trial_rows', 'queue_next', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status',
-           'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
-           'export_study', 'run_workers', 'add_study_args', 'study_command']
+           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES',
+           'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate',
+           'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'requeue_failed', 'plan_data', 'NotQueued',
+           'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'load_study_run', 'study_plan',
+           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
+           'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -162,6 +163,8 @@ class StudyPlan:
     note:str = ''                               # what differs from the preset and why
     # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
     objective:str|None = None
+    # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU, refused without one
+    device:str|None = None
 
     def __post_init__(self):
         check_choice(self.task, TASKS, 'task')
@@ -171,6 +174,9 @@ class StudyPlan:
             raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
         if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
             raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
+        if self.device not in (None, 'cuda'):
+            raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else CPU) or 'cuda', "
+                             f"got {self.device!r}")
         if self.objective is not None: _check_lm_plan(self, arms)
         elif self.protocol.metric != 'accuracy':
             raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', "
@@ -323,6 +329,25 @@ def queue_next(
                                 skip_if_exists=t['phase'] != 'recheck')
     return new
 
+# %% ../nbs/13_protocol.ipynb #7f3c2a11
+def requeue_failed(
+    plan:StudyPlan,  # the plan
+    storage,         # from `open_storage`
+)->dict:             # arm label -> the runs queued again (dicts with phase, lr, seed); arms with none left out
+    "Queue once more every run of the plan whose trials all failed, for when the cause of the failure has been fixed."
+    out = {}
+    for arm in plan.arms:
+        study = arm_study(plan, arm, storage)
+        with _plan_lock(storage):
+            runs = {}
+            for r in trial_rows(study): runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
+            again = [dict(phase=ph, lr=lr, seed=s) for (ph, lr, s), states in runs.items()
+                     if all(x == 'FAIL' for x in states)]
+            for t in again:                   # the failed trials hold this rate and seed: no `skip_if_exists`
+                study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
+        if again: out[arm.label] = again
+    return out
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-10
 def plan_data(
     plan:StudyPlan,   # the plan
@@ -356,6 +381,7 @@ def _duplicate(study, trial, lr, seed):
 
 def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
     "The Learner of one run of a plan, in its folder, not trained: a classifier, or a language model."
+    if kw.get('device') is None and plan.device is not None: kw['device'] = plan.device   # a GPU plan's runs
     kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase), **plan.overrides(arm, lr, seed), **kw)
     return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
             else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
@@ -406,6 +432,12 @@ def _record(trial, learn):
     trial.set_user_attr('data_key', learn.config['data_key'])
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-13
+def _check_device(plan):
+    "A plan sized for a GPU trains only where CUDA is: on a CPU it would run for days."
+    if plan.device == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"plan {plan.name!r} is sized for a GPU (device='cuda') and CUDA is not available here; "
+                         "run it on a machine with one (its committed results need none to read)")
+
 def work(
     plan:StudyPlan,        # the plan
     storage=None,          # `open_storage`'s URL or path, or a storage
@@ -420,6 +452,7 @@ def work(
 )->int:                    # trials this worker ran
     ("One worker: queue each arm's next step and run one queued trial at a time, until every arm is done; "
      "any number may share a storage.")
+    _check_device(plan)
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     arms = [plan.arm(a) for a in arms] if arms else list(plan.arms)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -590,6 +623,8 @@ LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 
                        metric='perplexity', warmup=100, prune_patience=0)
 LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
+LM_GPU_DEPTHS = (2, 4, 8, 16, 32)                # the GPU depth table's L
+LM_WIDE = dict(d_model=256, d_ff=512)            # its width: 4 × the repro preset's d, its 4 heads and d_ff = 2 d kept
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
 _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
@@ -608,6 +643,9 @@ LM_STUDIES = (
               objective='masked',
               note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
                    "at L = 2 and 8"),
+    StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
+              protocol=LM_PROTOCOL2, objective='causal', device='cuda',
+              note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
 )
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-17
@@ -753,6 +791,7 @@ def run_workers(
     import multiprocessing as mp
     if plan.name not in STUDIES or STUDIES[plan.name] != plan:
         raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
+    _check_device(plan)
     if not isinstance(workers, int) or workers < 1: raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     url = str(storage or 'runs/studies.db')
     open_storage(url)                                           # create the tables once, before the workers race to
@@ -796,6 +835,8 @@ def add_study_args(p):
                    help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
     p.add_argument('--cache-dir', default=None,
                    help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
+    p.add_argument('--retry-failed', action='store_true',
+                   help='queue again every run whose trials all failed (once their cause is fixed), then go on')
     p.add_argument('--status', action='store_true', help='print where each arm stands and what it cost; train nothing')
     p.add_argument('--export', default=None, metavar='DIR',
                    help='write trials.csv and runs.csv into DIR; train nothing')
@@ -836,6 +877,11 @@ def study_command(a, words):
     if a.export:
         t = export_study(plan, url, a.export)
         return print(f"{len(t)} trials of {plan.name} written to {a.export} (trials.csv, runs.csv)", flush=True)
+    if a.retry_failed:
+        again = requeue_failed(plan, open_storage(url))
+        print(f"{sum(map(len, again.values()))} failed run(s) of {plan.name} queued again"
+              + ''.join(f"\n  {arm}: " + ', '.join(f"{t['phase']} lr={t['lr']:g} seed {t['seed']}" for t in ts)
+                        for arm, ts in again.items()), flush=True)
     if not a.status:
         arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
         cache = False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
