@@ -37,7 +37,7 @@ fi
 wait $CORPUS; echo "corpus rc=$? at $(el) s" | tee -a "$OUT/machine.txt"
 
 # the study, in a session of its own so that its workers stop with it
-setsid bash -c "$TJ study $PLAN --workers $WORKERS --threads 1 --data $DATA --storage /tmp/lm-gpu.db ${START:+--start-from $START} --out /tmp/lm-gpu-runs" > "$OUT/study.log" 2>&1 &
+setsid bash -c "$TJ study $PLAN --workers $WORKERS --threads 1 --data $DATA --storage /tmp/lm-gpu.db ${START:+--start-from $START} --out /tmp/lm-gpu-runs ${STUDY_ARGS:-}" > "$OUT/study.log" 2>&1 &
 SPID=$!
 while kill -0 $SPID 2>/dev/null && [ "$(el)" -lt "$DEADLINE" ]; do sleep 5; done
 if kill -0 $SPID 2>/dev/null; then
