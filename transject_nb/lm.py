@@ -662,7 +662,7 @@ def lm_depth_steps(
 def lm_depth_answer(
     steps:pd.DataFrame,   # from `lm_depth_steps`
 )->pd.Series:             # per arm, a phrase
-    "Each arm's depth steps in words: how far it improves on held-out text, and why it stops."
+    "Each arm's depth steps in words: how far it improves on held-out text, why it stops, later steps beyond noise."
     out = {}
     for arm, g in steps.groupby('arm', sort=False):
         up = list(g.itertuples())
@@ -679,5 +679,7 @@ def lm_depth_answer(
                     }.get(r.train_verdict, 'one seed on training text')
             what = 'is worse' if r.test_verdict == 'fails' else 'is no better on held-out text'
             why = f"at L={r.deeper} it {what} than at L={r.shallower}: {fits}"
-        out[arm] = f"{said}; then {why}" if said else why
+        later = [f"{'better' if s.test_verdict == 'holds' else 'worse'} from L={s.shallower} to L={s.deeper}"
+                 for s in up[k + 1:] if s.test_verdict in ('holds', 'fails')]          # after the stop, beyond noise
+        out[arm] = (f"{said}; then {why}" if said else why) + (f"; later {', '.join(later)}" if later else '')
     return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
