@@ -10,6 +10,7 @@ import torch.nn.functional as F
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import Perplexity
+from fastai.callback.core import Callback
 from fastai.torch_core import set_seed
 
 from transject_nb.baselines import attention_mask, future_leak, remove_similarity_causal
@@ -201,23 +202,64 @@ def test_masking_rate_and_ignored_positions():
     assert abs((inp[chosen] == 4).float().mean().item() - 0.8) < 0.03
 
 
-def test_the_streams_respect_their_splits(tmp_path):
-    "No held-out review is a training document, a review in both of IMDb's splits is dropped, and the cache gives the same."
+def small_imdb(root, seed=0):
+    "A small IMDb folder of made-up reviews (train, test, unsup CSVs and a vocab.txt); test review 0 is also in train."
     import pandas as pd
-    from transject_nb.lm import load_lm_corpus
+    root.mkdir(parents=True, exist_ok=True)
     words = 'the a film plot good bad long dull great music'.split()
-    rnd = torch.Generator().manual_seed(0)
+    rnd = torch.Generator().manual_seed(seed)
     say = lambda: ' '.join(words[i] for i in torch.randint(0, len(words), (int(torch.randint(6, 20, (1,), generator=rnd)),), generator=rnd))
     tr, te, un = [say() for _ in range(30)], [say() for _ in range(30)], [say() for _ in range(40)]
     te[0] = tr[0]
     for name, texts in dict(train=tr, test=te).items():
-        pd.DataFrame(dict(id=range(len(texts)), label=[i % 2 for i in range(len(texts))], text=texts)).to_csv(tmp_path/f'{name}.csv', index=False)
-    pd.DataFrame(dict(id=range(len(un)), text=un)).to_csv(tmp_path/'unsup.csv', index=False)
+        pd.DataFrame(dict(id=range(len(texts)), label=[i % 2 for i in range(len(texts))], text=texts)).to_csv(root/f'{name}.csv', index=False)
+    pd.DataFrame(dict(id=range(len(un)), text=un)).to_csv(root/'unsup.csv', index=False)
     chars = sorted(set(''.join(words)))
-    (tmp_path/'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', *chars, *('##' + c for c in chars), *words]) + '\n')
+    (root/'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', *chars, *('##' + c for c in chars), *words]) + '\n')
+    return root
+
+
+def test_the_streams_respect_their_splits(tmp_path):
+    "No held-out review is a training document, a review in both of IMDb's splits is dropped, and the cache gives the same."
+    from transject_nb.lm import load_lm_corpus
+    small_imdb(tmp_path)
     c = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     train = {tuple(d.tolist()) for d in c.train}
     assert not train & {tuple(d.tolist()) for d in c.valid + c.test}
     assert c.dropped >= 1
     again = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     assert [d.tolist() for d in again.test] == [d.tolist() for d in c.test] and again.tokenizer.tok.get_vocab() == c.tokenizer.tok.get_vocab()
+
+
+class _CrashIn(Callback):
+    "Raise in the second training batch of epoch `at`: a machine that stops mid-pass."
+    def __init__(self, at): self.at = at
+    def after_batch(self):
+        if self.training and self.epoch == self.at and self.iter == 1: raise RuntimeError('simulated crash')
+
+
+class _Parts(Callback):
+    "Which part of a `ShardedLoader` each trained epoch read."
+    def before_fit(self): self.parts = {}
+    def before_batch(self):
+        if self.training: self.parts[self.epoch] = self.dls.train.loaders.index(self.dls.train.dl)
+
+
+def test_a_sharded_pass_resumes_in_its_part(tmp_path):
+    "A pass cut into 3 parts, stopped in the third: the resumed run trains that part only, and the history is whole."
+    from transject_nb.learner import history, train_learner
+    from transject_nb.lm import get_lm_learner, load_lm_corpus
+    c = load_lm_corpus(small_imdb(tmp_path/'imdb'), vocab_size=60, n_valid=8, n_test=8, cache_dir=False)
+    kw = dict(corpus=c, path=tmp_path/'run', preset='cpu', d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, bs=2,
+              epochs=3, patience=5, lr=1e-3, shards=3, device='cpu')
+    first = _Parts()
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        train_learner(get_lm_learner('transformer', cbs=[first, _CrashIn(2)], **kw), progress=False)
+    assert first.parts == {0: 0, 1: 1, 2: 2}
+    again = _Parts()
+    learn = get_lm_learner('transformer', cbs=again, **kw)
+    train_learner(learn, progress=False)
+    assert again.parts == {2: 2}                          # epochs 0 and 1 replayed from the checkpoint, not trained
+    assert len(history(learn)) == 3
+    with pytest.raises(ValueError, match="'lm.shards': \\(3, 2\\)"):  # another cut of the pass is another run
+        train_learner(get_lm_learner('transformer', **(kw | dict(shards=2, epochs=4))), progress=False)

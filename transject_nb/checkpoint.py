@@ -183,10 +183,14 @@ def check_resumable(
     st:dict,         # the checkpoint in its run folder
     file,            # where that checkpoint is, for the error
 ):
-    "Refuse a checkpoint of another run: another task, variant, model config, data, vocabulary or class count."
+    ("Refuse a checkpoint of another run: another task, variant, model config, data, vocabulary, class count, "
+     "or language-model field (those both runs have: an older checkpoint lacks the newer fields).")
     old, new = st.get('config', {}), learn.config
     keys = ('task', 'variant', 'model', 'data_key', 'vocab_sz', 'n_classes')
-    if diff := {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}:
+    diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
+    lm_old, lm_new = old.get('lm') or {}, new.get('lm') or {}
+    diff |= {f'lm.{k}': (lm_old[k], lm_new[k]) for k in lm_old.keys() & lm_new.keys() if lm_old[k] != lm_new[k]}
+    if diff:
         raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
                          f"Use another path, or resume=False to start over")
 

@@ -232,8 +232,8 @@ def pretrain_results(
 PRETRAIN_STUDIES = {p.name: p for p in (
     PretrainPlan('ulmfit-imdb', ('transformer-prenorm', 'transject'),
                  model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
-                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=1, patience=1),
+                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2),
                  clf=dict(max_len=256, bs=32, epochs=20, patience=3),
-                 note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews; "
-                      "IMDb's repro split at 256 tokens"),
+                 note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
+                      "(an epoch each, checkpointed); IMDb's repro split at 256 tokens"),
 )}

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
 import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
-from fastcore.basics import store_attr
+from fastcore.basics import GetAttr, store_attr
 from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.data.core import DataLoaders
@@ -31,8 +31,8 @@ from fastai.torch_core import default_device, set_seed
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
-           'LMConfig', 'WarmUp', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus', 'lm_depth_steps',
-           'lm_depth_answer']
+           'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
+           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -478,14 +478,15 @@ def load_lm_corpus(
 @dataclass
 class LMConfig:
     ("What a language-model run adds to the model, training and data fields: the objective, the vocabulary, "
-     "masking and warm-up.")
+     "masking, warm-up and how the training documents are cut into epochs.")
     objective:str = 'causal'   # one of `OBJECTIVES`
     vocab_size:int = 8192      # WordPiece ids trained on the corpus (`load_lm_corpus`)
     mask_p:float = 0.15        # masked: the share of positions to predict
     warmup:int = 0             # optimiser steps over which the learning rate rises linearly to its value (0: none)
+    shards:int = 1             # epoch e trains on part e mod shards of the training documents (`ShardedLoader`)
 
     def __post_init__(self):
-        check_fields(self, ints=('vocab_size',), counts=('warmup',), open_unit=('mask_p',),
+        check_fields(self, ints=('vocab_size', 'shards'), counts=('warmup',), open_unit=('mask_p',),
                      choices=dict(objective=(OBJECTIVES, 'objective')))
 
 LM_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig))
@@ -505,6 +506,40 @@ class WarmUp(Callback):
     def after_fit(self):                                   # also at the end of `validate`, which may have no optimiser
         if self.opt is not None and self.base is not None:
             for h, b in zip(self.opt.hypers, self.base): h['lr'] = b
+
+# %% ../nbs/14_lm.ipynb #5a7d0c02
+def shard_docs(
+    docs,      # documents, each a sequence of token ids
+    k:int,     # how many parts
+)->list:       # `k` lists of documents, in their order, each with at least one
+    "Cut documents, in order, into `k` contiguous parts of near-equal token counts (each with its separator)."
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1: raise ValueError(f"k must be a positive int, got {k!r}")
+    docs = list(docs)
+    if len(docs) < k: raise ValueError(f"cannot cut {len(docs)} documents into {k} parts: each part needs one")
+    ends, bounds = np.cumsum([len(d) + 1 for d in docs]), [0]            # tokens up to each document's end
+    for j in range(1, k):                                                # the first document past j/k of the tokens
+        i = int(np.searchsorted(ends, ends[-1] * j / k)) + 1
+        bounds.append(min(max(i, bounds[-1] + 1), len(docs) - (k - j)))  # every part keeps a document
+    return [docs[a:b] for a, b in zip(bounds, bounds[1:] + [len(docs)])]
+
+# %% ../nbs/14_lm.ipynb #5a7d0c05
+class ShardedLoader(GetAttr):
+    "A training loader over parts of the documents: epoch e reads part e mod k; everything else is the part's loader's."
+    _default = 'dl'
+    def __init__(self, loaders:list):   # one `lm_loader` per part (`shard_docs`)
+        if not loaders: raise ValueError("a ShardedLoader needs at least one loader")
+        self.loaders, self.dl = list(loaders), loaders[0]
+    def set_epoch(self, epoch:int): self.dl = self.loaders[epoch % len(self.loaders)]
+    def to(self, device):
+        for d in self.loaders: d.to(device)
+        return self
+    def __iter__(self): return iter(self.dl)
+    def __len__(self): return len(self.dl)
+
+class NextShard(Callback):
+    "Before each epoch, point the training `ShardedLoader` at that epoch's part."
+    order = 0
+    def before_epoch(self): self.dls.train.set_epoch(self.epoch)
 
 # %% ../nbs/14_lm.ipynb #ae8a31b7
 def _lm_corpus(dcfg, lcfg:LMConfig, cache_dir)->LMCorpus:
@@ -553,13 +588,15 @@ def get_lm_learner(
     model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal,
                           lcfg.objective).to(device)
     aux = has_aux_loss(model)
-    dls = DataLoaders(*(lm_loader(getattr(corpus, s), corpus.sep_id, tcfg.bs, seq_len, s == 'train', device, s)
-                        for s in ('train', 'valid')))
+    dl = lambda docs, what: lm_loader(docs, corpus.sep_id, tcfg.bs, seq_len, what != 'valid', device, what)
+    train = (dl(corpus.train, 'train') if lcfg.shards == 1 else
+             ShardedLoader([dl(d, f'train part {i}') for i, d in enumerate(shard_docs(corpus.train, lcfg.shards))]))
+    dls = DataLoaders(train, dl(corpus.valid, 'valid'))
     config = dict(task=f"{task}:{lcfg.objective}", variant=variant, preset=rc['preset'], model=dict(mcfg),
                   train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
                   data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
     extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
-             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))
+             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []) + ([NextShard()] if lcfg.shards > 1 else []))
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
     metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
     learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
