@@ -254,7 +254,7 @@ def test_the_committed_trials_are_the_committed_storages(folder):
     assert plans, 'a snapshot without any exported plan'
     cols = ['arm', 'phase', 'lr', 'seed', 'state', 'epochs']
     for p, d in plans:
-        db = root/('studies-gpu.db' if p.device == 'cuda' else 'studies.db')       # a GPU plan's snapshot is its own
+        db = root/p.snapshot_name()                                    # a GPU plan's snapshot is its own
         key = lambda df: df[cols].sort_values(cols[:-1]).reset_index(drop=True)
         pd.testing.assert_frame_equal(key(study_trials(p, db)), key(pd.read_csv(d/'trials.csv')), check_dtype=False)
     if folder == 'lm':                                                             # the GPU table ran, and on a GPU

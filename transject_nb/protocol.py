@@ -33,10 +33,10 @@ from .finetune import PRETRAIN_STUDIES, pretrain_results, run_pretrain_plan
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
            'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES',
            'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate',
-           'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'requeue_failed', 'plan_data', 'NotQueued',
-           'make_objective', 'work', 'study_trials', 'arm_status', 'study_runs', 'load_study_run', 'study_plan',
-           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
-           'add_study_args', 'study_command']
+           'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs', 'requeue_failed', 'plan_data',
+           'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs',
+           'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
+           'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -187,6 +187,10 @@ class StudyPlan:
         "The arm of that label."
         return {a.label: a for a in self.arms}[check_choice(label, [a.label for a in self.arms], 'arm')]
 
+    def snapshot_name(self)->str:
+        "The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, `studies-gpu.db`."
+        return 'studies.db' if self.device is None else 'studies-gpu.db'
+
     def study_name(self, arm:Arm)->str:
         "The Optuna study of one arm."
         return f"{self.name}/{arm.label}"
@@ -330,6 +334,16 @@ def queue_next(
     return new
 
 # %% ../nbs/13_protocol.ipynb #7f3c2a11
+def failed_runs(
+    rows,        # a study's trial rows (`trial_rows`, or `study_trials`' rows as dicts)
+)->list:         # `(phase, lr, seed)` of each run whose every trial failed
+    ("The runs that failed for good: a run is its trials of one phase, rate and seed (a killed run's retries "
+     "share them); a trial the protocol never queued, with no phase, is no run.")
+    runs = {}
+    for r in rows:
+        if isinstance(r.get('phase'), str): runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
+    return [k for k, states in runs.items() if all(x == 'FAIL' for x in states)]
+
 def requeue_failed(
     plan:StudyPlan,  # the plan
     storage,         # from `open_storage`
@@ -339,10 +353,7 @@ def requeue_failed(
     for arm in plan.arms:
         study = arm_study(plan, arm, storage)
         with _plan_lock(storage):
-            runs = {}
-            for r in trial_rows(study): runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
-            again = [dict(phase=ph, lr=lr, seed=s) for (ph, lr, s), states in runs.items()
-                     if all(x == 'FAIL' for x in states)]
+            again = [dict(phase=ph, lr=lr, seed=s) for ph, lr, s in failed_runs(trial_rows(study))]
             for t in again:                   # the failed trials hold this rate and seed: no `skip_if_exists`
                 study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
         if again: out[arm.label] = again
@@ -543,16 +554,22 @@ def arm_status(
                  else 'failed' if not todo
                  else 'seeds' if todo == {'seed'} else 'search')
         limit = lr is not None and (lr == max(p.lrs + p.above) or lr == min(p.lrs + p.below))
-        runs = t.groupby(['phase', 'lr', 'seed']).state   # a run's trials: a killed one's retries share its rate, seed
         out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()),
                             pruned=int((s.state == 'PRUNED').sum()),
                             rechecked=int(((t.phase == 'recheck') & (t.state == 'COMPLETE')).sum()),
                             retried=int(t.retry_of.notna().sum()),
-                            failed=int(runs.apply(lambda x: (x == 'FAIL').all()).sum()) if len(t) else 0,
+                            failed=len(failed_runs(rows)),
                             lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
                             epochs=int(t.epochs.fillna(0).sum()),
                             hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
+
+def settled_arms(
+    status:pd.DataFrame,   # from `arm_status`
+)->list:                   # the arm labels
+    ("The arms a table may show: done, with no failed run (a failed search run would leave the rate choice "
+     "unchecked).")
+    return status.index[(status.state == 'done') & (status.failed == 0)].tolist()
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-16
 def study_runs(
