@@ -43,3 +43,19 @@ def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path):
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"0 of {len(plan.arms) * (1 + 2 * len(plan.seeds))} runs finished" in r.stdout
+
+
+def test_a_running_pretraining_shows_its_progress(tmp_path):
+    "An unfinished language model's epochs (parts of its pass) come out of `--export` as progress.csv."
+    import pandas as pd
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    h = tmp_path/'runs'/plan.name/plan.arms[0]/'lm'/'history.csv'
+    h.parent.mkdir(parents=True)
+    h.write_text('epoch,train_loss,valid_loss,accuracy,perplexity,time\n0,5.9,5.8,0.15,330.3,14:13\n1,5.6,5.5,0.17,244.7,1:00:02\n')
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs'),
+                        '--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    prog = pd.read_csv(tmp_path/'out'/'progress.csv')
+    k = plan.lm['shards']
+    assert prog.to_dict('records') == [dict(arm=plan.arms[0], epoch=0, part=f'1 of {k}', valid_ppl=330.3, secs=853.0),
+                                       dict(arm=plan.arms[0], epoch=1, part=f'2 of {k}', valid_ppl=244.7, secs=3602.0)]

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
-           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results']
+           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results', 'pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -227,6 +227,24 @@ def pretrain_results(
                     | {k: r.get(k) for k in ('test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs')})
     return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs',
                                        'secs'])
+
+# %% ../nbs/14a_finetune.ipynb #63b83385
+def _clock_secs(t)->float:
+    "fastai's epoch time, 'mm:ss' or 'h:mm:ss', in seconds."
+    return float(sum(int(x) * 60 ** i for i, x in enumerate(reversed(str(t).split(':')))))
+
+def pretrain_progress(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per arm and epoch so far: its part of the pass, validation perplexity, seconds
+    "Each arm's language model epoch by epoch, finished or still running (its `history.csv`): a long pass's progress."
+    rows, k = [], plan.lm.get('shards', 1)
+    for v in plan.arms:
+        f = Path(out)/plan.name/v/'lm'/'history.csv'
+        h = pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
+        rows += [dict(arm=v, epoch=int(r.epoch), part=f"{int(r.epoch) % k + 1} of {k}", valid_ppl=float(r.perplexity),
+                      secs=_clock_secs(r.time)) for r in h.itertuples()]
+    return pd.DataFrame(rows, columns=['arm', 'epoch', 'part', 'valid_ppl', 'secs'])
 
 # %% ../nbs/14a_finetune.ipynb #321a5209
 PRETRAIN_STUDIES = {p.name: p for p in (
