@@ -32,7 +32,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer']
+           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'rate_depth_grid', 'plot_rate_depth']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -720,3 +720,47 @@ def lm_depth_answer(
                  for s in up[k + 1:] if s.test_verdict in ('holds', 'fails')]          # after the stop, beyond noise
         out[arm] = (f"{said}; then {why}" if said else why) + (f"; later {', '.join(later)}" if later else '')
     return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
+
+# %% ../nbs/14_lm.ipynb #76048cde
+def rate_depth_grid(
+    trials:pd.DataFrame,   # a depth study's trials (`protocol.study_trials` or its CSV): arm, phase, lr, state, value
+    floor:float,           # the perplexity of a model that learned token frequencies only (`unigram_perplexity`)
+    near:float=0.9,        # a run whose best is above `near` · floor, or not finite, learned nothing past it
+)->pd.DataFrame:           # per arm, depth and searched rate: the best validation perplexity and whether it learned
+    "Which rates of the search each arm learns at, depth by depth."
+    s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
+    d = s.assign(arm=s.arm.str.replace(r'\+n_layers=\d+', '', regex=True), L=s.arm.map(_depth),
+                 value=s.value.astype(float))
+    g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
+    return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
+
+# %% ../nbs/14_lm.ipynb #76048ce0
+def plot_rate_depth(
+    grid:pd.DataFrame,     # from `rate_depth_grid`
+    floor:float,           # the unigram perplexity: the top of the colour scale
+    title:str='',          # over the panels
+):
+    "One panel per arm: best validation perplexity by rate and depth, a cross where the run learned nothing."
+    import matplotlib.pyplot as plt
+    arms, lrs, Ls = list(dict.fromkeys(grid.arm)), sorted(grid.lr.unique()), sorted(grid.L.unique())
+    lo, hi = np.log(grid.value[grid.learned].min()), np.log(floor)
+    fig, axs = plt.subplots(1, len(arms), figsize=(2.4 * len(arms) + 0.6, 0.45 * len(Ls) + 1.4), sharey=True,
+                            squeeze=False)
+    for ax, a in zip(axs[0], arms):
+        g = grid[grid.arm == a]
+        v, ok = (g.pivot(index='L', columns='lr', values=k).reindex(index=Ls, columns=lrs)
+                 for k in ('value', 'learned'))
+        c = np.log(v.astype(float).clip(upper=floor)).to_numpy()                 # (depths, rates), capped at the floor
+        ax.imshow(c, cmap='viridis_r', vmin=lo, vmax=hi, aspect='auto', origin='lower')
+        for (i, j), x in np.ndenumerate(v.to_numpy(float)):
+            if np.isnan(x): continue
+            dark = (c[i, j] - lo) / (hi - lo) > 0.5 if np.isfinite(c[i, j]) else True
+            ax.text(j, i, f"{x:.0f}" if ok.iloc[i, j] else '✗', ha='center', va='center', fontsize=7,
+                    color='w' if dark else 'k')
+        ax.set(xticks=range(len(lrs)), xticklabels=[f"{r:g}" for r in lrs], yticks=range(len(Ls)), yticklabels=Ls,
+               title=a, xlabel='learning rate')
+        ax.tick_params(axis='x', labelsize=7, rotation=45)
+    axs[0, 0].set_ylabel('layers')
+    if title: fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
