@@ -728,6 +728,8 @@ def rate_depth_grid(
     near:float=0.9,        # a run whose best is above `near` · floor, or not finite, learned nothing past it
 )->pd.DataFrame:           # per arm, depth and searched rate: the best validation perplexity and whether it learned
     "Which rates of the search each arm learns at, depth by depth."
+    if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
+        raise ValueError(f"floor must be a finite perplexity > 0 (the unigram model's), got {floor!r}")
     s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
     d = s.assign(arm=s.arm.str.replace(r'\+n_layers=\d+', '', regex=True), L=s.arm.map(_depth),
                  value=s.value.astype(float))
@@ -742,8 +744,10 @@ def plot_rate_depth(
 ):
     "One panel per arm: best validation perplexity by rate and depth, a cross where the run learned nothing."
     import matplotlib.pyplot as plt
+    if not len(grid): raise ValueError("the grid has no search run to draw: rate_depth_grid found none")
     arms, lrs, Ls = list(dict.fromkeys(grid.arm)), sorted(grid.lr.unique()), sorted(grid.L.unique())
-    lo, hi = np.log(grid.value[grid.learned].min()), np.log(floor)
+    hi = np.log(floor)
+    lo = np.log(grid.value[grid.learned].min()) if grid.learned.any() else hi - 1       # the colour scale
     fig, axs = plt.subplots(1, len(arms), figsize=(2.4 * len(arms) + 0.6, 0.45 * len(Ls) + 1.4), sharey=True,
                             squeeze=False)
     for ax, a in zip(axs[0], arms):
