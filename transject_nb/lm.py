@@ -32,7 +32,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'rate_depth_grid', 'plot_rate_depth']
+           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'rate_depth_grid', 'learned_rates',
+           'plot_rate_depth']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -735,6 +736,16 @@ def rate_depth_grid(
                  value=s.value.astype(float))
     g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
     return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
+
+# %% ../nbs/14_lm.ipynb #76048cf0
+def learned_rates(
+    grid:pd.DataFrame,   # from `rate_depth_grid`
+)->pd.DataFrame:         # per arm and depth: rates searched, rates learned at, the highest of them (NaN: none)
+    "How many of its searched rates each arm learned at, depth by depth: the grid in numbers."
+    g = grid.groupby(['arm', 'L'], sort=False)
+    out = pd.DataFrame(dict(searched=g.size(), learned=g.learned.sum().astype(int)))
+    out['highest'] = grid[grid.learned].groupby(['arm', 'L']).lr.max().reindex(out.index)
+    return out.reset_index().sort_values('L', kind='stable', ignore_index=True)   # by depth, arms in order
 
 # %% ../nbs/14_lm.ipynb #76048ce0
 def plot_rate_depth(
