@@ -10,7 +10,6 @@ import torch.nn.functional as F
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from fastai.losses import CrossEntropyLossFlat
 from fastai.metrics import Perplexity
-from fastai.callback.core import Callback
 from fastai.torch_core import set_seed
 
 from transject_nb.baselines import attention_mask, future_leak, remove_similarity_causal
@@ -229,37 +228,3 @@ def test_the_streams_respect_their_splits(tmp_path):
     assert c.dropped >= 1
     again = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     assert [d.tolist() for d in again.test] == [d.tolist() for d in c.test] and again.tokenizer.tok.get_vocab() == c.tokenizer.tok.get_vocab()
-
-
-class _CrashIn(Callback):
-    "Raise in the second training batch of epoch `at`: a machine that stops mid-pass."
-    def __init__(self, at): self.at = at
-    def after_batch(self):
-        if self.training and self.epoch == self.at and self.iter == 1: raise RuntimeError('simulated crash')
-
-
-class _Parts(Callback):
-    "Which part of a `ShardedLoader` each trained epoch read."
-    def before_fit(self): self.parts = {}
-    def before_batch(self):
-        if self.training: self.parts[self.epoch] = self.dls.train.loaders.index(self.dls.train.dl)
-
-
-def test_a_sharded_pass_resumes_in_its_part(tmp_path):
-    "A pass cut into 3 parts, stopped in the third: the resumed run trains that part only, and the history is whole."
-    from transject_nb.learner import history, train_learner
-    from transject_nb.lm import get_lm_learner, load_lm_corpus
-    c = load_lm_corpus(small_imdb(tmp_path/'imdb'), vocab_size=60, n_valid=8, n_test=8, cache_dir=False)
-    kw = dict(corpus=c, path=tmp_path/'run', preset='cpu', d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, bs=2,
-              epochs=3, patience=5, lr=1e-3, shards=3, device='cpu')
-    first = _Parts()
-    with pytest.raises(RuntimeError, match='simulated crash'):
-        train_learner(get_lm_learner('transformer', cbs=[first, _CrashIn(2)], **kw), progress=False)
-    assert first.parts == {0: 0, 1: 1, 2: 2}
-    again = _Parts()
-    learn = get_lm_learner('transformer', cbs=again, **kw)
-    train_learner(learn, progress=False)
-    assert again.parts == {2: 2}                          # epochs 0 and 1 replayed from the checkpoint, not trained
-    assert len(history(learn)) == 3
-    with pytest.raises(ValueError, match="'lm.shards': \\(3, 2\\)"):  # another cut of the pass is another run
-        train_learner(get_lm_learner('transformer', **(kw | dict(shards=2, epochs=4))), progress=False)

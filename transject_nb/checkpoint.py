@@ -122,8 +122,8 @@ class TrainCheckpoint(Callback):
 
     def before_epoch(self):
         self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
-        dl = self.dls.train
-        dl = getattr(dl, 'dl', dl)                     # inside `DistributedDL` when distributed
+        dl = self.dls.train                   # its order (`BucketDL`) or part (`lm.ShardedLoader`) follows the epoch
+        if not hasattr(dl, 'set_epoch'): dl = getattr(dl, 'dl', dl)   # the loader in `DistributedDL`, distributed
         if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch)
 
     def after_train(self): self.trained = True

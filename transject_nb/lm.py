@@ -32,7 +32,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'rate_depth_grid', 'learned_rates',
+           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes', 'rate_depth_grid', 'learned_rates',
            'plot_rate_depth']
 
 # %% ../nbs/14_lm.ipynb #97216c67
@@ -597,7 +597,7 @@ def get_lm_learner(
                   train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
                   data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
     extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
-             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []) + ([NextShard()] if lcfg.shards > 1 else []))
+             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))   # its `TrainCheckpoint` moves a `ShardedLoader`
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
     metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
     learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
@@ -721,6 +721,29 @@ def lm_depth_answer(
                  for s in up[k + 1:] if s.test_verdict in ('holds', 'fails')]          # after the stop, beyond noise
         out[arm] = (f"{said}; then {why}" if said else why) + (f"; later {', '.join(later)}" if later else '')
     return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
+
+# %% ../nbs/14_lm.ipynb #534b0c02
+def lm_fixes(
+    runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    base:str='transformer',     # the arm every other is judged against, at the same depth
+    alpha:float=ALPHA,          # the test's level
+)->pd.DataFrame:                # `lm_versus`'s columns and the depth `L`, by depth, arms in order
+    "Each arm against `base` at the same depth: the claim that the arm has the lower test loss ('diverged': no test)."
+    cols = ['L', 'better', 'worse', 'ppl_better', 'ppl_worse', 'ratio', 'diff_nats', 'p', 'verdict', 'n_better',
+            'n_worse']
+    arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
+    for a in arms:
+        L, b = _depth(a), f'{base}+n_layers={_depth(a)}'
+        if a == b or b not in arms: continue
+        pair = runs[runs.variant.isin((a, b))]
+        loss = {x: pair.test_loss[pair.variant == x].astype(float) for x in (a, b)}
+        if all(np.isfinite(l).all() for l in loss.values()): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L))
+        else: rows.append(pd.DataFrame([dict(L=L, better=a, worse=b, ppl_better=math.exp(loss[a].mean()),   # no test
+                                             ppl_worse=math.exp(loss[b].mean()), verdict='diverged',
+                                             n_better=len(loss[a]), n_worse=len(loss[b]))]))
+    if not rows: return pd.DataFrame(columns=cols)
+    return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
+
 
 # %% ../nbs/14_lm.ipynb #76048cde
 def rate_depth_grid(
