@@ -15,7 +15,7 @@ import torch.nn as nn
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
-           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results', 'pretrain_progress']
+           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results', 'pretrain_progress', 'pretrained_lm']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -150,12 +150,17 @@ class PretrainPlan:
         return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
 
 # %% ../nbs/14a_finetune.ipynb #39b2afb6
-def _lm_run(plan, v, out, source, progress):
-    "The arm's language model, pretrained (or read back), its rate from `lr_find`, and its scores."
+def _lm_learner(plan, v, out, source, progress=False):
+    "The arm's language model, pretrained or read back from its run folder, at its rate from `lr_find`."
     learn = get_lm_learner(v, 'imdb', objective=plan.objective(v), preset=plan.preset, path=Path(out)/plan.name/v/'lm',
                            source=source, seed=0, **plan.model_fields(v), **plan.lm)
-    find_lr(learn)
-    train_learner(learn, progress=progress)
+    find_lr(learn)                                          # a started run keeps its rate: no range test then
+    train_learner(learn, progress=progress)                 # a finished run: its best weights, loaded
+    return learn
+
+def _lm_run(plan, v, out, source, progress):
+    "The arm's language model (`_lm_learner`) and its scores."
+    learn = _lm_learner(plan, v, out, source, progress)
     return learn, evaluate_lm(learn) | dict(lr=learn.train_cfg.lr)
 
 def _clf_data(plan, lm_learn, source, out):
@@ -255,3 +260,22 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                  note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
                       "(an epoch each, checkpointed); IMDb's repro split at 256 tokens"),
 )}
+
+# %% ../nbs/14a_finetune.ipynb #01238371
+def pretrained_lm(
+    plan:PretrainPlan,      # the plan
+    variant:str,            # one of `plan.arms`
+    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA): its corpus and tokenizer
+    out='runs/pretrain',    # the runs' root folder
+):                          # a language-model Learner with its best weights; `.corpus` holds the tokenizer
+    "An arm's finished language model, read back from its run folder, to sample from (`lm.generate`) or score."
+    check_choice(variant, plan.arms, f"arm of plan {plan.name!r}")
+    if not (Path(out)/plan.name/variant/'lm'/'results.json').is_file():
+        raise FileNotFoundError(f"the language model of {variant!r} in plan {plan.name!r} has not finished under "
+                                f"{out}: run_pretrain_plan (`transject-nb study {plan.name}`) pretrains it first")
+    source = task_source('imdb', data)
+    if source is None:
+        raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
+                         "(or $TRANSJECT_DATA)")
+    return _lm_learner(plan, variant, out, source)
+

@@ -597,7 +597,8 @@ def get_lm_learner(
                   train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
                   data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
     extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
-             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))   # its `TrainCheckpoint` moves a `ShardedLoader`
+             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else [])
+             + ([NextShard()] if lcfg.shards > 1 else []))   # in every fit, `lr_find`'s too
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
     metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
     learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
