@@ -46,12 +46,15 @@ def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path):
 
 
 def test_a_running_pretraining_shows_its_progress(tmp_path):
-    "An unfinished language model's epochs (parts of its pass) come out of `--export` as progress.csv."
+    "An unfinished language model's epochs (parts of its pass) and rate tries come out of `--export`: progress.csv, rates.csv."
     import pandas as pd
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     h = tmp_path/'runs'/plan.name/plan.arms[0]/'lm'/'history.csv'
     h.parent.mkdir(parents=True)
     h.write_text('epoch,train_loss,valid_loss,accuracy,perplexity,time\n0,5.9,5.8,0.15,330.3,14:13\n1,5.6,5.5,0.17,244.7,1:00:02\n')
+    t = tmp_path/'runs'/plan.name/plan.arms[0]/'lm-rates'/f'lr{plan.lm_lrs[1]:g}'/'history.csv'   # one rate tried so far
+    t.parent.mkdir(parents=True)
+    t.write_text('epoch,train_loss,valid_loss,accuracy,perplexity,time\n0,5.1,5.07,0.2,158.4,08:39\n')
     r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs'),
                         '--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -59,3 +62,7 @@ def test_a_running_pretraining_shows_its_progress(tmp_path):
     k = plan.lm['shards']
     assert prog.to_dict('records') == [dict(arm=plan.arms[0], epoch=0, part=f'1 of {k}', valid_ppl=330.3, secs=853.0),
                                        dict(arm=plan.arms[0], epoch=1, part=f'2 of {k}', valid_ppl=244.7, secs=3602.0)]
+    rates = pd.read_csv(tmp_path/'out'/'rates.csv')
+    assert len(rates) == len(plan.arms) * len(plan.lm_lrs) and rates.done.sum() == 1
+    assert rates[rates.done].to_dict('records') == [dict(arm=plan.arms[0], lr=plan.lm_lrs[1], done=True, valid_loss=5.07,
+                                                         valid_ppl=158.4, secs=519.0)]

@@ -10,12 +10,14 @@ import dataclasses, json, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+import numpy as np
 import pandas as pd
 import torch.nn as nn
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
-           'PretrainPlan', 'run_pretrain_plan', 'pretrain_results', 'pretrain_progress', 'pretrained_lm']
+           'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
+           'pretrain_progress', 'pretrained_lm']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -134,12 +136,17 @@ class PretrainPlan:
     clf:dict                 # the classifiers' fields (`learner.get_learner`): max_len, bs, epochs, patience
     seeds:tuple = (1, 2, 3)  # seeds of the classifiers (the language model is one run, seed 0)
     n_gradual:int = 3        # ULMFiT stages that unfreeze one more group
+    # rates tried on the pass's first part, one epoch each: the lowest validation loss sets the pass's rate
+    # (empty: fastai's `lr_find` suggests it)
+    lm_lrs:tuple = ()
     preset:str = 'repro'     # the `settings.ini` preset under every run
     note:str = ''            # what the sizes are and why
 
     def __post_init__(self):
         for v in self.arms: check_choice(v, VARIANTS, 'variant')
         if not self.arms or not self.seeds: raise ValueError(f"plan {self.name!r} needs arms and seeds")
+        if not all(isinstance(r, float) and r > 0 for r in self.lm_lrs):
+            raise ValueError(f"plan {self.name!r}: lm_lrs must be rates (floats > 0), got {self.lm_lrs!r}")
 
     def model_fields(self, variant:str)->dict:
         "The shared model fields that `variant` has (TransJect has no heads, the softmax family no experts)."
@@ -149,12 +156,56 @@ class PretrainPlan:
         "How the arm pretrains: causal where the variant can be, masked otherwise."
         return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
 
+# %% ../nbs/14a_finetune.ipynb #39b2afa1
+def pretrain_rates(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # per arm and rate tried: validation loss and perplexity after the first part, seconds
+    "The first-part runs that choose each arm's pretraining rate (`plan.lm_lrs`), as far as they got."
+    rows = []
+    for v in plan.arms:
+        for lr in plan.lm_lrs:
+            f = Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}'/'history.csv'
+            h = pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
+            rows.append(dict(arm=v, lr=lr, done=len(h) > 0, valid_loss=float(h.valid_loss.iloc[-1]) if len(h) else None,
+                             valid_ppl=float(h.perplexity.iloc[-1]) if len(h) else None,
+                             secs=_clock_secs(h.time.iloc[-1]) if len(h) else None))
+    return pd.DataFrame(rows, columns=['arm', 'lr', 'done', 'valid_loss', 'valid_ppl', 'secs'])
+
+def best_pretrain_rate(
+    rates:pd.DataFrame,     # from `pretrain_rates`
+    arm:str,                # the arm whose rate to choose
+)->float:                   # the rate of the lowest finite validation loss
+    "The arm's pretraining rate: the tried rate whose first part ended with the lowest validation loss."
+    r = rates[(rates.arm == arm) & rates.done]
+    if len(r) < (rates.arm == arm).sum():
+        raise ValueError(f"{arm}: the first part has not finished at every rate tried: {r.lr.tolist()} of "
+                         f"{rates[rates.arm == arm].lr.tolist()}")
+    r = r[np.isfinite(r.valid_loss.astype(float))]
+    if not len(r): raise ValueError(f"{arm}: the first part diverged at every rate tried")
+    return float(r.lr[r.valid_loss.astype(float).idxmin()])
+
+
 # %% ../nbs/14a_finetune.ipynb #39b2afb6
+def _lm_kw(plan, v)->dict:
+    "The fields of an arm's language-model runs: its objective, preset, seed 0, model and `plan.lm`."
+    return dict(objective=plan.objective(v), preset=plan.preset, seed=0, **plan.model_fields(v), **plan.lm)
+
+def _rate_probe(plan, v, out, source, lr, progress=False):
+    "The pass's first part at rate `lr`: a one-epoch run of its own (`<arm>/lm-rates/lr<lr>`), read back if finished."
+    learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}', source=source,
+                           **(_lm_kw(plan, v) | dict(epochs=1, lr=lr)))
+    return train_learner(learn, progress=progress)
+
 def _lm_learner(plan, v, out, source, progress=False):
-    "The arm's language model, pretrained or read back from its run folder, at its rate from `lr_find`."
-    learn = get_lm_learner(v, 'imdb', objective=plan.objective(v), preset=plan.preset, path=Path(out)/plan.name/v/'lm',
-                           source=source, seed=0, **plan.model_fields(v), **plan.lm)
-    find_lr(learn)                                          # a started run keeps its rate: no range test then
+    ("The arm's language model, pretrained or read back from its run folder, at the rate its first part chose "
+     "on validation (`plan.lm_lrs`) or at `lr_find`'s.")
+    kw = _lm_kw(plan, v)
+    if plan.lm_lrs:
+        for lr in plan.lm_lrs: _rate_probe(plan, v, out, source, lr, progress)
+        kw['lr'] = best_pretrain_rate(pretrain_rates(plan, out), v)
+    learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm', source=source, **kw)
+    if not plan.lm_lrs: find_lr(learn)                      # a started run keeps its rate: no range test then
     train_learner(learn, progress=progress)                 # a finished run: its best weights, loaded
     return learn
 
@@ -255,10 +306,12 @@ def pretrain_progress(
 PRETRAIN_STUDIES = {p.name: p for p in (
     PretrainPlan('ulmfit-imdb', ('transformer-prenorm', 'transject'),
                  model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
-                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2),
-                 clf=dict(max_len=256, bs=32, epochs=20, patience=3),
+                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2,
+                         warmup=100),
+                 clf=dict(max_len=256, bs=32, epochs=20, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
                  note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
-                      "(an epoch each, checkpointed); IMDb's repro split at 256 tokens"),
+                      "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
+                      "studies' three (their warm-up too); IMDb's repro split at 256 tokens"),
 )}
 
 # %% ../nbs/14a_finetune.ipynb #01238371

@@ -27,7 +27,7 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import PRETRAIN_STUDIES, pretrain_progress, pretrain_results, run_pretrain_plan
+from .finetune import PRETRAIN_STUDIES, pretrain_progress, pretrain_rates, pretrain_results, run_pretrain_plan
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -866,15 +866,18 @@ def add_study_args(p):
 def _pretrain_command(plan, a):
     "A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them."
     if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out)
-    res, prog = pretrain_results(plan, a.out), pretrain_progress(plan, a.out)
+    res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
     if a.export:
         Path(a.export).mkdir(parents=True, exist_ok=True)
         res.to_csv(Path(a.export)/'runs.csv', index=False); prog.to_csv(Path(a.export)/'progress.csv', index=False)
+        rates.to_csv(Path(a.export)/'rates.csv', index=False)
         return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv; the language models' "
-                     f"{len(prog)} epochs so far in progress.csv)", flush=True)
+                     f"{len(prog)} epochs so far in progress.csv; their {int(rates.done.sum())} first-part rate "
+                     "tries in rates.csv)", flush=True)
     want = len(plan.arms) * (1 + 2 * len(plan.seeds))
     print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
-          f"language models so far:\n{prog.to_string()}", flush=True)
+          + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
+          + f"language models so far:\n{prog.to_string()}", flush=True)
     return res
 
 # %% ../nbs/13_protocol.ipynb #11a7466e
