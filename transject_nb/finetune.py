@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import torch.nn as nn
+from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
@@ -68,20 +69,24 @@ def load_pretrained(
 
 # %% ../nbs/14a_finetune.ipynb #bc8f70e7
 class Stage(NamedTuple):
-    "One stage of gradual unfreezing: the groups from `freeze_to` up train for `epochs` one-cycle epochs."
+    "One stage of gradual unfreezing: the groups from `freeze_to` up train for `epochs`, or until they stop improving."
     # fastai's `freeze_to(n)`: groups `n:` train (negative: counted back from the head; 0: every group)
     freeze_to:int
-    epochs:int             # one-cycle epochs
+    epochs:int             # one-cycle epochs; with `patience`, the most epochs
     lr_max:float           # the head's rate
     # the lowest group's rate, spread geometrically up to `lr_max` (None: every trained group at `lr_max`)
     lr_min:float|None
+    # None: one cycle of `epochs`; k: constant rates until the validation loss has not improved for k epochs
+    patience:int|None = None
 
 def ulmfit_schedule(
     lr:float,              # the head's rate in the first stage
     n_groups:int,          # the model's groups (`len(layer_groups(model))`)
     n_gradual:int=3,       # stages that unfreeze one more group each (the first trains the head alone)
-    epochs_last:int=2,     # epochs of the last stage, every group unfrozen
+    epochs_last:int=2,     # epochs of the last stage, every group unfrozen (with `patience_last`: the most)
     factor:float=2.6,      # each group's rate is this many times its upper neighbour's smaller
+    # None: the last stage is one cycle, as ULMFiT's; k: it trains until its validation loss stalls for k epochs
+    patience_last:int|None=None,
 )->list:                   # the `Stage`s, in order
     ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
      "one more group per stage at half the rate, then all at a fifth.")
@@ -91,11 +96,13 @@ def ulmfit_schedule(
     if lr <= 0 or factor < 1 or epochs_last < 1:
         raise ValueError(f"need lr > 0, factor >= 1 and epochs_last >= 1, "
                          f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
+    if patience_last is not None and (not isinstance(patience_last, int) or patience_last < 1):
+        raise ValueError(f"patience_last must be None or an int >= 1, got {patience_last!r}")
     spread = lambda r: r / factor ** (n_groups - 1)
     stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
                                          for k in range(2, n_gradual + 1)]
     last = lr / 2 ** (n_gradual - 1) / 5
-    return stages + [Stage(0, epochs_last, last, spread(last))]
+    return stages + [Stage(0, epochs_last, last, spread(last), patience_last)]
 
 # %% ../nbs/14a_finetune.ipynb #809dfb06
 def fine_tune(
@@ -105,8 +112,8 @@ def fine_tune(
     stages:list,           # `Stage`s (`ulmfit_schedule`)
     moms=(0.8, 0.7, 0.8),  # one-cycle momentum, ULMFiT's
 )->pd.DataFrame:           # one row per stage: groups trained, epochs, rates, validation loss and accuracy, seconds
-    ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, "
-     "then each stage freezes, fits one cycle and validates.")
+    ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, then each stage "
+     "freezes, fits (one cycle, or until it stops improving) and validates.")
     learn.splitter, learn.opt = layer_groups, None  # the optimiser is rebuilt with one parameter group per layer group
     n = len(layer_groups(learn.model))
     skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
@@ -116,10 +123,14 @@ def fine_tune(
         for s in stages:
             learn.freeze_to(s.freeze_to)
             t0 = time.perf_counter()
-            learn.fit_one_cycle(s.epochs, s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max), moms=moms)
-            va = learn.validate()
+            lr = s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max)
+            if s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms)
+            else:                                           # its best epoch's weights come back (`SaveBestCallback`)
+                with learn.added_cbs(EarlyStoppingCallback(monitor='valid_loss', patience=s.patience)):
+                    learn.fit(s.epochs, lr)
+            trained, va = len(learn.recorder.values), learn.validate()
             groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
-            rows.append(dict(groups=groups, epochs=s.epochs, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
+            rows.append(dict(groups=groups, epochs=trained, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
                              valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0, 1)))
     return pd.DataFrame(rows)
 
@@ -222,7 +233,8 @@ def _clf_data(plan, lm_learn, source, out):
 
 # %% ../nbs/14a_finetune.ipynb #6ec59ba5
 def _classifier(plan, v, data, path, seed, pretrained=None):
-    "A classifier run: pretrained (fine-tuned by ULMFiT's schedule) or from scratch, each at its `lr_find` rate."
+    ("A classifier run: pretrained (ULMFiT's schedule, its last stage until it stops improving) or from scratch, "
+     "each at its `lr_find` rate.")
     causal = pretrained is not None and plan.objective(v) == 'causal'      # a causal encoder keeps its mask
     learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
                         **plan.model_fields(v), **plan.clf, **({'causal': True} if causal else {}))
@@ -234,7 +246,9 @@ def _classifier(plan, v, data, path, seed, pretrained=None):
         learn.splitter, learn.opt = layer_groups, None
         learn.freeze_to(-1); lr = find_lr(learn)                                # the head's rate, the rest frozen
         with learn.no_bar(), learn.no_logging():
-            stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual))
+            stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,   # last: until best
+                                                      epochs_last=learn.train_cfg.epochs,
+                                                      patience_last=learn.train_cfg.patience))
     res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0, 1))
     return res if stages is None else res | dict(stages=stages.to_dict('records'))
 
