@@ -18,7 +18,7 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
            'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
-           'pretrain_progress', 'pretrained_lm']
+           'pretrain_progress', 'pretrained_lm', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -345,4 +345,27 @@ def pretrained_lm(
         raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
                          "(or $TRANSJECT_DATA)")
     return _lm_learner(plan, variant, out, source)
+
+
+# %% ../nbs/14a_finetune.ipynb #01238391
+def plot_pretrain_progress(
+    passes:dict,                   # label -> a `pretrain_progress` table: each arm's pass, part by part
+    rates:pd.DataFrame|None=None,  # `pretrain_rates`: each finished try drawn at part 1
+    title:str='',                  # over the plot
+):
+    "Validation perplexity part by part, one line per pass and arm; the rates tried on the first part as points."
+    import matplotlib.pyplot as plt
+    if not any(len(p) for p in passes.values()) and (rates is None or not rates.done.any()):
+        raise ValueError("nothing to draw: no pass has finished a part and no rate has been tried")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, p in passes.items():
+        for arm, g in p.groupby('arm', sort=False):
+            ax.plot(g.epoch + 1, g.valid_ppl, marker='o', ms=3, label=f"{arm}, {label}")
+    if rates is not None and rates.done.any():
+        r = rates[rates.done.astype(bool)]
+        ax.scatter([1] * len(r), r.valid_ppl, marker='x', color='k', zorder=3, label='first part, each rate tried')
+        for x in r.itertuples(): ax.annotate(f" {x.lr:g}", (1, x.valid_ppl), fontsize=7, va='center')
+    ax.set(yscale='log', xlabel='parts of the pass trained', ylabel='validation perplexity', title=title)
+    ax.legend(fontsize=7); fig.tight_layout()
+    return fig
 
