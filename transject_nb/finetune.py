@@ -167,6 +167,17 @@ class PretrainPlan:
         "How the arm pretrains: causal where the variant can be, masked otherwise."
         return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
 
+# %% ../nbs/14a_finetune.ipynb #39b2af9f
+def _clock_secs(t)->float:
+    "fastai's epoch time, 'mm:ss' or 'h:mm:ss', in seconds."
+    return float(sum(int(x) * 60 ** i for i, x in enumerate(reversed(str(t).split(':')))))
+
+def _history_of(run)->pd.DataFrame:
+    "A run folder's epochs so far (its `history.csv`), empty before its first."
+    f = Path(run)/'history.csv'
+    return pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
+
+
 # %% ../nbs/14a_finetune.ipynb #39b2afa1
 def pretrain_rates(
     plan:PretrainPlan,      # the plan
@@ -176,8 +187,7 @@ def pretrain_rates(
     rows = []
     for v in plan.arms:
         for lr in plan.lm_lrs:
-            f = Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}'/'history.csv'
-            h = pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
+            h = _history_of(Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}')
             rows.append(dict(arm=v, lr=lr, done=len(h) > 0, valid_loss=float(h.valid_loss.iloc[-1]) if len(h) else None,
                              valid_ppl=float(h.perplexity.iloc[-1]) if len(h) else None,
                              secs=_clock_secs(h.time.iloc[-1]) if len(h) else None))
@@ -299,10 +309,6 @@ def pretrain_results(
                                        'secs'])
 
 # %% ../nbs/14a_finetune.ipynb #63b83385
-def _clock_secs(t)->float:
-    "fastai's epoch time, 'mm:ss' or 'h:mm:ss', in seconds."
-    return float(sum(int(x) * 60 ** i for i, x in enumerate(reversed(str(t).split(':')))))
-
 def pretrain_progress(
     plan:PretrainPlan,      # the plan
     out='runs/pretrain',    # the runs' root folder
@@ -310,8 +316,7 @@ def pretrain_progress(
     "Each arm's language model epoch by epoch, finished or still running (its `history.csv`): a long pass's progress."
     rows, k = [], plan.lm.get('shards', 1)
     for v in plan.arms:
-        f = Path(out)/plan.name/v/'lm'/'history.csv'
-        h = pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
+        h = _history_of(Path(out)/plan.name/v/'lm')
         rows += [dict(arm=v, epoch=int(r.epoch), part=f"{int(r.epoch) % k + 1} of {k}", valid_ppl=float(r.perplexity),
                       secs=_clock_secs(r.time)) for r in h.itertuples()]
     return pd.DataFrame(rows, columns=['arm', 'epoch', 'part', 'valid_ppl', 'secs'])
