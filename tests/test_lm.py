@@ -228,3 +228,24 @@ def test_the_streams_respect_their_splits(tmp_path):
     assert c.dropped >= 1
     again = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     assert [d.tolist() for d in again.test] == [d.tolist() for d in c.test] and again.tokenizer.tok.get_vocab() == c.tokenizer.tok.get_vocab()
+
+
+def test_a_runs_checkpoint_alone_moves_a_sharded_loader(tmp_path):
+    "Without `NextShard`, a run's `TrainCheckpoint` still sets the epoch on the `ShardedLoader` itself: epoch e reads part e."
+    from fastai.callback.core import Callback
+    from transject_nb.learner import train_learner
+    from transject_nb.lm import NextShard, get_lm_learner, load_lm_corpus
+
+    class Parts(Callback):
+        def before_fit(self): self.parts = {}
+        def before_batch(self):
+            if self.training: self.parts[self.epoch] = self.dls.train.loaders.index(self.dls.train.dl)
+
+    c = load_lm_corpus(small_imdb(tmp_path/'imdb'), vocab_size=60, n_valid=8, n_test=8, cache_dir=False)
+    seen = Parts()
+    learn = get_lm_learner('transformer', corpus=c, path=tmp_path/'run', preset='cpu', d_model=16, n_layers=1, n_heads=2,
+                           d_ff=32, max_len=16, bs=2, epochs=3, patience=5, lr=1e-3, shards=3, device='cpu', cbs=seen)
+    learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, NextShard)])
+    assert not any(isinstance(cb, NextShard) for cb in learn.cbs)
+    train_learner(learn, progress=False)
+    assert seen.parts == {0: 0, 1: 1, 2: 2}
