@@ -668,11 +668,16 @@ def lm_versus(
     return pd.DataFrame(rows)
 
 # %% ../nbs/14_lm.ipynb #534b0b1c
-def _depth(label:str)->int:
-    "The `n_layers` of an arm label such as 'transformer+n_layers=8'."
-    if '+n_layers=' not in label:
-        raise ValueError(f"arm label {label!r} has no '+n_layers=L': a depth study labels its arms by depth")
-    return int(label.split('+n_layers=')[1].split('+')[0])
+def _arm_depth(label:str)->tuple:
+    "An arm label such as 'neutreno+lam=0.4+n_layers=8' split into the arm and its `n_layers`: ('neutreno+lam=0.4', 8)."
+    arm, sep, rest = label.partition('+n_layers=')
+    if not sep: raise ValueError(f"arm label {label!r} has no '+n_layers=L': a depth study labels its arms by depth")
+    L, _, more = rest.partition('+')
+    return arm + (f'+{more}' if more else ''), int(L)
+
+def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
+    "Per run: whether its losses `cols` are finite (a run that is not has diverged and gets no test)."
+    return pd.Series(np.isfinite(runs[list(cols)].astype(float)).all(axis=1), index=runs.index)
 
 def lm_depth_steps(
     runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol.LM_RESULT_COLUMNS`
@@ -681,13 +686,14 @@ def lm_depth_steps(
 )->pd.DataFrame:
     ("Each arm's depths in order, each against the next shallower one with runs, "
      "judged on the test and on the training-text losses.")
-    d = runs.assign(L=runs.variant.map(_depth), arm=runs.variant.str.replace(r'\+n_layers=\d+', '', regex=True))
+    ad = runs.variant.map(_arm_depth)                                  # (arm, L) per run
+    d = runs.assign(arm=ad.str[0], L=ad.str[1])
     rows = []
     for arm, g in d.groupby('arm', sort=False):
         Ls = sorted(g.L.unique())
         for lo, hi in zip(Ls, Ls[1:]):
             pair = g[g.L.isin((lo, hi))].assign(variant=lambda x: x.L.astype(str))
-            ok = np.isfinite(pair[['test_loss', 'train_loss']].astype(float)).all(axis=1)   # per run: not diverged
+            ok = _finite(pair, ('test_loss', 'train_loss'))                   # per run: not diverged
             finite = bool(ok.all())
             row = dict(arm=arm, shallower=lo, deeper=hi, diverged=not ok[pair.L == hi].all())
             for k in ('test', 'train'):                                 # a diverged depth has no verdict, only its flag
@@ -734,14 +740,14 @@ def lm_fixes(
             'n_worse']
     arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
     for a in arms:
-        L, b = _depth(a), f'{base}+n_layers={_depth(a)}'
+        L = _arm_depth(a)[1]; b = f'{base}+n_layers={L}'
         if a == b or b not in arms: continue
         pair = runs[runs.variant.isin((a, b))]
-        loss = {x: pair.test_loss[pair.variant == x].astype(float) for x in (a, b)}
-        if all(np.isfinite(l).all() for l in loss.values()): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L))
-        else: rows.append(pd.DataFrame([dict(L=L, better=a, worse=b, ppl_better=math.exp(loss[a].mean()),   # no test
-                                             ppl_worse=math.exp(loss[b].mean()), verdict='diverged',
-                                             n_better=len(loss[a]), n_worse=len(loss[b]))]))
+        if _finite(pair).all(): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L)); continue
+        loss = {x: pair.test_loss[pair.variant == x].astype(float) for x in (a, b)}   # diverged: no test
+        rows.append(pd.DataFrame([dict(L=L, better=a, worse=b, ppl_better=math.exp(loss[a].mean()),
+                                       ppl_worse=math.exp(loss[b].mean()), verdict='diverged',
+                                       n_better=len(loss[a]), n_worse=len(loss[b]))]))
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
 
@@ -756,8 +762,8 @@ def rate_depth_grid(
     if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
         raise ValueError(f"floor must be a finite perplexity > 0 (the unigram model's), got {floor!r}")
     s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
-    d = s.assign(arm=s.arm.str.replace(r'\+n_layers=\d+', '', regex=True), L=s.arm.map(_depth),
-                 value=s.value.astype(float))
+    ad = s.arm.map(_arm_depth)                                         # (arm, L) per trial
+    d = s.assign(arm=ad.str[0], L=ad.str[1], value=s.value.astype(float))
     g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
     return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
 
