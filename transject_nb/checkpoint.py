@@ -106,8 +106,9 @@ class TrainCheckpoint(Callback):
     "Save a run's state atomically after every epoch; on resume, restore it and replay the finished epochs."
     order = 65   # after Recorder (50), progress/CSV (60), SaveBest (61), EarlyStopping (63); before SkipToEpoch (70)
     _only_train_loop = True   # fastai's mark of callbacks that belong to `fit` alone: `learn.summary()` leaves them out
-    def __init__(self, fname:str='checkpoint', config:dict|None=None):
-        self.fname, self.config, self.state, self.times = fname, config or {}, None, []
+    def __init__(self, fname:str='checkpoint', config:dict|None=None,
+                 epoch0:int=0):   # the data's epoch at the fit's first (a fine-tuning stage goes on with its loader's)
+        self.fname, self.config, self.epoch0, self.state, self.times = fname, config or {}, epoch0, None, []
     @property
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
     def _save(self, done, epoch):
@@ -124,7 +125,7 @@ class TrainCheckpoint(Callback):
         self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
         dl = self.dls.train                   # its order (`BucketDL`) or part (`lm.ShardedLoader`) follows the epoch
         if not hasattr(dl, 'set_epoch'): dl = getattr(dl, 'dl', dl)   # the loader in `DistributedDL`, distributed
-        if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch)
+        if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch0 + self.epoch)
 
     def after_train(self): self.trained = True
 

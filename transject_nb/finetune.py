@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
+import torch
 import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
 
@@ -26,6 +27,7 @@ from .models import VARIANTS
 from .data import load_task, task_source
 from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab
 from .learner import evaluate, find_lr, get_learner, train_learner
+from .checkpoint import check_resumable, load_checkpoint, restore_history
 from .config import model_fields
 
 # %% ../nbs/14a_finetune.ipynb #2abc215b
@@ -105,34 +107,70 @@ def ulmfit_schedule(
     return stages + [Stage(0, epochs_last, last, spread(last), patience_last)]
 
 # %% ../nbs/14a_finetune.ipynb #809dfb06
+def _train_loader(learn):
+    "The training loader whose epoch sets its order (`BucketDL`), inside a `DistributedDL` if need be."
+    dl = learn.dls.train
+    return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)
+
+def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
+    ("Point the learner's `TrainCheckpoint` at stage `k`'s file, `stage{k}.pth`, with the stage in its config; "
+     "return what that file holds (None: the stage starts afresh).")
+    tcb, dl = learn.train_checkpoint, _train_loader(learn)
+    tcb.fname = f'stage{k}'
+    st = load_checkpoint(tcb.file) if resume and tcb.file.exists() else None
+    if st:
+        check_resumable(learn, st, tcb.file)
+        if (old := st['config'].get('stage')) != s._asdict():
+            raise ValueError(f"{tcb.file} holds stage {k} of another schedule ({old}), not {s._asdict()}: "
+                             "fine-tune in another run folder, or with resume=False")
+    e0 = st['config']['data_epoch'] if st else getattr(dl, 'epoch', 0)   # the loader's count goes on across stages
+    tcb.config, tcb.state, tcb.epoch0 = learn.config | dict(stage=s._asdict(), data_epoch=e0), st, e0
+    return st
+
 def fine_tune(
     # a classification `Learner` (e.g. `learner.get_learner`)
     # whose model holds the pretrained encoder (`load_pretrained`)
     learn,
     stages:list,           # `Stage`s (`ulmfit_schedule`)
     moms=(0.8, 0.7, 0.8),  # one-cycle momentum, ULMFiT's
-)->pd.DataFrame:           # one row per stage: groups trained, epochs, rates, validation loss and accuracy, seconds
+    # checkpoint every epoch of stage k in the run folder (`models/stage{k}.pth`) and go on from there:
+    # an interrupted fine-tune resumes as if nothing had happened (needs `learn.train_checkpoint`)
+    resume:bool=False,
+)->pd.DataFrame:           # per stage: groups trained, epochs, rates, validation loss and accuracy, seconds (replayed)
     ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, then each stage "
      "freezes, fits (one cycle, or until it stops improving) and validates.")
+    if resume and getattr(learn, 'train_checkpoint', None) is None:
+        raise ValueError("resume=True needs a learner with a TrainCheckpoint (`learner.get_learner` makes one)")
     learn.splitter, learn.opt = layer_groups, None  # the optimiser is rebuilt with one parameter group per layer group
     n = len(layer_groups(learn.model))
     skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
-            or c is getattr(learn, 'train_checkpoint', None)]                   # epochs restart every stage
+            or (c is getattr(learn, 'train_checkpoint', None) and not resume)]  # epochs restart every stage
     rows = []
     with learn.removed_cbs(skip):
-        for s in stages:
+        for k, s in enumerate(stages):
             learn.freeze_to(s.freeze_to)
-            t0 = time.perf_counter()
+            st, t0 = _stage_checkpoint(learn, k, s, resume) if resume else None, time.perf_counter()
             lr = s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max)
-            if s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms)
+            if st and st['done']:                           # a finished stage: its weights, random state and history
+                unwrap(learn.model).load_state_dict(st['model']); torch.set_rng_state(st['torch_rng'])
+                restore_history(learn, st)
+                dl = _train_loader(learn)
+                if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
+            elif s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms, start_epoch=st['epoch'] + 1 if st else 0)
             else:                                           # its best epoch's weights come back (`SaveBestCallback`)
                 with learn.added_cbs(EarlyStoppingCallback(monitor='valid_loss', patience=s.patience)):
-                    learn.fit(s.epochs, lr)
+                    learn.fit(s.epochs, lr, start_epoch=st['epoch'] + 1 if st else 0)
             trained, va = len(learn.recorder.values), learn.validate()
+            replayed = sum(st['times'][:st['epoch'] + 1]) if st else 0.              # seconds read back, not trained now
             groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
             rows.append(dict(groups=groups, epochs=trained, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
-                             valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0, 1)))
+                             valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0 + replayed, 1),
+                             replayed=round(replayed, 1)))
+    if resume:                                              # the learner's own checkpoint again
+        tcb = learn.train_checkpoint
+        tcb.fname, tcb.config, tcb.state, tcb.epoch0 = 'checkpoint', learn.config, None, 0
     return pd.DataFrame(rows)
+
 
 # %% ../nbs/14a_finetune.ipynb #c0c8362e
 @dataclass(frozen=True)
@@ -243,23 +281,27 @@ def _clf_data(plan, lm_learn, source, out):
 
 # %% ../nbs/14a_finetune.ipynb #6ec59ba5
 def _classifier(plan, v, data, path, seed, pretrained=None):
-    ("A classifier run: pretrained (ULMFiT's schedule, its last stage until it stops improving) or from scratch, "
-     "each at its `lr_find` rate.")
+    ("A classifier run, resumable: pretrained (ULMFiT's schedule, its last stage until it stops improving) "
+     "or from scratch, each at its `lr_find` rate.")
     causal = pretrained is not None and plan.objective(v) == 'causal'      # a causal encoder keeps its mask
     learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
                         **plan.model_fields(v), **plan.clf, **({'causal': True} if causal else {}))
     t0 = time.perf_counter()
     if pretrained is None:
+        f = learn.train_checkpoint.file
+        carried = sum(load_checkpoint(f)['times']) if f.exists() else 0.       # seconds of a resumed run's epochs
         lr = find_lr(learn); train_learner(learn, progress=False); stages = None
     else:
         load_pretrained(learn, pretrained)
         learn.splitter, learn.opt = layer_groups, None
+        learn.train_checkpoint.fname = 'stage0'             # a started fine-tune keeps its rate: `find_lr` reads it there
         learn.freeze_to(-1); lr = find_lr(learn)                                # the head's rate, the rest frozen
         with learn.no_bar(), learn.no_logging():
             stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,   # last: until best
                                                       epochs_last=learn.train_cfg.epochs,
-                                                      patience_last=learn.train_cfg.patience))
-    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0, 1))
+                                                      patience_last=learn.train_cfg.patience), resume=True)
+        carried = stages.replayed.sum()
+    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0 + carried, 1))
     return res if stages is None else res | dict(stages=stages.to_dict('records'))
 
 # %% ../nbs/14a_finetune.ipynb #f40d2983
