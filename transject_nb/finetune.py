@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 import numpy as np
 import pandas as pd
+from scipy.stats import ttest_1samp
 import torch
 import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
@@ -19,7 +20,7 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
            'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
-           'pretrain_progress', 'pretrained_lm', 'plot_pretrain_progress']
+           'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrained_lm', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -29,6 +30,7 @@ from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, sav
 from .learner import evaluate, find_lr, get_learner, train_learner
 from .checkpoint import check_resumable, load_checkpoint, restore_history
 from .config import model_fields
+from .stats import ALPHA, verdict_of, welch
 
 # %% ../nbs/14a_finetune.ipynb #2abc215b
 def layer_groups(
@@ -374,6 +376,45 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                       "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
                       "studies' three (their warm-up too); IMDb's repro split at 256 tokens"),
 )}
+
+# %% ../nbs/14a_finetune.ipynb #01238365
+def pretrain_table(
+    results:pd.DataFrame,            # `pretrain_results`: one row per finished run
+    rates:pd.DataFrame|None=None,    # `pretrain_rates`: the first-part tries, whose seconds count as pretraining
+)->pd.DataFrame:                     # per arm and kind: test accuracy mean and s.d. over seeds, seeds, minutes
+    ("Per arm, fine-tuned ('ulmfit') and from scratch: test accuracy over seeds and the CPU minutes of one classifier, "
+     "its language model's pass and rate tries included when fine-tuned.")
+    need = {'arm', 'kind', 'seed', 'test_acc', 'secs'}
+    if missing := need - set(results.columns): raise ValueError(f"results lack columns {sorted(missing)}: pass `pretrain_results`")
+    pre = results[results.kind == 'lm'].groupby('arm').secs.sum()                    # each arm's pass
+    if rates is not None and len(rates): pre = pre.add(rates.groupby('arm').secs.sum(), fill_value=0).reindex(pre.index)
+    g = results[results.kind != 'lm'].groupby(['arm', 'kind'])
+    t = pd.DataFrame(dict(test_acc=g.test_acc.mean(), test_acc_std=g.test_acc.std(), seeds=g.seed.count(),
+                          clf_minutes=g.secs.mean() / 60))
+    t['pretrain_minutes'] = [pre.get(a, np.nan) / 60 if k == 'ulmfit' else 0. for a, k in t.index]
+    return t.assign(minutes=t.clf_minutes + t.pretrain_minutes)
+
+# %% ../nbs/14a_finetune.ipynb #01238368
+def pretrain_verdicts(
+    results:pd.DataFrame,   # `pretrain_results`: one row per finished run
+    baseline:float,         # the accuracy to beat, one deterministic fit (TF-IDF's on IMDb)
+    alpha:float=ALPHA,      # the tests' level
+)->pd.DataFrame:            # per arm and claim: the difference of accuracies, p, verdict, seeds
+    "Per arm: is the fine-tuned classifier better than the one from scratch, and than `baseline` (a fixed number)?"
+    if not (isinstance(baseline, (int, float)) and 0 < baseline < 1):
+        raise ValueError(f"baseline must be an accuracy in (0, 1), got {baseline!r}")
+    rows = []
+    for arm, g in results[results.kind != 'lm'].groupby('arm', sort=False):
+        ft, sc = (g[g.kind == k].test_acc.astype(float).to_numpy() for k in ('ulmfit', 'scratch'))
+        if len(ft) and len(sc):
+            r = welch(ft, sc, alpha); rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], p=r['p'],
+                                                       verdict=r['verdict'], seeds=len(ft)))
+        if len(ft):                               # the baseline is a number without spread: the one-sample t-test
+            diff = ft.mean() - baseline
+            p = np.nan if len(ft) < 2 else ttest_1samp(ft, baseline).pvalue if ft.std() > 0 else float(diff == 0)
+            rows.append(dict(arm=arm, claim='fine-tuned > baseline', diff=diff, p=p, seeds=len(ft),
+                             verdict='one seed' if len(ft) < 2 else verdict_of(p, diff, len(ft), len(ft), alpha)))
+    return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'p', 'verdict', 'seeds'])
 
 # %% ../nbs/14a_finetune.ipynb #01238371
 def pretrained_lm(
