@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
 import torch
 import torch.nn as nn
 import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
@@ -33,7 +34,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
            'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes', 'rate_depth_grid', 'learned_rates',
-           'plot_rate_depth']
+           'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -809,3 +810,24 @@ def plot_rate_depth(
     if title: fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/14_lm.ipynb #76048ce4
+def similarity_link(
+    sim:pd.DataFrame,    # `experiments.similarity_data` of a depth study's models: variant, layer, similarity
+    runs:pd.DataFrame,   # the study's finished seed runs (`protocol.LM_RESULT_COLUMNS`)
+    seed:int=1,          # the seed whose models `sim` measured
+    alpha:float=ALPHA,   # the test's level
+)->dict:                 # last (arm × L), rho, p, n, link (in words), peak and peak_at (arm, L, layer)
+    "The last layer's similarity share of each model beside its test perplexity: Spearman's ρ, and the largest share seen."
+    if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
+        raise ValueError(f"sim lacks columns {sorted(missing)}: pass `experiments.similarity_data`'s table")
+    ad = sim.variant.map(_arm_depth)                                      # (arm, L) per row
+    s = sim.assign(arm=ad.str[0], L=ad.str[1])
+    top = s[s.layer == s.L]                                               # each model's last layer
+    j = top.set_index('variant').join(runs[runs.seed == seed].set_index('variant').test_ppl, how='inner')
+    if len(j) < 3: raise ValueError(f"need at least 3 measured models with a seed-{seed} run to rank, got {len(j)}")
+    r, at = spearmanr(j.similarity, j.test_ppl), s.loc[s.similarity.idxmax()]
+    link = (f"a higher share goes with a {'higher' if r.statistic > 0 else 'lower'} perplexity" if r.pvalue < alpha
+            else 'no monotone link beyond noise')
+    return dict(last=top.pivot(index='arm', columns='L', values='similarity'), rho=float(r.statistic), p=float(r.pvalue),
+                n=len(j), link=link, peak=float(at.similarity), peak_at=(at.arm, int(at.L), int(at.layer)))
