@@ -153,17 +153,18 @@ def fine_tune(
             learn.freeze_to(s.freeze_to)
             st, t0 = _stage_checkpoint(learn, k, s, resume) if resume else None, time.perf_counter()
             lr = s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max)
+            start = st['epoch'] + 1 if st else 0                # the first epoch not finished yet
             if st and st['done']:                           # a finished stage: its weights, random state and history
                 unwrap(learn.model).load_state_dict(st['model']); torch.set_rng_state(st['torch_rng'])
                 restore_history(learn, st)
                 dl = _train_loader(learn)
                 if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
-            elif s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms, start_epoch=st['epoch'] + 1 if st else 0)
+            elif s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms, start_epoch=start)
             else:                                           # its best epoch's weights come back (`SaveBestCallback`)
                 with learn.added_cbs(EarlyStoppingCallback(monitor='valid_loss', patience=s.patience)):
-                    learn.fit(s.epochs, lr, start_epoch=st['epoch'] + 1 if st else 0)
+                    learn.fit(s.epochs, lr, start_epoch=start)
             trained, va = len(learn.recorder.values), learn.validate()
-            replayed = sum(st['times'][:st['epoch'] + 1]) if st else 0.              # seconds read back, not trained now
+            replayed = sum(st['times'][:start]) if st else 0.                     # seconds read back, not trained now
             groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
             rows.append(dict(groups=groups, epochs=trained, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
                              valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0 + replayed, 1),
@@ -296,7 +297,7 @@ def _classifier(plan, v, data, path, seed, pretrained=None):
     else:
         load_pretrained(learn, pretrained)
         learn.splitter, learn.opt = layer_groups, None
-        learn.train_checkpoint.fname = 'stage0'             # a started fine-tune keeps its rate: `find_lr` reads it there
+        learn.train_checkpoint.fname = 'stage0'             # a started fine-tune keeps its rate: `find_lr` reads it
         learn.freeze_to(-1); lr = find_lr(learn)                                # the head's rate, the rest frozen
         with learn.no_bar(), learn.no_logging():
             stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,   # last: until best
@@ -385,7 +386,8 @@ def pretrain_table(
     ("Per arm, fine-tuned ('ulmfit') and from scratch: test accuracy over seeds and the CPU minutes of one classifier, "
      "its language model's pass and rate tries included when fine-tuned.")
     need = {'arm', 'kind', 'seed', 'test_acc', 'secs'}
-    if missing := need - set(results.columns): raise ValueError(f"results lack columns {sorted(missing)}: pass `pretrain_results`")
+    if missing := need - set(results.columns):
+        raise ValueError(f"results lack columns {sorted(missing)}: pass `pretrain_results`")
     pre = results[results.kind == 'lm'].groupby('arm').secs.sum()                    # each arm's pass
     if rates is not None and len(rates): pre = pre.add(rates.groupby('arm').secs.sum(), fill_value=0).reindex(pre.index)
     g = results[results.kind != 'lm'].groupby(['arm', 'kind'])
@@ -407,8 +409,9 @@ def pretrain_verdicts(
     for arm, g in results[results.kind != 'lm'].groupby('arm', sort=False):
         ft, sc = (g[g.kind == k].test_acc.astype(float).to_numpy() for k in ('ulmfit', 'scratch'))
         if len(ft) and len(sc):
-            r = welch(ft, sc, alpha); rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], p=r['p'],
-                                                       verdict=r['verdict'], seeds=len(ft)))
+            r = welch(ft, sc, alpha)
+            rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], p=r['p'], verdict=r['verdict'],
+                             seeds=len(ft)))
         if len(ft):                               # the baseline is a number without spread: the one-sample t-test
             diff = ft.mean() - baseline
             p = np.nan if len(ft) < 2 else ttest_1samp(ft, baseline).pvalue if ft.std() > 0 else float(diff == 0)

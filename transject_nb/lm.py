@@ -818,7 +818,7 @@ def similarity_link(
     seed:int=1,          # the seed whose models `sim` measured
     alpha:float=ALPHA,   # the test's level
 )->dict:                 # last (arm × L), rho, p, n, link (in words), peak and peak_at (arm, L, layer)
-    "The last layer's similarity share of each model beside its test perplexity: Spearman's ρ, and the largest share seen."
+    "Each model's last-layer similarity share beside its test perplexity: Spearman's ρ, and the largest share seen."
     if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
         raise ValueError(f"sim lacks columns {sorted(missing)}: pass `experiments.similarity_data`'s table")
     ad = sim.variant.map(_arm_depth)                                      # (arm, L) per row
@@ -829,5 +829,6 @@ def similarity_link(
     r, at = spearmanr(j.similarity, j.test_ppl), s.loc[s.similarity.idxmax()]
     link = (f"a higher share goes with a {'higher' if r.statistic > 0 else 'lower'} perplexity" if r.pvalue < alpha
             else 'no monotone link beyond noise')
-    return dict(last=top.pivot(index='arm', columns='L', values='similarity'), rho=float(r.statistic), p=float(r.pvalue),
-                n=len(j), link=link, peak=float(at.similarity), peak_at=(at.arm, int(at.L), int(at.layer)))
+    return dict(last=top.pivot(index='arm', columns='L', values='similarity'), rho=float(r.statistic),
+                p=float(r.pvalue), n=len(j), link=link, peak=float(at.similarity),
+                peak_at=(at.arm, int(at.L), int(at.layer)))
