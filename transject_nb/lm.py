@@ -637,16 +637,18 @@ NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 
                                 'test_ppl': {'transformer': 34.29, 'neutreno': 33.70}}).rename_axis('model')
 
 def lm_table(
-    runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+    runs:pd.DataFrame,         # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+    epochs_cap:int|None=None,  # the protocol's most epochs: a `capped` column counts the seeds that ran them all
 # per arm: seeds, test, validation and training-text perplexity (test: mean and std over seeds), accuracy, epochs, rate
 )->pd.DataFrame:
     ("Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, "
-     "its accuracy, epochs and rate.")
+     "its accuracy, epochs and rate; with `epochs_cap`, how many seeds the cap stopped, still improving.")
     g = runs.groupby('variant', sort=False)
-    return pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(),
-                             valid_ppl=g.valid_ppl.mean(), train_ppl=g.train_ppl.mean(), test_acc=g.test_acc.mean(),
-                             epochs=g.epochs.mean(),
-                             lr=g.lr.first())).rename_axis('arm')
+    t = pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(),
+                          valid_ppl=g.valid_ppl.mean(), train_ppl=g.train_ppl.mean(), test_acc=g.test_acc.mean(),
+                          epochs=g.epochs.mean(), lr=g.lr.first())).rename_axis('arm')
+    if epochs_cap is None: return t
+    return t.assign(capped=(runs.epochs >= epochs_cap).groupby(runs.variant, sort=False).sum().astype(int))
 
 def lm_versus(
     runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
