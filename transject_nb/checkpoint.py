@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CKPT_VERSION', 'SaveBestCallback', 'checkpoint_state', 'load_checkpoint', 'restore_state', 'TrainCheckpoint',
-           'HistoryCSV', 'check_resumable', 'restore_history', 'load_weights', 'ModelRecipe', 'load_trained']
+__all__ = ['CKPT_VERSION', 'SaveBestCallback', 'checkpoint_state', 'load_checkpoint', 'restore_state', 'epoch_loader',
+           'TrainCheckpoint', 'HistoryCSV', 'check_resumable', 'restore_history', 'load_weights', 'ModelRecipe',
+           'load_trained']
 
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f005
 import numpy as np
@@ -102,6 +103,13 @@ def restore_state(
     torch.set_rng_state(st['torch_rng'])
 
 # %% ../nbs/07b_checkpoint.ipynb #20792c6b
+def epoch_loader(
+    learn:Learner,   # a learner
+):                   # its training loader that takes `set_epoch`, or the plain one
+    "The training loader whose order (`BucketDL`) or part (`lm.ShardedLoader`) follows the epoch, unwrapped."
+    dl = learn.dls.train
+    return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)
+
 class TrainCheckpoint(Callback):
     "Save a run's state atomically after every epoch; on resume, restore it and replay the finished epochs."
     order = 65   # after Recorder (50), progress/CSV (60), SaveBest (61), EarlyStopping (63); before SkipToEpoch (70)
@@ -123,9 +131,7 @@ class TrainCheckpoint(Callback):
 
     def before_epoch(self):
         self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
-        dl = self.dls.train                   # its order (`BucketDL`) or part (`lm.ShardedLoader`) follows the epoch
-        if not hasattr(dl, 'set_epoch'): dl = getattr(dl, 'dl', dl)   # the loader in `DistributedDL`, distributed
-        if hasattr(dl, 'set_epoch'): dl.set_epoch(self.epoch0 + self.epoch)
+        if hasattr(dl := epoch_loader(self.learn), 'set_epoch'): dl.set_epoch(self.epoch0 + self.epoch)
 
     def after_train(self): self.trained = True
 

@@ -28,7 +28,7 @@ from .models import VARIANTS
 from .data import load_task, task_source
 from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab
 from .learner import evaluate, find_lr, get_learner, train_learner
-from .checkpoint import check_resumable, load_checkpoint, restore_history
+from .checkpoint import check_resumable, epoch_loader, load_checkpoint, restore_history
 from .config import model_fields
 from .stats import ALPHA, verdict_of, welch
 
@@ -109,15 +109,10 @@ def ulmfit_schedule(
     return stages + [Stage(0, epochs_last, last, spread(last), patience_last)]
 
 # %% ../nbs/14a_finetune.ipynb #809dfb06
-def _train_loader(learn):
-    "The training loader whose epoch sets its order (`BucketDL`), inside a `DistributedDL` if need be."
-    dl = learn.dls.train
-    return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)
-
 def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
     ("Point the learner's `TrainCheckpoint` at stage `k`'s file, `stage{k}.pth`, with the stage in its config; "
      "return what that file holds (None: the stage starts afresh).")
-    tcb, dl = learn.train_checkpoint, _train_loader(learn)
+    tcb, dl = learn.train_checkpoint, epoch_loader(learn)
     tcb.fname = f'stage{k}'
     st = load_checkpoint(tcb.file) if resume and tcb.file.exists() else None
     if st:
@@ -157,7 +152,7 @@ def fine_tune(
             if st and st['done']:                           # a finished stage: its weights, random state and history
                 unwrap(learn.model).load_state_dict(st['model']); torch.set_rng_state(st['torch_rng'])
                 restore_history(learn, st)
-                dl = _train_loader(learn)
+                dl = epoch_loader(learn)
                 if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
             elif s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms, start_epoch=start)
             else:                                           # its best epoch's weights come back (`SaveBestCallback`)
@@ -416,7 +411,8 @@ def pretrain_verdicts(
             diff = ft.mean() - baseline
             p = np.nan if len(ft) < 2 else ttest_1samp(ft, baseline).pvalue if ft.std() > 0 else float(diff == 0)
             rows.append(dict(arm=arm, claim='fine-tuned > baseline', diff=diff, p=p, seeds=len(ft),
-                             verdict='one seed' if len(ft) < 2 else verdict_of(p, diff, len(ft), len(ft), alpha)))
+                             verdict='one seed' if len(ft) < 2                 # only the network's seeds have a spread
+                             else verdict_of(p, diff, n_a=len(ft), n_b=len(ft), alpha=alpha)))
     return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'p', 'verdict', 'seeds'])
 
 # %% ../nbs/14a_finetune.ipynb #01238371
