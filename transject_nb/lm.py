@@ -678,6 +678,11 @@ def _arm_depth(label:str)->tuple:
     L, _, more = rest.partition('+')
     return arm + (f'+{more}' if more else ''), int(L)
 
+def _with_arm_depth(d:pd.DataFrame, col:str='variant')->pd.DataFrame:
+    "`d` with the arm and the depth of its labels in `col` as columns `arm` and `L`."
+    ad = d[col].map(_arm_depth)
+    return d.assign(arm=ad.str[0], L=ad.str[1])
+
 def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
     "Per run: whether its losses `cols` are finite (a run that is not has diverged and gets no test)."
     return pd.Series(np.isfinite(runs[list(cols)].astype(float)).all(axis=1), index=runs.index)
@@ -689,8 +694,7 @@ def lm_depth_steps(
 )->pd.DataFrame:
     ("Each arm's depths in order, each against the next shallower one with runs, "
      "judged on the test and on the training-text losses.")
-    ad = runs.variant.map(_arm_depth)                                  # (arm, L) per run
-    d = runs.assign(arm=ad.str[0], L=ad.str[1])
+    d = _with_arm_depth(runs)
     rows = []
     for arm, g in d.groupby('arm', sort=False):
         Ls = sorted(g.L.unique())
@@ -765,8 +769,7 @@ def rate_depth_grid(
     if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
         raise ValueError(f"floor must be a finite perplexity > 0 (the unigram model's), got {floor!r}")
     s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
-    ad = s.arm.map(_arm_depth)                                         # (arm, L) per trial
-    d = s.assign(arm=ad.str[0], L=ad.str[1], value=s.value.astype(float))
+    d = _with_arm_depth(s, 'arm').assign(value=s.value.astype(float))
     g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
     return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
 
@@ -823,8 +826,7 @@ def similarity_link(
     "Each model's last-layer similarity share beside its test perplexity: Spearman's ρ, and the largest share seen."
     if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
         raise ValueError(f"sim lacks columns {sorted(missing)}: pass `experiments.similarity_data`'s table")
-    ad = sim.variant.map(_arm_depth)                                      # (arm, L) per row
-    s = sim.assign(arm=ad.str[0], L=ad.str[1])
+    s = _with_arm_depth(sim)
     top = s[s.layer == s.L]                                               # each model's last layer
     j = top.set_index('variant').join(runs[runs.seed == seed].set_index('variant').test_ppl, how='inner')
     if len(j) < 3: raise ValueError(f"need at least 3 measured models with a seed-{seed} run to rank, got {len(j)}")
