@@ -20,7 +20,8 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
            'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
-           'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrained_lm', 'plot_pretrain_progress']
+           'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'pretrained_lm',
+           'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -414,6 +415,24 @@ def pretrain_verdicts(
                              verdict='one seed' if len(ft) < 2                 # only the network's seeds have a spread
                              else verdict_of(p, diff, n_a=len(ft), n_b=len(ft), alpha=alpha)))
     return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'p', 'verdict', 'seeds'])
+
+# %% ../nbs/14a_finetune.ipynb #0123836d
+def pretrain_said(
+    results:pd.DataFrame,            # `pretrain_results`: one row per finished run
+    baseline:float,                  # the accuracy to beat (TF-IDF's on IMDb)
+    rates:pd.DataFrame|None=None,    # `pretrain_rates`, counted as pretraining
+    name:str='TF-IDF',               # what the baseline is called
+)->str:                              # one sentence (or two)
+    "`pretrain_table` and `pretrain_verdicts` in words: each classifier's accuracy and cost, the baseline, verdicts."
+    base = f"{name}: {100 * baseline:.1f}%"
+    if not (results.kind != 'lm').any(): return f"No classifier of the plan has finished yet ({base})."
+    kinds = dict(ulmfit='fine-tuned', scratch='from scratch')
+    said = [f"`{a}` {kinds[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
+            f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''})"
+            for (a, k), r in pretrain_table(results, rates).iterrows()]
+    verdicts = [f" `{r.arm}`, {r.claim.replace('baseline', name)}: {r.verdict} (p = {r.p:.2g})."
+                for r in pretrain_verdicts(results, baseline).itertuples() if r.verdict != 'one seed']
+    return f"{base}; " + '; '.join(said) + '.' + ''.join(verdicts)
 
 # %% ../nbs/14a_finetune.ipynb #01238371
 def pretrained_lm(
