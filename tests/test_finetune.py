@@ -66,3 +66,27 @@ def test_a_running_pretraining_shows_its_progress(tmp_path):
     assert len(rates) == len(plan.arms) * len(plan.lm_lrs) and rates.done.sum() == 1
     assert rates[rates.done].to_dict('records') == [dict(arm=plan.arms[0], lr=plan.lm_lrs[1], done=True, valid_loss=5.07,
                                                          valid_ppl=158.4, secs=519.0)]
+
+
+def test_a_running_pretraining_is_carried_to_another_machine_from_the_command_line(tmp_path):
+    "`--snapshot DIR` copies the rate tries' and the pass's histories; `--start-from DIR` puts them under a new --out."
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    run = tmp_path/'runs'/plan.name/plan.arms[0]
+    (run/'lm').mkdir(parents=True); (run/'lm'/'history.csv').write_text('epoch,valid_loss,perplexity,time\n0,5.8,330.3,14:13\n')
+    (run/'lm-rates'/'lr0.01').mkdir(parents=True)
+    (run/'lm-rates'/'lr0.01'/'history.csv').write_text('epoch,valid_loss,perplexity,time\n0,5.07,158.4,08:39\n')
+    (run/'lm-rates'/'lr0.001').mkdir(parents=True); (run/'lm-rates'/'lr0.001'/'history.csv').write_text('')  # not finished
+    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name]
+    r = subprocess.run(cli + ['--out', str(tmp_path/'runs'), '--snapshot', str(tmp_path/'snap')], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'snapshot of ulmfit-imdb' in r.stdout and '3 files' in r.stdout                  # the two histories and its mark
+    assert (tmp_path/'snap'/plan.arms[0]/'lm'/'history.csv').is_file()
+    assert not (tmp_path/'snap'/plan.arms[0]/'lm-rates'/'lr0.001').exists()
+    r = subprocess.run(cli + ['--out', str(tmp_path/'other'), '--start-from', str(tmp_path/'snap'), '--status'],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '330.3' not in r.stdout                          # --status trains nothing and copies nothing
+    r = subprocess.run(cli + ['--out', str(tmp_path/'runs'), '--snapshot', str(tmp_path/'runs'/plan.name/'s')],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and 'would be inside' in r.stderr

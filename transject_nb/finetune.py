@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, json, time
+import dataclasses, json, shutil, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -21,7 +21,7 @@ from fastai.callback.tracker import EarlyStoppingCallback
 __all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
            'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
            'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'pretrained_lm',
-           'plot_pretrain_progress']
+           'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -260,7 +260,8 @@ def _lm_learner(plan, v, out, source, progress=False):
      "on validation (`plan.lm_lrs`) or at `lr_find`'s.")
     kw = _lm_kw(plan, v)
     if plan.lm_lrs:
-        for lr in plan.lm_lrs: _rate_probe(plan, v, out, source, lr, progress)
+        tried = pretrain_rates(plan, out)                   # a finished try is read from its history, not run again
+        for lr in tried[(tried.arm == v) & ~tried.done.astype(bool)].lr: _rate_probe(plan, v, out, source, lr, progress)
         kw['lr'] = best_pretrain_rate(pretrain_rates(plan, out), v)
     learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm', source=source, **kw)
     if not plan.lm_lrs: find_lr(learn)                      # a started run keeps its rate: no range test then
@@ -309,6 +310,7 @@ def run_pretrain_plan(
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
     progress:bool=True,     # a line per finished step
+    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan has no runs there yet
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
      "and from-scratch classifiers.")
@@ -316,6 +318,10 @@ def run_pretrain_plan(
     if source is None:
         raise ValueError("a pretraining plan reads the IMDb reviews: "
                          "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
+    if start_from is not None and not (Path(out)/plan.name).exists():
+        if not (Path(start_from)/'.snapshot').is_file():
+            raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
+        shutil.copytree(start_from, Path(out)/plan.name)
     for v in plan.arms:
         lm_file, todo = Path(out)/plan.name/v/'lm'/'results.json', []
         for kind, seed in [(k, s) for s in plan.seeds for k in ('ulmfit', 'scratch')]:
@@ -451,6 +457,39 @@ def pretrained_lm(
         raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
                          "(or $TRANSJECT_DATA)")
     return _lm_learner(plan, variant, out, source)
+
+
+# %% ../nbs/14a_finetune.ipynb #5f5250c1
+def _slim(st:dict)->dict:
+    "A finished run's checkpoint without its last weights and optimiser: its best weights are `best.pth`."
+    return {k: v for k, v in st.items() if k not in ('model', 'opt')}
+
+def snapshot_pretrain(
+    plan:PretrainPlan,      # the plan
+    out,                    # the runs' root folder
+    dest,                   # the snapshot's folder (replaced)
+)->pd.DataFrame:            # one row per file of the snapshot: its path in it, bytes
+    "The part of a pretraining plan's runs another machine needs to go on, small enough to commit."
+    src, dest = Path(out)/plan.name, Path(dest)
+    if not src.is_dir(): raise FileNotFoundError(f"plan {plan.name!r} has no runs under {out}")
+    if dest.resolve().is_relative_to(src.resolve()): raise ValueError(f"the snapshot {dest} would be inside {src}")
+    files = {}                                                   # file -> None (copied) or the checkpoint to write
+    for a in (src/v for v in plan.arms):
+        files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
+        files |= dict.fromkeys(f for f in a.glob('*/seed*/results.json'))            # finished classifiers
+        files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
+                               if f.is_file())
+        if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():
+            st = load_checkpoint(ck); files[ck] = _slim(st) if st['done'] else None  # a running pass: all of it
+    tmp = dest.with_name(dest.name + '.tmp'); shutil.rmtree(tmp, ignore_errors=True)
+    for f, st in files.items():
+        (t := tmp/f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        if st is None: shutil.copy2(f, t)
+        else: torch.save(st, t)
+    atomic_write(tmp/'.snapshot', json.dumps(dict(plan=plan.name, files=len(files)), indent=1))
+    shutil.rmtree(dest, ignore_errors=True); tmp.rename(dest)                        # whole, or the old one kept
+    return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*')) if f.is_file()],
+                        columns=['file', 'bytes'])
 
 
 # %% ../nbs/14a_finetune.ipynb #01238391

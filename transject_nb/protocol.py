@@ -27,7 +27,8 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import PRETRAIN_STUDIES, pretrain_progress, pretrain_rates, pretrain_results, run_pretrain_plan
+from .finetune import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates, pretrain_results, run_pretrain_plan,
+                                   snapshot_pretrain)
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -841,7 +842,7 @@ def add_study_args(p):
                         'machines (default runs/studies.db)')
     p.add_argument('--start-from', default=None, metavar='FILE',
                    help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage "
-                        "when that does not exist yet")
+                        "when that does not exist yet; for a pretraining plan, a --snapshot folder copied to --out")
     p.add_argument('--out', default='runs/studies',
                    help='folder of the runs (checkpoints, so that a retried trial resumes)')
     p.add_argument('--workers', type=int, default=1,
@@ -858,14 +859,20 @@ def add_study_args(p):
     p.add_argument('--export', default=None, metavar='DIR',
                    help='write trials.csv and runs.csv into DIR; train nothing')
     p.add_argument('--snapshot', default=None, metavar='FILE',
-                   help='write a consistent copy of a SQLite --storage to FILE; train nothing')
+                   help='write a consistent copy of a SQLite --storage to FILE; for a pretraining plan, what another '
+                        'machine needs to go on, into the folder FILE; train nothing')
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
 # %% ../nbs/13_protocol.ipynb #eab688f8
 def _pretrain_command(plan, a):
-    "A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them."
-    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out)
+    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them, "
+     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that.")
+    if a.snapshot:
+        files = snapshot_pretrain(plan, a.out, a.snapshot)
+        return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
+                     f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
+    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from)
     res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
     if a.export:
         Path(a.export).mkdir(parents=True, exist_ok=True)
