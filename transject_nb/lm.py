@@ -33,8 +33,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes', 'rate_depth_grid', 'learned_rates',
-           'plot_rate_depth', 'similarity_link']
+           'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
+           'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -670,19 +670,26 @@ def lm_versus(
                          verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
     return pd.DataFrame(rows)
 
-# %% ../nbs/14_lm.ipynb #534b0b1c
-def _arm_depth(label:str)->tuple:
-    "An arm label such as 'neutreno+lam=0.4+n_layers=8' split into the arm and its `n_layers`: ('neutreno+lam=0.4', 8)."
+# %% ../nbs/14_lm.ipynb #13b8aefa
+def arm_depth(
+    label:str,   # an arm label with its depth, e.g. 'neutreno+lam=0.4+n_layers=8'
+)->tuple:        # (the arm without the depth, L), e.g. ('neutreno+lam=0.4', 8)
+    "An arm label of a depth study split into the arm and its `n_layers`."
     arm, sep, rest = label.partition('+n_layers=')
     if not sep: raise ValueError(f"arm label {label!r} has no '+n_layers=L': a depth study labels its arms by depth")
     L, _, more = rest.partition('+')
     return arm + (f'+{more}' if more else ''), int(L)
 
-def _with_arm_depth(d:pd.DataFrame, col:str='variant')->pd.DataFrame:
-    "`d` with the arm and the depth of its labels in `col` as columns `arm` and `L`."
-    ad = d[col].map(_arm_depth)
+def with_arm_depth(
+    d:pd.DataFrame,      # rows labelled by arm and depth
+    col:str='variant',   # the column of the labels
+)->pd.DataFrame:         # `d` with columns `arm` and `L`
+    "`d` with the arm and the depth of its labels (`arm_depth`) as columns."
+    ad = d[col].map(arm_depth)
     return d.assign(arm=ad.str[0], L=ad.str[1])
 
+
+# %% ../nbs/14_lm.ipynb #534b0b1c
 def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
     "Per run: whether its losses `cols` are finite (a run that is not has diverged and gets no test)."
     return pd.Series(np.isfinite(runs[list(cols)].astype(float)).all(axis=1), index=runs.index)
@@ -694,7 +701,7 @@ def lm_depth_steps(
 )->pd.DataFrame:
     ("Each arm's depths in order, each against the next shallower one with runs, "
      "judged on the test and on the training-text losses.")
-    d = _with_arm_depth(runs)
+    d = with_arm_depth(runs)
     rows = []
     for arm, g in d.groupby('arm', sort=False):
         Ls = sorted(g.L.unique())
@@ -747,7 +754,7 @@ def lm_fixes(
             'n_worse']
     arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
     for a in arms:
-        L = _arm_depth(a)[1]; b = f'{base}+n_layers={L}'
+        L = arm_depth(a)[1]; b = f'{base}+n_layers={L}'
         if a == b or b not in arms: continue
         pair = runs[runs.variant.isin((a, b))]
         if _finite(pair).all(): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L)); continue
@@ -769,7 +776,7 @@ def rate_depth_grid(
     if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
         raise ValueError(f"floor must be a finite perplexity > 0 (the unigram model's), got {floor!r}")
     s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
-    d = _with_arm_depth(s, 'arm').assign(value=s.value.astype(float))
+    d = with_arm_depth(s, 'arm').assign(value=s.value.astype(float))
     g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
     return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
 
@@ -826,7 +833,7 @@ def similarity_link(
     "Each model's last-layer similarity share beside its test perplexity: Spearman's ρ, and the largest share seen."
     if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
         raise ValueError(f"sim lacks columns {sorted(missing)}: pass `experiments.similarity_data`'s table")
-    s = _with_arm_depth(sim)
+    s = with_arm_depth(sim)
     top = s[s.layer == s.L]                                               # each model's last layer
     j = top.set_index('variant').join(runs[runs.seed == seed].set_index('variant').test_ppl, how='inner')
     if len(j) < 3: raise ValueError(f"need at least 3 measured models with a seed-{seed} run to rank, got {len(j)}")
