@@ -18,10 +18,10 @@ import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune',
-           'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
-           'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'pretrained_lm',
-           'snapshot_pretrain', 'plot_pretrain_progress']
+__all__ = ['SHAPELESS', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule',
+           'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
+           'clf_runs', 'best_clf_rate', 'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said',
+           'pretrained_lm', 'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -172,6 +172,8 @@ def fine_tune(
 
 
 # %% ../nbs/14a_finetune.ipynb #c0c8362e
+CLF_KINDS = ('ulmfit', 'scratch')   # a plan's classifiers: fine-tuned from its language model, and from scratch
+
 @dataclass(frozen=True)
 class PretrainPlan:
     ("A declared pretraining-then-fine-tuning comparison: per arm, a language model, then classifiers "
@@ -187,18 +189,32 @@ class PretrainPlan:
     # rates tried on the pass's first part, one epoch each: the lowest validation loss sets the pass's rate
     # (empty: fastai's `lr_find` suggests it)
     lm_lrs:tuple = ()
+    # each classifier's rate, chosen on validation as the fair protocol does: every rate of a kind trains a run at
+    # seed 0, and the seeds train at the one of highest validation accuracy (empty: `lr_find` suggests each run's rate)
+    ulmfit_lrs:tuple = ()    # the fine-tune's head rate (`ulmfit_schedule` derives the other stages' from it)
+    scratch_lrs:tuple = ()   # the classifier from scratch
     preset:str = 'repro'     # the `settings.ini` preset under every run
     note:str = ''            # what the sizes are and why
 
     def __post_init__(self):
         for v in self.arms: check_choice(v, VARIANTS, 'variant')
         if not self.arms or not self.seeds: raise ValueError(f"plan {self.name!r} needs arms and seeds")
-        if not all(isinstance(r, float) and r > 0 for r in self.lm_lrs):
-            raise ValueError(f"plan {self.name!r}: lm_lrs must be rates (floats > 0), got {self.lm_lrs!r}")
+        for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs'):
+            if not all(isinstance(r, float) and r > 0 for r in getattr(self, k)):
+                raise ValueError(f"plan {self.name!r}: {k} must be rates (floats > 0), got {getattr(self, k)!r}")
 
     def model_fields(self, variant:str)->dict:
         "The shared model fields that `variant` has (TransJect has no heads, the softmax family no experts)."
         return {k: v for k, v in self.model.items() if k in model_fields(variant)}
+
+    def clf_lrs(self, kind:str)->tuple:
+        "The rates a classifier of `kind` ('ulmfit': its head's, or 'scratch') searches; empty where `lr_find` chooses."
+        lrs = {'ulmfit': self.ulmfit_lrs, 'scratch': self.scratch_lrs}
+        return lrs[check_choice(kind, CLF_KINDS, 'classifier kind')]
+
+    def runs_per_arm(self)->int:
+        "An arm's runs: its language model, its classifiers' rate searches, and both classifiers at every seed."
+        return 1 + len(self.ulmfit_lrs) + len(self.scratch_lrs) + len(CLF_KINDS) * len(self.seeds)
 
     def objective(self, variant:str)->str:
         "How the arm pretrains: causal where the variant can be, masked otherwise."
@@ -280,22 +296,23 @@ def _clf_data(plan, lm_learn, source, out):
     return load_task('imdb', source=source, max_len=max_len, vocab=vocab, progress=False)
 
 # %% ../nbs/14a_finetune.ipynb #6ec59ba5
-def _classifier(plan, v, data, path, seed, pretrained=None):
+def _classifier(plan, v, data, path, seed, pretrained=None, lr=None):
     ("A classifier run, resumable: pretrained (ULMFiT's schedule, its last stage until it stops improving) "
-     "or from scratch, each at its `lr_find` rate.")
+     "or from scratch, at `lr` (the fine-tune's head rate) or at the rate `lr_find` suggests.")
     causal = pretrained is not None and plan.objective(v) == 'causal'      # a causal encoder keeps its mask
+    given = ({'causal': True} if causal else {}) | ({'lr': lr} if lr else {})
     learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
-                        **plan.model_fields(v), **plan.clf, **({'causal': True} if causal else {}))
+                        **plan.model_fields(v), **plan.clf, **given)
     t0 = time.perf_counter()
     if pretrained is None:
         f = learn.train_checkpoint.file
         carried = sum(load_checkpoint(f)['times']) if f.exists() else 0.       # seconds of a resumed run's epochs
-        lr = find_lr(learn); train_learner(learn, progress=False); stages = None
+        lr = lr or find_lr(learn); train_learner(learn, progress=False); stages = None
     else:
         load_pretrained(learn, pretrained)
         learn.splitter, learn.opt = layer_groups, None
         learn.train_checkpoint.fname = 'stage0'             # a started fine-tune keeps its rate: `find_lr` reads it
-        learn.freeze_to(-1); lr = find_lr(learn)                                # the head's rate, the rest frozen
+        learn.freeze_to(-1); lr = lr or find_lr(learn)                          # the head's rate, the rest frozen
         with learn.no_bar(), learn.no_logging():
             stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,   # last: until best
                                                       epochs_last=learn.train_cfg.epochs,
@@ -323,37 +340,63 @@ def run_pretrain_plan(
             raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
         shutil.copytree(start_from, Path(out)/plan.name)
     for v in plan.arms:
-        lm_file, todo = Path(out)/plan.name/v/'lm'/'results.json', []
-        for kind, seed in [(k, s) for s in plan.seeds for k in ('ulmfit', 'scratch')]:
-            if not (f := Path(out)/plan.name/v/kind/f'seed{seed}'/'results.json').exists(): todo.append((kind, seed, f))
-        if lm_file.exists() and not todo: continue                                 # the arm is done
+        a = Path(out)/plan.name/v
+        # (kind, seed, rate or None: the search's choice, file): each kind's rate search at seed 0, then the seeds
+        runs = ([(k, 0, lr, a/k/'search'/f'lr{lr:g}'/'results.json') for k in CLF_KINDS for lr in plan.clf_lrs(k)]
+                + [(k, s, None, a/k/f'seed{s}'/'results.json') for s in plan.seeds for k in CLF_KINDS])
+        if (a/'lm'/'results.json').exists() and all(r[-1].exists() for r in runs): continue   # the arm is done
         lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
-        if not lm_file.exists(): atomic_write(lm_file, json.dumps(lm_res, indent=1))
+        if not (a/'lm'/'results.json').exists(): atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
         data_ = None
-        for kind, seed, f in todo:
+        for kind, seed, lr, f in runs:
+            if f.exists(): continue
             data_ = data_ or _clf_data(plan, lm_learn, source, out)
-            res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None)
+            if lr is None and plan.clf_lrs(kind): lr = best_clf_rate(pretrain_results(plan, out), v, kind)
+            res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
             atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
             if progress:
-                print(f"[{plan.name}] {v} {kind} seed {seed}: test {100 * res['test_acc']:.1f}%, "
+                print(f"[{plan.name}] {v} {kind} {'search' if f.parent.parent.name == 'search' else 'seed'} {seed} "
+                      f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
                       f"{res['secs']:.0f} s", flush=True)
     return pretrain_results(plan, out)
 
 # %% ../nbs/14a_finetune.ipynb #63b83384
+_SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   # what a run's row reports
+
 def pretrain_results(
     plan:PretrainPlan,      # the plan
     out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), seed, scores, seconds
+)->pd.DataFrame:            # one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), phase, seed, scores, secs
     "The finished runs of a pretraining plan, read from their `results.json`."
     rows = []
     for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
         r = json.loads(f.read_text())
         kind = 'lm' if f.parent.name == 'lm' else r['kind']
+        phase = 'lm' if kind == 'lm' else 'search' if f.parent.parent.name == 'search' else 'seed'
         secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
-        rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, seed=r.get('seed'), secs=secs)
-                    | {k: r.get(k) for k in ('test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs')})
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'test_acc', 'valid_acc', 'test_ppl', 'lr', 'epochs',
-                                       'secs'])
+        rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, phase=phase, seed=r.get('seed'),
+                         secs=secs) | {k: r.get(k) for k in _SCORES})
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', *_SCORES, 'secs'])
+
+def clf_runs(
+    results:pd.DataFrame,   # `pretrain_results`, or its CSV (one written before phases were recorded: seeds all)
+    phase:str='seed',       # 'seed': the runs the table reports; 'search': those that chose the rates
+)->pd.DataFrame:            # the classifier runs of that phase
+    "A plan's classifier runs of one phase."
+    ph = results.phase if 'phase' in results else pd.Series('seed', index=results.index)
+    return results[(results.kind != 'lm') & (ph == check_choice(phase, ('seed', 'search'), 'phase'))]
+
+def best_clf_rate(
+    results:pd.DataFrame,   # `pretrain_results`
+    arm:str,                # the arm
+    kind:str,               # 'ulmfit' or 'scratch'
+)->float:                   # the searched rate of the highest validation accuracy (the lower loss among equals)
+    "The rate a classifier kind's seeds train at: its search's best on validation, as the fair protocol chooses."
+    r = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
+    if not len(r): raise ValueError(f"{arm} {kind}: no search run has finished")
+    r = r[np.isfinite(r.valid_loss.astype(float))]
+    if not len(r): raise ValueError(f"{arm} {kind}: every search run diverged")
+    return float(r.sort_values(['valid_acc', 'valid_loss'], ascending=[False, True]).lr.iloc[0])
 
 # %% ../nbs/14a_finetune.ipynb #63b83385
 def pretrain_progress(
@@ -375,28 +418,32 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                  lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2,
                          warmup=100),
                  clf=dict(max_len=256, bs=32, epochs=20, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
+                 ulmfit_lrs=(3e-3, 1e-2, 3e-2), scratch_lrs=(1e-3, 3e-3, 1e-2),
                  note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
                       "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
-                      "studies' three (their warm-up too); IMDb's repro split at 256 tokens"),
+                      "studies' three (their warm-up too); IMDb's repro split at 256 tokens; each classifier's rate "
+                      "searched on validation (the fine-tune's head around ULMFiT's 2e-2)"),
 )}
 
 # %% ../nbs/14a_finetune.ipynb #01238365
 def pretrain_table(
     results:pd.DataFrame,            # `pretrain_results`: one row per finished run
     rates:pd.DataFrame|None=None,    # `pretrain_rates`: the first-part tries, whose seconds count as pretraining
-)->pd.DataFrame:                     # per arm and kind: test accuracy mean and s.d. over seeds, seeds, minutes
+)->pd.DataFrame:                     # per arm and kind: test accuracy mean and s.d. over seeds, seeds, rate, minutes
     ("Per arm, fine-tuned ('ulmfit') and from scratch: test accuracy over seeds and the CPU minutes of one classifier, "
-     "its language model's pass and rate tries included when fine-tuned.")
+     "its rate search included, and its language model's pass and rate tries when fine-tuned.")
     need = {'arm', 'kind', 'seed', 'test_acc', 'secs'}
     if missing := need - set(results.columns):
         raise ValueError(f"results lack columns {sorted(missing)}: pass `pretrain_results`")
     pre = results[results.kind == 'lm'].groupby('arm').secs.sum()                    # each arm's pass
     if rates is not None and len(rates): pre = pre.add(rates.groupby('arm').secs.sum(), fill_value=0).reindex(pre.index)
-    g = results[results.kind != 'lm'].groupby(['arm', 'kind'])
+    g = clf_runs(results).groupby(['arm', 'kind'])
     t = pd.DataFrame(dict(test_acc=g.test_acc.mean(), test_acc_std=g.test_acc.std(), seeds=g.seed.count(),
-                          clf_minutes=g.secs.mean() / 60))
+                          lr=g.lr.first() if 'lr' in results else np.nan, clf_minutes=g.secs.mean() / 60))
+    search = clf_runs(results, 'search').groupby(['arm', 'kind']).secs.sum() / 60   # every rate tried, all of it
+    t['search_minutes'] = search.reindex(t.index).fillna(0.)
     t['pretrain_minutes'] = [pre.get(a, np.nan) / 60 if k == 'ulmfit' else 0. for a, k in t.index]
-    return t.assign(minutes=t.clf_minutes + t.pretrain_minutes)
+    return t.assign(minutes=t.clf_minutes + t.search_minutes + t.pretrain_minutes)
 
 # %% ../nbs/14a_finetune.ipynb #01238368
 def pretrain_verdicts(
@@ -408,7 +455,7 @@ def pretrain_verdicts(
     if not (isinstance(baseline, (int, float)) and 0 < baseline < 1):
         raise ValueError(f"baseline must be an accuracy in (0, 1), got {baseline!r}")
     rows = []
-    for arm, g in results[results.kind != 'lm'].groupby('arm', sort=False):
+    for arm, g in clf_runs(results).groupby('arm', sort=False):
         ft, sc = (g[g.kind == k].test_acc.astype(float).to_numpy() for k in ('ulmfit', 'scratch'))
         if len(ft) and len(sc):
             r = welch(ft, sc, alpha)
@@ -431,10 +478,11 @@ def pretrain_said(
 )->str:                              # one sentence (or two)
     "`pretrain_table` and `pretrain_verdicts` in words: each classifier's accuracy and cost, the baseline, verdicts."
     base = f"{name}: {100 * baseline:.1f}%"
-    if not (results.kind != 'lm').any(): return f"No classifier of the plan has finished yet ({base})."
+    if not len(clf_runs(results)): return f"No classifier of the plan has finished yet ({base})."
     kinds = dict(ulmfit='fine-tuned', scratch='from scratch')
     said = [f"`{a}` {kinds[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
-            f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''})"
+            f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''}"
+            f"{', its rate search included' if r.search_minutes else ''})"
             for (a, k), r in pretrain_table(results, rates).iterrows()]
     verdicts = [f" `{r.arm}`, {r.claim.replace('baseline', name)}: {r.verdict} (p = {r.p:.2g})."
                 for r in pretrain_verdicts(results, baseline).itertuples() if r.verdict != 'one seed']
@@ -476,7 +524,8 @@ def snapshot_pretrain(
     files = {}                                                   # file -> None (copied) or the checkpoint to write
     for a in (src/v for v in plan.arms):
         files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
-        files |= dict.fromkeys(f for f in a.glob('*/seed*/results.json'))            # finished classifiers
+        files |= dict.fromkeys(f for g in ('*/seed*/results.json', '*/search/*/results.json')   # finished classifiers
+                               for f in a.glob(g))
         files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
                                if f.is_file())
         if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():

@@ -881,7 +881,7 @@ def _pretrain_command(plan, a):
         return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv; the language models' "
                      f"{len(prog)} epochs so far in progress.csv; their {int(rates.done.sum())} first-part rate "
                      "tries in rates.csv)", flush=True)
-    want = len(plan.arms) * (1 + 2 * len(plan.seeds))
+    want = len(plan.arms) * plan.runs_per_arm()
     print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}", flush=True)
