@@ -18,10 +18,11 @@ import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule',
-           'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results',
-           'clf_runs', 'best_clf_rate', 'pretrain_progress', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said',
-           'pretrained_lm', 'snapshot_pretrain', 'plot_pretrain_progress']
+__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage',
+           'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan',
+           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'pretrain_table', 'pretrain_verdicts',
+           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'snapshot_pretrain',
+           'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -172,7 +173,8 @@ def fine_tune(
 
 
 # %% ../nbs/14a_finetune.ipynb #c0c8362e
-CLF_KINDS = ('ulmfit', 'scratch')   # a plan's classifiers: fine-tuned from its language model, and from scratch
+KIND_NAMES = dict(ulmfit='fine-tuned', scratch='from scratch')   # a plan's classifiers, and their names in words
+CLF_KINDS = tuple(KIND_NAMES)      # fine-tuned from the plan's language model, and from scratch
 
 @dataclass(frozen=True)
 class PretrainPlan:
@@ -479,14 +481,36 @@ def pretrain_said(
     "`pretrain_table` and `pretrain_verdicts` in words: each classifier's accuracy and cost, the baseline, verdicts."
     base = f"{name}: {100 * baseline:.1f}%"
     if not len(clf_runs(results)): return f"No classifier of the plan has finished yet ({base})."
-    kinds = dict(ulmfit='fine-tuned', scratch='from scratch')
-    said = [f"`{a}` {kinds[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
+    said = [f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
             f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''}"
             f"{', its rate search included' if r.search_minutes else ''})"
             for (a, k), r in pretrain_table(results, rates).iterrows()]
     verdicts = [f" `{r.arm}`, {r.claim.replace('baseline', name)}: {r.verdict} (p = {r.p:.2g})."
                 for r in pretrain_verdicts(results, baseline).itertuples() if r.verdict != 'one seed']
     return f"{base}; " + '; '.join(said) + '.' + ''.join(verdicts)
+
+def accuracies_said(
+    results:pd.DataFrame,   # `pretrain_results`, or a record of runs in its columns
+)->str:                     # a clause
+    "Each classifier's mean test accuracy, fine-tuned and from scratch, in a clause."
+    return '; '.join(f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}%"
+                     for (a, k), r in pretrain_table(results).iterrows())
+
+# %% ../nbs/14a_finetune.ipynb #3bcb3724
+def pass_said(
+    plan:PretrainPlan,          # the plan
+    rates:pd.DataFrame,         # `pretrain_rates`
+    progress:pd.DataFrame,      # `pretrain_progress`
+)->str:                         # a clause per arm, '; '-joined ('' before any rate is chosen)
+    "Each arm's pretraining pass in words: its rate chosen among those tried, parts trained, validation perplexity."
+    said = []
+    for a, g in progress.groupby('arm', sort=False):
+        tried = rates[rates.arm == a]
+        if not len(tried) or not tried.done.astype(bool).all(): continue
+        said.append(f"`{a}`'s pass at {best_pretrain_rate(tried, a):g} (chosen on its first part among "
+                    f"{', '.join(f'{x:g}' for x in tried.lr)}) is at {len(g)} of {plan.lm['epochs']} parts, "
+                    f"validation perplexity {g.valid_ppl.iloc[-1]:.1f}")
+    return '; '.join(said)
 
 # %% ../nbs/14a_finetune.ipynb #01238371
 def pretrained_lm(

@@ -34,7 +34,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
            'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
            'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
-           'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -765,6 +765,24 @@ def lm_fixes(
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
 
+
+# %% ../nbs/14_lm.ipynb #3f1cc14b
+def lm_sweep(
+    runs:pd.DataFrame,          # finished seed runs, arms labelled '<variant>+<field>=<value>+n_layers=L', and `base`'s
+    field:str='lam',            # the swept model field, e.g. NeuTRENO's λ
+    base:str='transformer',     # the arm every value is judged against, at the same depth
+    alpha:float=ALPHA,          # the test's level
+)->pd.DataFrame:                # `lm_fixes`'s rows of the arms that set `field`, its value as a column, in its order
+    "Every value of a swept field against `base` at the same depth, by `lm_fixes`, its value read from the label."
+    def value(label):
+        kv = dict(x.partition('=')[::2] for x in arm_depth(label)[0].split('+')[1:])
+        if field not in kv: return None
+        try: return float(kv[field])
+        except ValueError:
+            raise ValueError(f"arm {label!r} sets {field} to {kv[field]!r}: a sweep needs a number") from None
+    v = lm_fixes(runs, base, alpha)
+    v = v.assign(**{field: v.better.map(value)}).dropna(subset=[field])
+    return v.sort_values([field, 'L'], kind='stable', ignore_index=True)
 
 # %% ../nbs/14_lm.ipynb #76048cde
 def rate_depth_grid(
