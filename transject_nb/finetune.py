@@ -499,17 +499,21 @@ def accuracies_said(
 # %% ../nbs/14a_finetune.ipynb #3bcb3724
 def pass_said(
     plan:PretrainPlan,          # the plan
-    rates:pd.DataFrame,         # `pretrain_rates`
+    rates:pd.DataFrame,         # `pretrain_rates` (empty: the plan takes `lr_find`'s rate)
     progress:pd.DataFrame,      # `pretrain_progress`
-)->str:                         # a clause per arm, '; '-joined ('' before any rate is chosen)
-    "Each arm's pretraining pass in words: its rate chosen among those tried, parts trained, validation perplexity."
-    said = []
+)->str:                         # a clause per arm with a part trained, '; '-joined ('' before any)
+    "Each arm's pretraining pass in words: parts trained, its rate among those tried, best validation perplexity, pace."
+    said, n = [], plan.lm['epochs']
     for a, g in progress.groupby('arm', sort=False):
         tried = rates[rates.arm == a]
-        if not len(tried) or not tried.done.astype(bool).all(): continue
-        said.append(f"`{a}`'s pass at {best_pretrain_rate(tried, a):g} (chosen on its first part among "
-                    f"{', '.join(f'{x:g}' for x in tried.lr)}) is at {len(g)} of {plan.lm['epochs']} parts, "
-                    f"validation perplexity {g.valid_ppl.iloc[-1]:.1f}")
+        among = ', '.join(f'{x:g}' for x in tried.lr)
+        rate = (f" at {best_pretrain_rate(tried, a):g} (chosen on its first part among {among})"
+                if len(tried) and tried.done.astype(bool).all() else '')
+        ppl, m = g.valid_ppl.to_numpy(float), g.secs.mean() / 60
+        best = (f"best validation perplexity {np.nanmin(ppl):.1f} (part {int(np.nanargmin(ppl)) + 1})"
+                if np.isfinite(ppl).any() else "no finite validation perplexity")
+        said.append(f"`{a}`: {len(g)} of {n} parts{rate}, {best}, {m:.0f} minutes a part, "
+                    f"so about {m * n / 60:.1f} hours for the pass")
     return '; '.join(said)
 
 # %% ../nbs/14a_finetune.ipynb #01238371
