@@ -30,11 +30,11 @@ from fastai.torch_core import default_device, set_seed
 
 # %% auto #0
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
-           'lm_stream', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback',
-           'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus',
-           'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
-           'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_stream', 'EpochLMDataLoader', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens',
+           'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts',
+           'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner',
+           'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
+           'lm_fixes', 'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -150,6 +150,31 @@ def lm_stream(
             raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
     return torch.cat([torch.cat([d, d.new_tensor([sep_id])]) for d in docs])
 
+# %% ../nbs/14_lm.ipynb #7df21563
+class EpochLMDataLoader(LMDataLoader):
+    "fastai's `LMDataLoader` whose shuffled document order is drawn from `(seed, epoch)` alone."
+    def __init__(self, dataset,
+                 seed:int=0,   # with the epoch, the seed of every pass's order
+                 **kwargs):    # `LMDataLoader`'s: bs, seq_len, shuffle, device, ...
+        self.seed, self.epoch = seed, 0
+        super().__init__(dataset, **kwargs)
+
+    def set_epoch(self, epoch:int):
+        "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
+        self.epoch = int(epoch)
+
+    def shuffle_fn(self, idxs):
+        "This pass's document order, a permutation drawn from `(seed, epoch)`: neither the last pass's nor `random`'s."
+        order = L(np.random.default_rng([self.seed, self.epoch]).permutation(len(self.items.coll)).tolist())
+        self.epoch += 1
+        self.items.reindex(order); self.lens.reindex(order)   # the documents and their lengths, in the new order
+        self.make_chunks()
+        return idxs
+
+    def new(self, dataset=None, seq_len=None, **kwargs):
+        "A copy with the same seed (fastai's `DataLoader.new`)."
+        return super().new(dataset=dataset, seq_len=seq_len, **{'seed': self.seed, **kwargs})
+
 # %% ../nbs/14_lm.ipynb #a924348e
 def lm_loader(
     docs,                  # documents, each a sequence of token ids
@@ -158,8 +183,9 @@ def lm_loader(
     shuffle:bool=False,    # reorder the documents every epoch
     device=None,           # where batches go
     what:str='',           # how an error names the stream
-)->LMDataLoader:
-    "fastai's `LMDataLoader` over documents with separators, checked long enough for `bs` rows."
+    seed:int=0,            # of the shuffled orders (`EpochLMDataLoader`)
+)->EpochLMDataLoader:
+    "An `EpochLMDataLoader` over documents with separators, checked long enough for `bs` rows."
     s = [torch.cat([d, d.new_tensor([sep_id])])
          for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1)
                    for t in docs)]
@@ -168,7 +194,7 @@ def lm_loader(
     if (n - 1) // bs < 2:
         raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} "
                          "(each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
-    return LMDataLoader(s, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
+    return EpochLMDataLoader(s, seed=seed, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
 
 # %% ../nbs/14_lm.ipynb #972c33c4
 def lm_dls(
@@ -179,10 +205,11 @@ def lm_dls(
     seq_len:int=64,        # tokens per row and batch (the model's `max_len` must be at least this)
     shuffle:bool=True,     # reorder the training documents every epoch
     device=None,           # where batches go (default: fastai's default device)
-)->DataLoaders:            # `(train, valid)` fastai `LMDataLoader`s
+    seed:int=0,            # of the training documents' shuffled orders
+)->DataLoaders:            # `(train, valid)` `EpochLMDataLoader`s
     ("fastai DataLoaders for language modelling: the documents as one stream with separators, "
      "batches `(x, y)` with `y` the next tokens.")
-    dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what)
+    dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what, seed)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
 # %% ../nbs/14_lm.ipynb #94a5e47c
@@ -531,7 +558,10 @@ class ShardedLoader(GetAttr):
     def __init__(self, loaders:list):   # one `lm_loader` per part (`shard_docs`)
         if not loaders: raise ValueError("a ShardedLoader needs at least one loader")
         self.loaders, self.dl = list(loaders), loaders[0]
-    def set_epoch(self, epoch:int): self.dl = self.loaders[epoch % len(self.loaders)]
+    def set_epoch(self, epoch:int):
+        "Point at epoch `epoch`'s part, and give the part the epoch (its order, `EpochLMDataLoader`)."
+        self.dl = self.loaders[epoch % len(self.loaders)]
+        if hasattr(self.dl, 'set_epoch'): self.dl.set_epoch(epoch)
     def to(self, device):
         for d in self.loaders: d.to(device)
         return self
@@ -590,7 +620,8 @@ def get_lm_learner(
     model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal,
                           lcfg.objective).to(device)
     aux = has_aux_loss(model)
-    dl = lambda docs, what: lm_loader(docs, corpus.sep_id, tcfg.bs, seq_len, what != 'valid', device, what)
+    dl = lambda docs, what: lm_loader(docs, corpus.sep_id, tcfg.bs, seq_len, what != 'valid', device, what,
+                                      tcfg.seed)
     train = (dl(corpus.train, 'train') if lcfg.shards == 1 else
              ShardedLoader([dl(d, f'train part {i}') for i, d in enumerate(shard_docs(corpus.train, lcfg.shards))]))
     dls = DataLoaders(train, dl(corpus.valid, 'valid'))
