@@ -152,7 +152,12 @@ def fine_tune(
             lr = s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max)
             start = st['epoch'] + 1 if st else 0                # the first epoch not finished yet
             if st and st['done']:                           # a finished stage: its weights, random state and history
-                unwrap(learn.model).load_state_dict(st['model']); torch.set_rng_state(st['torch_rng'])
+                if 'model' in st: unwrap(learn.model).load_state_dict(st['model'])
+                elif not (nxt := learn.train_checkpoint.file.with_name(f'stage{k + 1}.pth')).exists():
+                    raise ValueError(f"{learn.train_checkpoint.file} holds no weights (a snapshot's finished stage) "
+                                     f"and no later stage's checkpoint does ({nxt.name} does not exist): "
+                                     "restore the run folder from a whole snapshot, or fine-tune afresh")
+                torch.set_rng_state(st['torch_rng'])          # without weights: the later stage's checkpoint has them
                 restore_history(learn, st)
                 dl = epoch_loader(learn)
                 if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
@@ -204,6 +209,14 @@ class PretrainPlan:
         for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs'):
             if not all(isinstance(r, float) and r > 0 for r in getattr(self, k)):
                 raise ValueError(f"plan {self.name!r}: {k} must be rates (floats > 0), got {getattr(self, k)!r}")
+        if 'shards' in self.lm and self.lm['shards'] != self.lm.get('epochs'):
+            raise ValueError(f"plan {self.name!r}: its pass reads each part of the documents once, so lm's epochs must "
+                             f"equal its shards, got epochs={self.lm.get('epochs')!r}, shards={self.lm['shards']!r}")
+
+    @property
+    def parts(self)->int:
+        "The parts of the pretraining pass, an epoch each: `lm`'s shards (else each epoch reads all the documents)."
+        return self.lm.get('shards', self.lm['epochs'])
 
     def model_fields(self, variant:str)->dict:
         "The shared model fields that `variant` has (TransJect has no heads, the softmax family no experts)."
@@ -406,7 +419,7 @@ def pretrain_progress(
     out='runs/pretrain',    # the runs' root folder
 )->pd.DataFrame:            # one row per arm and epoch so far: its part of the pass, validation perplexity, seconds
     "Each arm's language model epoch by epoch, finished or still running (its `history.csv`): a long pass's progress."
-    rows, k = [], plan.lm.get('shards', 1)
+    rows, k = [], plan.parts
     for v in plan.arms:
         h = _history_of(Path(out)/plan.name/v/'lm')
         rows += [dict(arm=v, epoch=int(r.epoch), part=f"{int(r.epoch) % k + 1} of {k}", valid_ppl=float(r.perplexity),
@@ -503,7 +516,7 @@ def pass_said(
     progress:pd.DataFrame,      # `pretrain_progress`
 )->str:                         # a clause per arm with a part trained, '; '-joined ('' before any)
     "Each arm's pretraining pass in words: parts trained, its rate among those tried, best validation perplexity, pace."
-    said, n = [], plan.lm['epochs']
+    said, n = [], plan.parts
     for a, g in progress.groupby('arm', sort=False):
         tried = rates[rates.arm == a]
         among = ', '.join(f'{x:g}' for x in tried.lr)
@@ -512,7 +525,7 @@ def pass_said(
         ppl, m = g.valid_ppl.to_numpy(float), g.secs.mean() / 60
         best = (f"best validation perplexity {np.nanmin(ppl):.1f} (part {int(np.nanargmin(ppl)) + 1})"
                 if np.isfinite(ppl).any() else "no finite validation perplexity")
-        said.append(f"`{a}`: {len(g)} of {n} parts{rate}, {best}, {m:.0f} minutes a part, "
+        said.append(f"`{a}`'s pass: {len(g)} of {n} parts{rate}, {best}, {m:.0f} minutes a part, "
                     f"so about {m * n / 60:.1f} hours for the pass")
     return '; '.join(said)
 
@@ -540,6 +553,15 @@ def _slim(st:dict)->dict:
     "A finished run's checkpoint without its last weights and optimiser: its best weights are `best.pth`."
     return {k: v for k, v in st.items() if k not in ('model', 'opt')}
 
+def _running_classifier(run:Path)->dict:
+    ("A classifier still training: its history, best weights and newest checkpoint whole, its finished stages' "
+     "checkpoints slimmed (`fine_tune` takes their weights from the newest); file -> None (copied) or what to write.")
+    files = dict.fromkeys(f for f in (run/'history.csv', run/'models'/'best.pth', run/'models'/'checkpoint.pth')
+                          if f.is_file())
+    *done, last = sorted((run/'models').glob('stage*.pth'), key=lambda f: int(f.stem[5:])) or [None]
+    for f in done: st = load_checkpoint(f); files[f] = _slim(st) if st['done'] else None
+    return files | ({last: None} if last else {})
+
 def snapshot_pretrain(
     plan:PretrainPlan,      # the plan
     out,                    # the runs' root folder
@@ -552,8 +574,8 @@ def snapshot_pretrain(
     files = {}                                                   # file -> None (copied) or the checkpoint to write
     for a in (src/v for v in plan.arms):
         files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
-        files |= dict.fromkeys(f for g in ('*/seed*/results.json', '*/search/*/results.json')   # finished classifiers
-                               for f in a.glob(g))
+        for run in (r for g in ('*/seed*', '*/search/*') for r in sorted(a.glob(g)) if r.is_dir()):   # classifiers
+            files |= {run/'results.json': None} if (run/'results.json').is_file() else _running_classifier(run)
         files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
                                if f.is_file())
         if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():
