@@ -493,7 +493,11 @@ def pretrain_said(
 )->str:                              # one sentence (or two)
     "`pretrain_table` and `pretrain_verdicts` in words: each classifier's accuracy and cost, the baseline, verdicts."
     base = f"{name}: {100 * baseline:.1f}%"
-    if not len(clf_runs(results)): return f"No classifier of the plan has finished yet ({base})."
+    if not len(clf_runs(results)):                     # no seed yet: where the rate searches stand
+        tried = '; '.join(f"`{r.arm}` {KIND_NAMES[r.kind]} at {r.lr:g}: {100 * r.valid_acc:.1f}%"
+                          for r in clf_runs(results, 'search').itertuples())
+        return (f"No classifier of the plan has finished its seeds yet ({base})"
+                + (f"; its rate searches so far, by validation accuracy: {tried}." if tried else "."))
     said = [f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
             f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''}"
             f"{', its rate search included' if r.search_minutes else ''})"
