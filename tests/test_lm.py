@@ -230,11 +230,12 @@ def test_the_streams_respect_their_splits(tmp_path):
     assert [d.tolist() for d in again.test] == [d.tolist() for d in c.test] and again.tokenizer.tok.get_vocab() == c.tokenizer.tok.get_vocab()
 
 
-def test_a_runs_checkpoint_alone_moves_a_sharded_loader(tmp_path):
-    "Without `NextShard`, a run's `TrainCheckpoint` still sets the epoch on the `ShardedLoader` itself: epoch e reads part e."
+def test_a_runs_checkpoint_moves_a_sharded_loader(tmp_path):
+    "A run's `TrainCheckpoint` sets the epoch on the `ShardedLoader` (no other callback does): epoch e reads part e."
     from fastai.callback.core import Callback
     from transject_nb.learner import train_learner
-    from transject_nb.lm import NextShard, get_lm_learner, load_lm_corpus
+    from transject_nb.checkpoint import TrainCheckpoint
+    from transject_nb.lm import get_lm_learner, load_lm_corpus
 
     class Parts(Callback):
         def before_fit(self): self.parts = {}
@@ -245,7 +246,6 @@ def test_a_runs_checkpoint_alone_moves_a_sharded_loader(tmp_path):
     seen = Parts()
     learn = get_lm_learner('transformer', corpus=c, path=tmp_path/'run', preset='cpu', d_model=16, n_layers=1, n_heads=2,
                            d_ff=32, max_len=16, bs=2, epochs=3, patience=5, lr=1e-3, shards=3, device='cpu', cbs=seen)
-    learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, NextShard)])
-    assert not any(isinstance(cb, NextShard) for cb in learn.cbs)
+    assert any(isinstance(cb, TrainCheckpoint) for cb in learn.cbs)
     train_learner(learn, progress=False)
     assert seen.parts == {0: 0, 1: 1, 2: 2}

@@ -32,9 +32,9 @@ from fastai.torch_core import default_device, set_seed
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
            'lm_stream', 'EpochLMDataLoader', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens',
            'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts',
-           'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'NextShard', 'get_lm_learner',
-           'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner', 'evaluate_lm',
+           'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
+           'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -568,11 +568,6 @@ class ShardedLoader(GetAttr):
     def __iter__(self): return iter(self.dl)
     def __len__(self): return len(self.dl)
 
-class NextShard(Callback):
-    "Before each epoch, point the training `ShardedLoader` at that epoch's part."
-    order = 0
-    def before_epoch(self): self.dls.train.set_epoch(self.epoch)
-
 # %% ../nbs/14_lm.ipynb #ae8a31b7
 def _lm_corpus(dcfg, lcfg:LMConfig, cache_dir)->LMCorpus:
     "The run's corpus: the task's reviews under `dcfg.source`, the first documents of each split."
@@ -629,8 +624,7 @@ def get_lm_learner(
                   train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
                   data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
     extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
-             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else [])
-             + ([NextShard()] if lcfg.shards > 1 else []))   # in every fit, `lr_find`'s too
+             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
     metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
     learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
@@ -814,6 +808,17 @@ def lm_sweep(
     v = lm_fixes(runs, base, alpha)
     v = v.assign(**{field: v.better.map(value)}).dropna(subset=[field])
     return v.sort_values([field, 'L'], kind='stable', ignore_index=True)
+
+# %% ../nbs/14_lm.ipynb #19ed6711
+def capped_said(
+    runs:pd.DataFrame,   # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    cap:int,             # the protocol's most epochs
+)->str:                  # e.g. "`transformer` at L = 32 (2 of 2 seeds)"; '' where the cap ended no seed
+    "The arms and depths whose seed runs ran all `cap` epochs (the cap, not early stopping, ended them), in words."
+    if not len(runs): return ''
+    t = lm_table(runs, epochs_cap=cap).query('capped > 0')
+    said = lambda v, x: f"`{arm_depth(v)[0]}` at L = {arm_depth(v)[1]} ({int(x.capped)} of {int(x.n)} seeds)"
+    return ', '.join(said(v, x) for v, x in t.iterrows())
 
 # %% ../nbs/14_lm.ipynb #76048cde
 def rate_depth_grid(
