@@ -333,7 +333,8 @@ def _classifier(plan, v, data, path, seed, pretrained=None, lr=None):
                                                       epochs_last=learn.train_cfg.epochs,
                                                       patience_last=learn.train_cfg.patience), resume=True)
         carried = stages.replayed.sum()
-    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0 + carried, 1))
+    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0 + carried, 1),
+                                 max_epochs=learn.train_cfg.epochs)   # the cap (the last stage's, fine-tuned)
     return res if stages is None else res | dict(stages=stages.to_dict('records'))
 
 # %% ../nbs/14a_finetune.ipynb #f40d2983
@@ -381,7 +382,8 @@ _SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   
 def pretrain_results(
     plan:PretrainPlan,      # the plan
     out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), phase, seed, scores, secs
+# one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), phase, seed, scores, the classifier's cap, secs
+)->pd.DataFrame:
     "The finished runs of a pretraining plan, read from their `results.json`."
     rows = []
     for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
@@ -390,8 +392,8 @@ def pretrain_results(
         phase = 'lm' if kind == 'lm' else 'search' if f.parent.parent.name == 'search' else 'seed'
         secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
         rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, phase=phase, seed=r.get('seed'),
-                         secs=secs) | {k: r.get(k) for k in _SCORES})
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', *_SCORES, 'secs'])
+                         secs=secs, max_epochs=r.get('max_epochs')) | {k: r.get(k) for k in _SCORES})
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', *_SCORES, 'max_epochs', 'secs'])
 
 def clf_runs(
     results:pd.DataFrame,   # `pretrain_results`, or its CSV (one written before phases were recorded: seeds all)
@@ -432,7 +434,7 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                  model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
                  lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2,
                          warmup=100),
-                 clf=dict(max_len=256, bs=32, epochs=20, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
+                 clf=dict(max_len=256, bs=32, epochs=40, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
                  ulmfit_lrs=(3e-3, 1e-2, 3e-2), scratch_lrs=(1e-3, 3e-3, 1e-2),
                  note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
                       "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
