@@ -20,8 +20,8 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage',
            'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan',
-           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'pretrain_table', 'pretrain_verdicts',
-           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'snapshot_pretrain',
+           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'pretrain_table',
+           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'snapshot_pretrain',
            'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
@@ -441,6 +441,24 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                       "studies' three (their warm-up too); IMDb's repro split at 256 tokens; each classifier's rate "
                       "searched on validation (the fine-tune's head around ULMFiT's 2e-2)"),
 )}
+
+# %% ../nbs/14a_finetune.ipynb #ee0c71f8
+def fine_tune_stages(
+    folder,                 # a plan's runs (`out/plan.name`) or their snapshot (`snapshot_pretrain`)
+# one row per stage of each finished fine-tune: arm, phase, seed, head rate, stage, groups, epochs, rates, validation
+)->pd.DataFrame:
+    "Each finished fine-tune stage by stage: the head alone on the frozen encoder, then what unfreezing added."
+    folder = Path(folder)
+    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
+    rows = []
+    for f in sorted(folder.glob('*/ulmfit/**/results.json')):
+        r, phase = json.loads(f.read_text()), 'search' if f.parent.parent.name == 'search' else 'seed'
+        rows += [dict(arm=f.relative_to(folder).parts[0], phase=phase, seed=r.get('seed'), lr=r.get('lr'), stage=k,
+                      groups=s['groups'], epochs=s['epochs'], lr_max=s['lr_max'], lr_min=s['lr_min'],
+                      valid_acc=s['valid_acc'], valid_loss=s['valid_loss'], minutes=s['seconds'] / 60)
+                 for k, s in enumerate(r.get('stages') or [])]
+    return pd.DataFrame(rows, columns=['arm', 'phase', 'seed', 'lr', 'stage', 'groups', 'epochs', 'lr_max', 'lr_min',
+                                       'valid_acc', 'valid_loss', 'minutes'])
 
 # %% ../nbs/14a_finetune.ipynb #01238365
 def pretrain_table(
