@@ -371,13 +371,17 @@ def run_pretrain_plan(
             res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
             atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
             if progress:
-                print(f"[{plan.name}] {v} {kind} {'search' if f.parent.parent.name == 'search' else 'seed'} {seed} "
+                print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} "
                       f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
                       f"{res['secs']:.0f} s", flush=True)
     return pretrain_results(plan, out)
 
 # %% ../nbs/14a_finetune.ipynb #63b83384
 _SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   # what a run's row reports
+
+def _phase(f:Path)->str:
+    "A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/` or `<kind>/seed<s>/`."
+    return 'search' if f.parent.parent.name == 'search' else 'seed'
 
 def pretrain_results(
     plan:PretrainPlan,      # the plan
@@ -389,7 +393,7 @@ def pretrain_results(
     for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
         r = json.loads(f.read_text())
         kind = 'lm' if f.parent.name == 'lm' else r['kind']
-        phase = 'lm' if kind == 'lm' else 'search' if f.parent.parent.name == 'search' else 'seed'
+        phase = 'lm' if kind == 'lm' else _phase(f)
         secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
         rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, phase=phase, seed=r.get('seed'),
                          secs=secs, max_epochs=r.get('max_epochs')) | {k: r.get(k) for k in _SCORES})
@@ -452,8 +456,8 @@ def fine_tune_stages(
     if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
     rows = []
     for f in sorted(folder.glob('*/ulmfit/**/results.json')):
-        r, phase = json.loads(f.read_text()), 'search' if f.parent.parent.name == 'search' else 'seed'
-        rows += [dict(arm=f.relative_to(folder).parts[0], phase=phase, seed=r.get('seed'), lr=r.get('lr'), stage=k,
+        r = json.loads(f.read_text())
+        rows += [dict(arm=f.relative_to(folder).parts[0], phase=_phase(f), seed=r.get('seed'), lr=r.get('lr'), stage=k,
                       groups=s['groups'], epochs=s['epochs'], lr_max=s['lr_max'], lr_min=s['lr_min'],
                       valid_acc=s['valid_acc'], valid_loss=s['valid_loss'], minutes=s['seconds'] / 60)
                  for k, s in enumerate(r.get('stages') or [])]
