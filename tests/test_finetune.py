@@ -1,11 +1,14 @@
 "Pretraining, then fine-tuning: the encoder's weights reach the classifier, and each stage trains what it says."
 import subprocess, sys, warnings
+import numpy as np
 import pytest, torch
 import torch.nn as nn
+from fastai.callback.core import Callback
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.models import create_model
+from transject_nb.checkpoint import TrainCheckpoint
 from transject_nb.lm import LanguageModel
-from transject_nb.finetune import PRETRAIN_STUDIES, layer_groups, load_pretrained, ulmfit_schedule
+from transject_nb.finetune import PRETRAIN_STUDIES, fine_tune, layer_groups, load_pretrained, ulmfit_schedule
 
 
 @pytest.mark.parametrize('variant', ['transformer', 'neutreno', 'transject', 'random-entropic-transject'])
@@ -90,3 +93,41 @@ def test_a_running_pretraining_is_carried_to_another_machine_from_the_command_li
     r = subprocess.run(cli + ['--out', str(tmp_path/'runs'), '--snapshot', str(tmp_path/'runs'/plan.name/'s')],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and 'would be inside' in r.stderr
+
+
+class _CrashInLastStage(Callback):
+    "Raise after the first epoch of the schedule's stage `stage` (after its checkpoint is written)."
+    order, _only_train_loop = TrainCheckpoint.order + 1, True
+    def __init__(self, stage): self.stage = stage
+    def after_epoch(self):
+        if self.learn.train_checkpoint.fname == self.stage and self.epoch == 0: raise RuntimeError('simulated crash')
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_a_fine_tune_resumes_on_cuda(tmp_path):
+    "A fine-tune on a GPU, crashed in its last stage, resumes there on the GPU: the optimiser state back on CUDA, the same stages."
+    from transject_nb.data import load_task
+    from transject_nb.learner import get_learner, train_learner
+    data = load_task('listops', max_len=32, n_train=192, n_valid=64, n_test=64, cache_dir=False, progress=False,
+                     min_length=4, max_length=32, max_depth=3, max_args=4)
+    mk = lambda path, cbs=None: get_learner('listops', 'transformer', preset='cpu', data=data, path=path, device='cuda',
+                                            d_model=16, n_layers=2, max_len=32, bs=32, epochs=1, lr=2e-3, cbs=cbs)
+    src = train_learner(mk(tmp_path/'lm'), progress=False)              # the "pretrained" encoder, trained on the GPU
+    sched = ulmfit_schedule(1e-2, len(layer_groups(src.model)), n_gradual=2, epochs_last=3, patience_last=5)
+    last = f'stage{len(sched) - 1}'
+
+    def tuned(path, cbs=None):
+        torch.manual_seed(0); learn = mk(path, cbs); load_pretrained(learn, src.model); return learn
+    def run(learn, **kw):
+        with learn.no_bar(), learn.no_logging(): return fine_tune(learn, sched, **kw)
+    whole = run(tuned(tmp_path/'whole'), resume=True)
+    with pytest.raises(RuntimeError, match='simulated crash'): run(tuned(tmp_path/'cut', _CrashInLastStage(last)), resume=True)
+    again, ck = tuned(tmp_path/'cut'), tmp_path/'cut'/'models'
+    stamp = {p.name: p.stat().st_mtime_ns for p in ck.glob('stage*.pth')}
+    resumed = run(again, resume=True)
+    assert resumed.groups.tolist() == whole.groups.tolist() and resumed.epochs.tolist() == whole.epochs.tolist()
+    assert {k for k, t in stamp.items() if (ck/k).stat().st_mtime_ns != t} == {f'{last}.pth'}   # only the cut stage trained
+    np.testing.assert_allclose(resumed.valid_loss, whole.valid_loss, rtol=1e-3)   # CUDA kernels need not be bitwise alike
+    state = [t for s in again.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert state and all(t.device.type == 'cuda' for t in state)
+    assert next(again.model.parameters()).device.type == 'cuda'

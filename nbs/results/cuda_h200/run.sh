@@ -31,7 +31,7 @@ c = plan_data(study_plan('$PLAN'), '$DATA'); print('corpus key', c.key, 'documen
 CORPUS=$!
 if [ "$DEVICE" = cuda ] && [ "${TESTS:-1}" = 1 ]; then
   timeout 150 $PY -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_baselines.py tests/test_validation.py \
-    tests/test_lm.py tests/test_learner.py -k cuda > "$OUT/tests.log" 2>&1
+    tests/test_lm.py tests/test_learner.py tests/test_finetune.py -k cuda > "$OUT/tests.log" 2>&1
   echo "tests rc=$? at $(el) s" | tee -a "$OUT/tests.log"
 fi
 wait $CORPUS; echo "corpus rc=$? at $(el) s" | tee -a "$OUT/machine.txt"
