@@ -20,9 +20,9 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage',
            'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan',
-           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'pretrain_table',
-           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'snapshot_pretrain',
-           'plot_pretrain_progress']
+           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_capped_said',
+           'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm',
+           'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -463,6 +463,19 @@ def fine_tune_stages(
                  for k, s in enumerate(r.get('stages') or [])]
     return pd.DataFrame(rows, columns=['arm', 'phase', 'seed', 'lr', 'stage', 'groups', 'epochs', 'lr_max', 'lr_min',
                                        'valid_acc', 'valid_loss', 'minutes'])
+
+# %% ../nbs/14a_finetune.ipynb #cd972560
+def clf_capped_said(
+    results:pd.DataFrame,   # `pretrain_results` (or its CSV)
+    phase:str='seed',       # 'seed' or 'search' (`clf_runs`)
+)->str:                     # e.g. "`transformer-prenorm` fine-tuned at 0.003 (20 epochs)"; '' where the cap ended none
+    "The classifier runs of a phase that used every epoch of their cap, in words: searches by rate, seeds by seed"
+    if 'max_epochs' not in results:
+        raise ValueError("results lack the column max_epochs (each run's cap): pass `pretrain_results`")
+    r = clf_runs(results, phase)
+    r = r[r.epochs.astype(float) >= r.max_epochs.astype(float)]      # a run of unknown cap (NaN) is not counted
+    which = (lambda x: f"at {x.lr:g}") if phase == 'search' else (lambda x: f"seed {x.seed:.0f}")
+    return ', '.join(f"`{x.arm}` {KIND_NAMES[x.kind]} {which(x)} ({x.max_epochs:.0f} epochs)" for x in r.itertuples())
 
 # %% ../nbs/14a_finetune.ipynb #01238365
 def pretrain_table(
