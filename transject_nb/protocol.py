@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .core import TASKS, check_choice, check_fields, config_fields, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
-from .config import resolve_config
+from .config import model_fields, resolve_config
 from .checkpoint import load_checkpoint
 from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
@@ -32,11 +32,11 @@ from .finetune import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates, pret
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE', 'STUDIES',
-           'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate',
-           'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs', 'requeue_failed', 'plan_data',
-           'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs',
-           'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
+           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE',
+           'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials',
+           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs', 'requeue_failed',
+           'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms',
+           'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
            'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
@@ -152,6 +152,8 @@ def _check_lm_plan(plan, arms):
                          f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-4
+_ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))   # a field some variant's model has
+
 @dataclass(frozen=True)
 class StudyPlan:
     "A declared comparison: one task, its arms, the preset under them and the protocol; one Optuna study per arm."
@@ -159,7 +161,9 @@ class StudyPlan:
     task:str                                    # one of `TASKS`
     arms:tuple                                  # `Arm`s: the table's rows
     preset:str = 'repro'                        # the `settings.ini` preset under every run
-    fixed:dict = field(default_factory=dict)    # fields every run shares on top of the preset (what was shrunk, say)
+    # fields every run shares on top of the preset (what was shrunk, say); a model field a variant lacks
+    # (TransJect has no d_ff) is left out of that variant's runs
+    fixed:dict = field(default_factory=dict)
     protocol:Protocol = Protocol()              # the rules
     note:str = ''                               # what differs from the preset and why
     # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
@@ -175,6 +179,9 @@ class StudyPlan:
             raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
         if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
             raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
+        held = set().union(*(model_fields(a.variant) for a in arms))
+        if idle := sorted(k for k in self.fixed if k in _ANY_MODEL_FIELD and k not in held):
+            raise ValueError(f"plan {self.name!r} fixes {idle}, a model field none of its arms' variants has")
         if self.device not in (None, 'cuda'):
             raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else CPU) or 'cuda', "
                              f"got {self.device!r}")
@@ -201,8 +208,10 @@ class StudyPlan:
         return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
 
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
-        "Every field one run sets over the preset."
-        return self.fixed | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
+        "Every field one run sets over the preset (of `fixed`'s model fields, those its variant has)."
+        own = model_fields(arm.variant)
+        fixed = {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
+        return fixed | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-5
 SEARCH_PHASES = ('search', 'recheck')   # the runs that choose an arm's rate; 'seed' runs make its table
@@ -642,6 +651,7 @@ LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 
 LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 LM_GPU_DEPTHS = (2, 4, 8, 16, 32)                # the GPU depth table's L
+MLM_DEPTHS = (2, 8)                              # the masked grids' L, on the CPU and on a GPU
 LM_WIDE = dict(d_model=256, d_ff=512)            # its width: 4 × the repro preset's d, its 4 heads and d_ff = 2 d kept
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
@@ -657,13 +667,16 @@ LM_STUDIES = (
     StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
               objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
-    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in (2, 8)), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
+    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
               objective='masked',
               note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
-                   "at L = 2 and 8"),
+                   f"at L = {' and '.join(map(str, MLM_DEPTHS))}"),
     StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
               protocol=LM_PROTOCOL2, objective='causal', device='cuda',
               note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
+    StudyPlan('mlm-depth-gpu', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
+              protocol=LM_PROTOCOL2, objective='masked', device='cuda',
+              note="mlm-depth at lm-depth-gpu's width (d 256), on a GPU: a table of its own"),
 )
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-17
