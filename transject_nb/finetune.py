@@ -469,7 +469,7 @@ def clf_capped_said(
     results:pd.DataFrame,   # `pretrain_results` (or its CSV)
     phase:str='seed',       # 'seed' or 'search' (`clf_runs`)
 )->str:                     # e.g. "`transformer-prenorm` fine-tuned at 0.003 (20 epochs)"; '' where the cap ended none
-    "The classifier runs of a phase that used every epoch of their cap, in words: searches by rate, seeds by seed"
+    "The classifier runs of a phase that used every epoch of their cap, in words: searches by rate, seeds by seed."
     if 'max_epochs' not in results:
         raise ValueError("results lack the column max_epochs (each run's cap): pass `pretrain_results`")
     r = clf_runs(results, phase)

@@ -207,11 +207,14 @@ class StudyPlan:
         "The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a retried trial resume."
         return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
 
+    def fixed_for(self, variant:str)->dict:
+        "`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's d_ff) left out."
+        own = model_fields(variant)
+        return {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
+
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
-        "Every field one run sets over the preset (of `fixed`'s model fields, those its variant has)."
-        own = model_fields(arm.variant)
-        fixed = {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
-        return fixed | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
+        "Every field one run sets over the preset."
+        return self.fixed_for(arm.variant) | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-5
 SEARCH_PHASES = ('search', 'recheck')   # the runs that choose an arm's rate; 'seed' runs make its table
@@ -382,7 +385,7 @@ def plan_data(
         f = plan.fixed
         c = load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir)
         return c.take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
-    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed,
+    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed_for(plan.arms[0].variant),
                         **({} if src is None else dict(source=src)))
     max_len = rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
     return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
