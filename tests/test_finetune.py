@@ -131,3 +131,17 @@ def test_a_fine_tune_resumes_on_cuda(tmp_path):
     state = [t for s in again.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     assert state and all(t.device.type == 'cuda' for t in state)
     assert next(again.model.parameters()).device.type == 'cuda'
+
+
+def test_the_status_names_the_classifiers_still_training(tmp_path):
+    "A classifier with epochs and no results.json (a fine-tune in its third stage) is printed by `--status`, how far it got."
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    run = tmp_path/plan.name/plan.arms[0]/'ulmfit'/'seed1'
+    (run/'models').mkdir(parents=True)
+    for k in (0, 1, 2): (run/'models'/f'stage{k}.pth').write_bytes(b'')
+    (run/'history.csv').write_text('epoch,train_loss,valid_loss,accuracy,time\n0,0.44,0.46,0.788,03:58\n1,0.41,0.45,0.791,04:02\n')
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--status', '--out', str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = r.stdout.split('classifiers training:\n')[1].splitlines()[1].split()
+    assert row == ['0', plan.arms[0], 'ulmfit', 'seed', '1', 'NaN', '2', '2', '0.791', '8.0']   # stage 2, 2 epochs, 8 minutes

@@ -20,9 +20,9 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage',
            'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan',
-           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_capped_said',
-           'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm',
-           'snapshot_pretrain', 'plot_pretrain_progress']
+           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_progress',
+           'clf_capped_said', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said',
+           'pretrained_lm', 'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -463,6 +463,28 @@ def fine_tune_stages(
                  for k, s in enumerate(r.get('stages') or [])]
     return pd.DataFrame(rows, columns=['arm', 'phase', 'seed', 'lr', 'stage', 'groups', 'epochs', 'lr_max', 'lr_min',
                                        'valid_acc', 'valid_loss', 'minutes'])
+
+# %% ../nbs/14a_finetune.ipynb #7b894946
+def clf_progress(
+    folder,                 # a plan's runs (`out/plan.name`) or their snapshot (`snapshot_pretrain`)
+# one row per classifier started and not finished: arm, kind, phase, seed, a search's rate, stage, epochs, validation
+)->pd.DataFrame:
+    "The classifiers still training: a fine-tune's stage, that stage's (or run's) epochs and best validation so far."
+    folder = Path(folder)
+    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
+    rows = []
+    for run in sorted(f.parent for k in CLF_KINDS for f in folder.glob(f'*/{k}/**/history.csv')):
+        if (run/'results.json').exists(): continue                                 # finished: `pretrain_results` has it
+        h, (arm, kind) = _history_of(run), run.relative_to(folder).parts[:2]
+        search = _phase(run/'results.json') == 'search'
+        stages = sorted(int(f.stem.removeprefix('stage')) for f in (run/'models').glob('stage*.pth'))
+        rows.append(dict(arm=arm, kind=kind, phase='search' if search else 'seed',
+                         seed=0 if search else int(run.name.removeprefix('seed')),
+                         lr=float(run.name.removeprefix('lr')) if search else np.nan,
+                         stage=(stages[-1] if stages else 0) if kind == 'ulmfit' else np.nan, epochs=len(h),
+                         valid_acc=h.accuracy.max() if len(h) else np.nan,
+                         minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', 'lr', 'stage', 'epochs', 'valid_acc', 'minutes'])
 
 # %% ../nbs/14a_finetune.ipynb #cd972560
 def clf_capped_said(

@@ -27,8 +27,8 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates, pretrain_results, run_pretrain_plan,
-                                   snapshot_pretrain)
+from .finetune import (PRETRAIN_STUDIES, clf_progress, pretrain_progress, pretrain_rates, pretrain_results,
+                                   run_pretrain_plan, snapshot_pretrain)
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -897,10 +897,12 @@ def _pretrain_command(plan, a):
         return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv; the language models' "
                      f"{len(prog)} epochs so far in progress.csv; their {int(rates.done.sum())} first-part rate "
                      "tries in rates.csv)", flush=True)
-    want = len(plan.arms) * plan.runs_per_arm()
+    want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
+    running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
     print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
-          + f"language models so far:\n{prog.to_string()}", flush=True)
+          + f"language models so far:\n{prog.to_string()}"
+          + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else ''), flush=True)
     return res
 
 # %% ../nbs/13_protocol.ipynb #11a7466e
