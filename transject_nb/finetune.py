@@ -447,13 +447,18 @@ PRETRAIN_STUDIES = {p.name: p for p in (
 )}
 
 # %% ../nbs/14a_finetune.ipynb #ee0c71f8
+def _runs_folder(folder)->Path:
+    "A plan's runs folder (`out/plan.name`) or its snapshot, refused where it is not a folder."
+    folder = Path(folder)
+    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
+    return folder
+
 def fine_tune_stages(
     folder,                 # a plan's runs (`out/plan.name`) or their snapshot (`snapshot_pretrain`)
 # one row per stage of each finished fine-tune: arm, phase, seed, head rate, stage, groups, epochs, rates, validation
 )->pd.DataFrame:
     "Each finished fine-tune stage by stage: the head alone on the frozen encoder, then what unfreezing added."
-    folder = Path(folder)
-    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
+    folder = _runs_folder(folder)
     rows = []
     for f in sorted(folder.glob('*/ulmfit/**/results.json')):
         r = json.loads(f.read_text())
@@ -470,15 +475,14 @@ def clf_progress(
 # one row per classifier started and not finished: arm, kind, phase, seed, a search's rate, stage, epochs, validation
 )->pd.DataFrame:
     "The classifiers still training: a fine-tune's stage, that stage's (or run's) epochs and best validation so far."
-    folder = Path(folder)
-    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
+    folder = _runs_folder(folder)
     rows = []
     for run in sorted(f.parent for k in CLF_KINDS for f in folder.glob(f'*/{k}/**/history.csv')):
         if (run/'results.json').exists(): continue                                 # finished: `pretrain_results` has it
         h, (arm, kind) = _history_of(run), run.relative_to(folder).parts[:2]
-        search = _phase(run/'results.json') == 'search'
+        phase = _phase(run/'results.json'); search = phase == 'search'
         stages = sorted(int(f.stem.removeprefix('stage')) for f in (run/'models').glob('stage*.pth'))
-        rows.append(dict(arm=arm, kind=kind, phase='search' if search else 'seed',
+        rows.append(dict(arm=arm, kind=kind, phase=phase,
                          seed=0 if search else int(run.name.removeprefix('seed')),
                          lr=float(run.name.removeprefix('lr')) if search else np.nan,
                          stage=(stages[-1] if stages else 0) if kind == 'ulmfit' else np.nan, epochs=len(h),
