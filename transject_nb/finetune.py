@@ -18,11 +18,12 @@ import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'layer_groups', 'load_pretrained', 'Stage',
-           'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate', 'run_pretrain_plan',
-           'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_progress',
-           'clf_capped_said', 'pretrain_table', 'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said',
-           'pretrained_lm', 'snapshot_pretrain', 'plot_pretrain_progress']
+__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'layer_groups', 'load_pretrained',
+           'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
+           'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress',
+           'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table', 'pretrain_verdicts',
+           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'run_controls',
+           'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -614,6 +615,78 @@ def pretrained_lm(
                          "(or $TRANSJECT_DATA)")
     return _lm_learner(plan, variant, out, source)
 
+
+# %% ../nbs/14a_finetune.ipynb #91add2b1
+# control -> whether it starts from the language model
+PRETRAIN_CONTROLS = {'causal from scratch': False, 'pretrained, one stage': True}
+
+def control_learner(
+    plan:PretrainPlan,      # the plan
+    variant:str,            # a causal arm of the plan
+    control:str,            # one of `PRETRAIN_CONTROLS`
+    data,                   # IMDb tokenized with the language model's vocabulary (`TaskData`)
+    lm,                     # the arm's language model (`pretrained_lm`)
+    path,                   # the run folder
+    lr:float,               # the rate
+    seed:int,               # the seed
+):                          # a `TaskLearner`, causal, its encoder the language model's where the control says so
+    "One control of a causal arm's fine-tune: the plan's classifier with the causal mask, to train as from scratch."
+    check_choice(control, PRETRAIN_CONTROLS, 'control')
+    if plan.objective(variant) != 'causal':
+        raise ValueError(f"{variant!r} pretrains as a masked model and reads both ways fine-tuned: "
+                         "it has no causal control")
+    learn = get_learner('imdb', variant, preset=plan.preset, data=data, path=path, seed=seed,
+                        **plan.model_fields(variant), **plan.clf, causal=True, lr=lr)
+    if PRETRAIN_CONTROLS[control]: load_pretrained(learn, lm)      # a resumed run loads its checkpoint over it
+    return learn
+
+# %% ../nbs/14a_finetune.ipynb #9c26f30a
+def run_controls(
+    plan:PretrainPlan,      # the plan: its causal arms' language models and classifiers from scratch finished
+    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per causal arm and control: arm, control, its scores, rate and cap
+    "Take causal fine-tunes apart: the classifier with the causal mask, from scratch and from the language model."
+    source, res, rows = task_source('imdb', data), pretrain_results(plan, out), []
+    if source is None:
+        raise ValueError("the controls read the IMDb reviews: give data= a root holding imdb/ (or $TRANSJECT_DATA)")
+    searches = bool(plan.clf_lrs('scratch'))
+    seed = 0 if searches else plan.seeds[0]
+    for v in (v for v in plan.arms if plan.objective(v) == 'causal'):
+        lm = pretrained_lm(plan, v, data, out)                    # refuses an arm whose language model has not finished
+        scr = clf_runs(res, 'search' if searches else 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
+        if not len(scr):
+            raise ValueError(f"{v}: its classifier from scratch at seed {seed} has not finished: run the plan first")
+        lr, clf_data = (best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])), None
+        for c in PRETRAIN_CONTROLS:
+            f = Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/'results.json'
+            if not f.is_file():
+                clf_data = clf_data or _clf_data(plan, lm, source, out)
+                learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, seed)
+                train_learner(learn, progress=False)
+                res = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
+                atomic_write(f, json.dumps(res, indent=1, default=str))
+            rows.append(dict(arm=v, control=c) | json.loads(f.read_text()))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/14a_finetune.ipynb #ce6c407e
+def controls_said(
+    controls:pd.DataFrame,  # `run_controls`
+    results:pd.DataFrame,   # `pretrain_results`
+)->str:                     # a sentence per causal arm
+    "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave, on validation."
+    said, pts = [], lambda x: f"{100 * x:+.1f} points"
+    for a, g in controls.groupby('arm', sort=False):
+        seed = int(g.seed.iloc[0])
+        runs = pd.concat([clf_runs(results, 'search'), clf_runs(results)]).query("arm == @a and seed == @seed")
+        bi, ft = (runs[runs.kind == k].valid_acc.max() for k in ('scratch', 'ulmfit'))
+        c, p = (g.set_index('control').valid_acc[k] for k in PRETRAIN_CONTROLS)
+        said.append(f"`{a}`, seed {seed}, on validation: from scratch {100 * bi:.1f}%, "
+                    f"causal from scratch {100 * c:.1f}%, "
+                    f"pretrained in one stage {100 * p:.1f}%, fine-tuned in ULMFiT's stages {100 * ft:.1f}%. "
+                    f"So the mask changes it by {pts(c - bi)}, the pretraining by {pts(p - c)} "
+                    f"and ULMFiT's stages by {pts(ft - p)}.")
+    return ' '.join(said)
 
 # %% ../nbs/14a_finetune.ipynb #5f5250c1
 def _slim(st:dict)->dict:
