@@ -145,3 +145,29 @@ def test_the_status_names_the_classifiers_still_training(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     row = r.stdout.split('classifiers training:\n')[1].splitlines()[1].split()
     assert row == ['0', plan.arms[0], 'ulmfit', 'seed', '1', 'NaN', '2', '2', '0.791', '8.0']   # stage 2, 2 epochs, 8 minutes
+
+
+def test_the_controls_come_out_of_the_command_line(tmp_path):
+    "A finished control (`run_controls`'s results.json) is printed by `--status` and written by `--export` (controls.csv)."
+    import json
+    import pandas as pd
+    from transject_nb.finetune import PRETRAIN_CONTROLS
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    arm = next(v for v in plan.arms if plan.objective(v) == 'causal')
+    f = tmp_path/'runs'/f'{plan.name}-controls'/arm/'causal-from-scratch'/'results.json'
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps(dict(seed=0, valid_acc=0.86, test_acc=0.85, lr=1e-3, epochs=5, max_epochs=40)))
+    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs')]
+    r = subprocess.run(cli + ['--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '1 controls in controls.csv' in r.stdout
+    ctl = pd.read_csv(tmp_path/'out'/'controls.csv')
+    assert ctl[['arm', 'control', 'valid_acc']].values.tolist() == [[arm, list(PRETRAIN_CONTROLS)[0], 0.86]]
+    r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and 'controls:' in r.stdout and 'causal from scratch' in r.stdout, r.stderr[-2000:]
+
+
+def test_the_controls_are_refused_for_a_plan_that_does_not_pretrain(tmp_path):
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', 'lm-neutreno', '--controls',
+                        '--storage', str(tmp_path/'s.db')], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and 'it is for a pretraining plan' in r.stderr

@@ -22,8 +22,8 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
            'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress',
            'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table', 'pretrain_verdicts',
-           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'run_controls',
-           'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
+           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'control_results',
+           'run_controls', 'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -641,33 +641,46 @@ def control_learner(
     return learn
 
 # %% ../nbs/14a_finetune.ipynb #9c26f30a
+def _control_file(plan, out, v:str, c:str)->Path:
+    "Where control `c` of arm `v` keeps its `results.json`: beside the plan's runs, not in them."
+    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/'results.json'
+
+def control_results(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per finished control: arm, control, its scores, rate and cap
+    "The finished controls of a plan's causal arms, read from their `results.json`."
+    rows = [dict(arm=v, control=c) | json.loads(f.read_text()) for v in plan.arms for c in PRETRAIN_CONTROLS
+            if (f := _control_file(plan, out, v, c)).is_file()]
+    return pd.DataFrame(rows, columns=None if rows else ['arm', 'control', 'seed', 'valid_acc', 'test_acc', 'lr'])
+
 def run_controls(
     plan:PretrainPlan,      # the plan: its causal arms' language models and classifiers from scratch finished
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per causal arm and control: arm, control, its scores, rate and cap
+)->pd.DataFrame:            # `control_results`: one row per causal arm and control
     "Take causal fine-tunes apart: the classifier with the causal mask, from scratch and from the language model."
-    source, res, rows = task_source('imdb', data), pretrain_results(plan, out), []
+    source, res = task_source('imdb', data), pretrain_results(plan, out)
     if source is None:
         raise ValueError("the controls read the IMDb reviews: give data= a root holding imdb/ (or $TRANSJECT_DATA)")
     searches = bool(plan.clf_lrs('scratch'))
     seed = 0 if searches else plan.seeds[0]
     for v in (v for v in plan.arms if plan.objective(v) == 'causal'):
+        todo = [c for c in PRETRAIN_CONTROLS if not _control_file(plan, out, v, c).is_file()]
+        if not todo: continue                                     # read back, nothing loaded
         lm = pretrained_lm(plan, v, data, out)                    # refuses an arm whose language model has not finished
         scr = clf_runs(res, 'search' if searches else 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
         if not len(scr):
             raise ValueError(f"{v}: its classifier from scratch at seed {seed} has not finished: run the plan first")
-        lr, clf_data = (best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])), None
-        for c in PRETRAIN_CONTROLS:
-            f = Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/'results.json'
-            if not f.is_file():
-                clf_data = clf_data or _clf_data(plan, lm, source, out)
-                learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, seed)
-                train_learner(learn, progress=False)
-                res = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
-                atomic_write(f, json.dumps(res, indent=1, default=str))
-            rows.append(dict(arm=v, control=c) | json.loads(f.read_text()))
-    return pd.DataFrame(rows)
+        lr = best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])
+        clf_data = _clf_data(plan, lm, source, out)
+        for c in todo:
+            f = _control_file(plan, out, v, c)
+            learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, seed)
+            train_learner(learn, progress=False)
+            res_c = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
+            atomic_write(f, json.dumps(res_c, indent=1, default=str))
+    return control_results(plan, out)
 
 # %% ../nbs/14a_finetune.ipynb #ce6c407e
 def controls_said(

@@ -27,8 +27,8 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import (PRETRAIN_STUDIES, clf_progress, pretrain_progress, pretrain_rates, pretrain_results,
-                                   run_pretrain_plan, snapshot_pretrain)
+from .finetune import (PRETRAIN_STUDIES, clf_progress, control_results, pretrain_progress, pretrain_rates,
+                                   pretrain_results, run_controls, run_pretrain_plan, snapshot_pretrain)
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -877,32 +877,45 @@ def add_study_args(p):
     p.add_argument('--snapshot', default=None, metavar='FILE',
                    help='write a consistent copy of a SQLite --storage to FILE; for a pretraining plan, what another '
                         'machine needs to go on, into the folder FILE; train nothing')
+    p.add_argument('--controls', action='store_true',
+                   help="for a pretraining plan: train its controls once its classifiers from scratch have finished "
+                        "(finetune.run_controls: each causal arm's classifier with the causal mask, from scratch and "
+                        "from the language model in one stage)")
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
 # %% ../nbs/13_protocol.ipynb #eab688f8
 def _pretrain_command(plan, a):
     ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them, "
-     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that.")
+     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that, "
+     "`--controls` trains its controls.")
     if a.snapshot:
         files = snapshot_pretrain(plan, a.out, a.snapshot)
         return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
                      f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
+    if a.controls and not a.status and not a.export:
+        ctl = run_controls(plan, a.data, a.out)
+        print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
+        return ctl
     if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from)
     res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
+    ctl = control_results(plan, a.out)
     if a.export:
         Path(a.export).mkdir(parents=True, exist_ok=True)
         res.to_csv(Path(a.export)/'runs.csv', index=False); prog.to_csv(Path(a.export)/'progress.csv', index=False)
         rates.to_csv(Path(a.export)/'rates.csv', index=False)
+        if len(ctl): ctl.to_csv(Path(a.export)/'controls.csv', index=False)
         return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv; the language models' "
                      f"{len(prog)} epochs so far in progress.csv; their {int(rates.done.sum())} first-part rate "
-                     "tries in rates.csv)", flush=True)
+                     "tries in rates.csv" + (f"; {len(ctl)} controls in controls.csv)" if len(ctl) else ")"),
+                     flush=True)
     want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
     running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
     print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}"
-          + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else ''), flush=True)
+          + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
+          + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else ''), flush=True)
     return res
 
 # %% ../nbs/13_protocol.ipynb #11a7466e
@@ -912,6 +925,9 @@ def study_command(a, words):
         raise ValueError(f"study takes no field overrides, got {words}: "
                          "a plan's fields are declared in protocol.STUDIES")
     if a.name in PRETRAIN_STUDIES: return _pretrain_command(PRETRAIN_STUDIES[a.name], a)
+    if a.controls:
+        raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
+                         f"({', '.join(PRETRAIN_STUDIES)}), not {a.name!r}")
     plan, url = study_plan(a.name), a.storage
     if a.start_from and '://' not in url and not Path(url).exists():
         Path(url).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(a.start_from, url)
