@@ -687,14 +687,14 @@ def controls_said(
     controls:pd.DataFrame,  # `run_controls`
     results:pd.DataFrame,   # `pretrain_results`
 )->str:                     # a sentence per causal arm
-    "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave, on validation."
-    said, pts = [], lambda x: f"{100 * x:+.1f} points"
+    "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave in test accuracy."
+    said, pts = [], lambda x: f"{round(100 * x, 1) + 0:+.1f} points"   # + 0: no "-0.0"
     for a, g in controls.groupby('arm', sort=False):
         seed = int(g.seed.iloc[0])
         runs = pd.concat([clf_runs(results, 'search'), clf_runs(results)]).query("arm == @a and seed == @seed")
-        bi, ft = (runs[runs.kind == k].valid_acc.max() for k in ('scratch', 'ulmfit'))
-        c, p = (g.set_index('control').valid_acc[k] for k in PRETRAIN_CONTROLS)
-        said.append(f"`{a}`, seed {seed}, on validation: from scratch {100 * bi:.1f}%, "
+        bi, ft = (runs[runs.kind == k].sort_values('valid_acc').test_acc.iloc[-1] for k in ('scratch', 'ulmfit'))
+        c, p = (g.set_index('control').test_acc[k] for k in PRETRAIN_CONTROLS)
+        said.append(f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {100 * bi:.1f}%, "
                     f"causal from scratch {100 * c:.1f}%, "
                     f"pretrained in one stage {100 * p:.1f}%, fine-tuned in ULMFiT's stages {100 * ft:.1f}%. "
                     f"So the mask changes it by {pts(c - bi)}, the pretraining by {pts(p - c)} "
