@@ -670,8 +670,9 @@ def run_controls(
         if not todo: continue                                     # read back, nothing loaded
         lm = pretrained_lm(plan, v, data, out)                    # refuses an arm whose language model has not finished
         scr = clf_runs(res, 'search' if searches else 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
-        if not len(scr):
-            raise ValueError(f"{v}: its classifier from scratch at seed {seed} has not finished: run the plan first")
+        if len(scr) < (n := len(plan.clf_lrs('scratch')) or 1):  # the rate is the whole search's choice
+            raise ValueError(f"{v}: the rate of its classifier from scratch is not settled ({len(scr)} of {n} runs "
+                             f"at seed {seed} finished): run the plan first")
         lr = best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])
         clf_data = _clf_data(plan, lm, source, out)
         for c in todo:
