@@ -689,18 +689,24 @@ def controls_said(
     results:pd.DataFrame,   # `pretrain_results`
 )->str:                     # a sentence per causal arm
     "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave in test accuracy."
-    said, pts = [], lambda x: f"{round(100 * x, 1) + 0:+.1f} points"   # + 0: no "-0.0"
+    pct = lambda x: 'not finished' if x is None else f"{100 * x:.1f}%"
+    pts = lambda x, y: f"{round(100 * (y - x), 1) + 0:+.1f} points"          # + 0: no "-0.0"
+    said = []
     for a, g in controls.groupby('arm', sort=False):
-        seed = int(g.seed.iloc[0])
+        seed, got = int(g.seed.iloc[0]), g.set_index('control').test_acc
         runs = pd.concat([clf_runs(results, 'search'), clf_runs(results)]).query("arm == @a and seed == @seed")
-        bi, ft = (runs[runs.kind == k].sort_values('valid_acc').test_acc.iloc[-1] for k in ('scratch', 'ulmfit'))
-        c, p = (g.set_index('control').test_acc[k] for k in PRETRAIN_CONTROLS)
-        said.append(f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {100 * bi:.1f}%, "
-                    f"causal from scratch {100 * c:.1f}%, "
-                    f"pretrained in one stage {100 * p:.1f}%, fine-tuned in ULMFiT's stages {100 * ft:.1f}%. "
-                    f"So the mask changes it by {pts(c - bi)}, the pretraining by {pts(p - c)} "
-                    f"and ULMFiT's stages by {pts(ft - p)}.")
+        def best(k):                                 # test accuracy of the kind's run of highest validation accuracy
+            r = runs[runs.kind == k]
+            return r.sort_values('valid_acc').test_acc.iloc[-1] if len(r) else None
+        bi, ft, (c, p) = best('scratch'), best('ulmfit'), (got.get(k) for k in PRETRAIN_CONTROLS)
+        steps = [(n, x, y) for n, x, y in (('the mask', bi, c), ('the pretraining', c, p), ("ULMFiT's stages", p, ft))
+                 if x is not None and y is not None]       # a run not finished yet leaves its steps out
+        by = [f"{n} {'changes it ' if i == 0 else ''}by {pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
+        said.append(f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {pct(bi)}, causal from scratch "
+                    f"{pct(c)}, pretrained in one stage {pct(p)}, fine-tuned in ULMFiT's stages {pct(ft)}."
+                    + (f" So {', '.join(by[:-1])}{' and ' if len(by) > 1 else ''}{by[-1]}." if by else ''))
     return ' '.join(said)
+
 
 # %% ../nbs/14a_finetune.ipynb #5f5250c1
 def _slim(st:dict)->dict:
