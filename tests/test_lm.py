@@ -249,3 +249,20 @@ def test_a_runs_checkpoint_moves_a_sharded_loader(tmp_path):
     assert any(isinstance(cb, TrainCheckpoint) for cb in learn.cbs)
     train_learner(learn, progress=False)
     assert seen.parts == {0: 0, 1: 1, 2: 2}
+
+
+def test_the_depth_trend_judges_slopes_both_ways():
+    "A fix whose loss falls with depth against a base whose loss rises: the claim holds one way, fails the other, same p."
+    import numpy as np
+    import pandas as pd
+    from transject_nb.lm import lm_depth_trend
+    rng = np.random.default_rng(1)
+    runs = pd.DataFrame([dict(variant=f'{a}+n_layers={L}', seed=s, test_loss=5 + b * math.log2(L) + rng.normal(0, .01),
+                              train_loss=4.5 + rng.normal(0, .01))
+                         for a, b in (('fix', -.02), ('base', .02)) for L in (2, 4, 8, 16) for s in (1, 2)])
+    one, other = (lm_depth_trend(runs, base=b).set_index('arm') for b in ('base', 'fix'))
+    assert one.loc['fix', 'test_verdict'] == 'holds' and one.loc['base', 'test_verdict'] == 'fails'
+    assert one.loc['fix', 'vs_verdict'] == 'holds' and other.loc['base', 'vs_verdict'] == 'fails'
+    assert math.isclose(one.loc['fix', 'vs_p'], other.loc['base', 'vs_p'])
+    assert math.isclose(math.log1p(one.loc['fix', 'vs_change']), -math.log1p(other.loc['base', 'vs_change']))
+    assert one.loc['fix', 'train_verdict'] == 'within noise'                  # training text: no trend was put in

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
+from scipy.stats import linregress, spearmanr
 import torch
 import torch.nn as nn
 import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
@@ -34,7 +34,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts',
            'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner', 'evaluate_lm',
            'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
-           'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_sweep', 'capped_said', 'rate_depth_grid',
+           'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -45,7 +46,7 @@ from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab,
 from .config import resolve_config
 from .fastai_fixes import FixedLearner
 from .learner import ReconLoss, has_aux_loss, history, train_callbacks
-from .stats import ALPHA, welch
+from .stats import ALPHA, verdict_of, welch, welch_from_var
 
 # %% ../nbs/14_lm.ipynb #cca7b082
 # the package's variants that can be causal
@@ -789,6 +790,86 @@ def lm_fixes(
                                        n_better=len(loss[a]), n_worse=len(loss[b]))]))
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
+
+
+# %% ../nbs/14_lm.ipynb #dddd3f10
+def _slope(g:pd.DataFrame, col:str)->tuple:
+    "Least squares of `col` on log2 L over the runs `g`: slope, squared error times n (`welch_from_var`'s var), p, n."
+    fit = linregress(np.log2(g.L.astype(float)), g[col].astype(float))
+    exact = 1.0 if abs(fit.slope) < 1e-12 else 0.0                       # on a line exactly: `welch`'s zero-spread rule
+    p = fit.pvalue if fit.stderr > 0 else exact
+    return fit.slope, fit.stderr ** 2 * len(g), p, len(g)
+
+def lm_depth_trend(
+    runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    base:str='transformer',     # the arm whose slope every other arm's is judged against
+    alpha:float=ALPHA,          # the tests' level
+# per arm: depths fitted, runs, the depth it diverged at, per doubling of L the perplexity change, p and verdict
+# on test and training text, then against `base`'s slope on the test loss
+)->pd.DataFrame:
+    "Each arm's trend of loss with depth (slope on log2 L over every run), and its slope against `base`'s."
+    d = with_arm_depth(runs)
+    fits, rows = {}, []
+    for arm, g in d.groupby('arm', sort=False):
+        bad = g.L[~_finite(g, ('test_loss', 'train_loss'))]                      # depths where a run diverged
+        at = bad.min() if len(bad) else np.nan
+        g = g[g.L < at] if len(bad) else g                                      # the trend before it
+        fits[arm] = g
+        row = dict(arm=arm, L_from=g.L.min(), L_to=g.L.max(), runs=len(g), diverged_at=at)
+        enough = len(g) >= 3 and g.L.nunique() >= 2
+        for k in ('test', 'train'):
+            b, _, p, n = _slope(g, f'{k}_loss') if enough else (np.nan, np.nan, np.nan, len(g))
+            row |= {f'{k}_change': math.expm1(b), f'{k}_p': p,
+                    f'{k}_verdict': verdict_of(p, -b, n, n, alpha) if enough else 'too few runs'}
+        rows.append(row)
+    for r in rows:                                                              # each slope against base's
+        a, g = r['arm'], fits[r['arm']]
+        gb = fits.get(base, g.iloc[:0])
+        Ls = set(g.L) & set(gb.L)
+        g, gb = g[g.L.isin(Ls)], gb[gb.L.isin(Ls)]
+        if a == base or len(Ls) < 2 or min(len(g), len(gb)) < 3:
+            r |= dict(vs_change=np.nan, vs_p=np.nan, vs_verdict=''); continue
+        (ba, va, _, na), (bb, vb, _, nb) = _slope(g, 'test_loss'), _slope(gb, 'test_loss')
+        w = welch_from_var(bb - ba, va, na, vb, nb, df_a=na - 2, df_b=nb - 2, alpha=alpha)   # lower slope: the claim
+        r |= dict(vs_change=math.expm1(ba - bb), vs_p=w['p'], vs_verdict=w['verdict'])
+    return pd.DataFrame(rows, columns=['arm', 'L_from', 'L_to', 'runs', 'diverged_at'] + [
+        f'{k}_{c}' for k in ('test', 'train', 'vs') for c in ('change', 'p', 'verdict')])
+
+
+# %% ../nbs/14_lm.ipynb #5dd8426c
+def lm_trend_said(
+    trend:pd.DataFrame,   # from `lm_depth_trend`
+)->tuple:                 # two phrases: every arm's own trend; every other arm's against the base's ('' if none)
+    "A trend table in words: each arm's perplexity change per doubling of L, then each against the base's."
+    word = {'holds': 'falls', 'fails': 'rises', 'within noise': 'within noise'}
+    def own(r):
+        if r.test_verdict == 'too few runs': return 'too few runs for a trend'
+        cut = f", before it diverges at L={r.diverged_at:g}" if r.diverged_at == r.diverged_at else ''
+        return (f"{100 * r.test_change:+.1f}% per doubling over L={r.L_from}–{r.L_to}{cut} "
+                f"(p={r.test_p:.2g}, {word[r.test_verdict]})")
+    rows = list(trend.itertuples())
+    versus = (f"`{r.arm}` {100 * r.vs_change:+.1f}% (p={r.vs_p:.2g}, {r.vs_verdict})" for r in rows if r.vs_verdict)
+    return '; '.join(f"`{r.arm}` {own(r)}" for r in rows), '; '.join(versus)
+
+
+# %% ../nbs/14_lm.ipynb #316cd667
+def lm_trend_short(
+    trend:pd.DataFrame,   # from `lm_depth_trend`
+    base:str='post-norm', # how the sentence names the base arm
+)->str:                   # one sentence
+    "A trend table in one sentence: where perplexity falls, stays level, rises or diverges with depth; against base."
+    gone = trend.diverged_at.notna()                                   # named for diverging, whatever came before
+    def group(col, words, rows):
+        "'falls for `a`, `b`' per verdict in `col` that some of `rows` have."
+        return [f"{w} for {', '.join(f'`{a}`' for a in rows.arm[rows[col] == v])}" for v, w in words.items()
+                if (rows[col] == v).any()]
+    own = group('test_verdict', {'holds': 'falls', 'within noise': 'stays level', 'fails': 'rises',
+                                 'too few runs': 'has too few runs to tell'}, trend[~gone])
+    if gone.any():
+        own.append("diverges for " + ', '.join(f"`{r.arm}` (at L={r.diverged_at:g})" for r in trend[gone].itertuples()))
+    vs = group('vs_verdict', {'holds': 'lower', 'within noise': 'alike', 'fails': 'higher'}, trend)
+    return ("perplexity " + '; '.join(own) + " as the depth grows"
+            + (f"; its slope against {base}'s is " + '; '.join(vs) if vs else '') + '.')
 
 
 # %% ../nbs/14_lm.ipynb #3f1cc14b
