@@ -154,7 +154,7 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
     from transject_nb.finetune import PRETRAIN_CONTROLS
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     arm = next(v for v in plan.arms if plan.objective(v) == 'causal')
-    f = tmp_path/'runs'/f'{plan.name}-controls'/arm/'causal-from-scratch'/'results.json'
+    f = tmp_path/'runs'/f'{plan.name}-controls'/arm/'causal-from-scratch'/'seed0'/'results.json'
     f.parent.mkdir(parents=True)
     f.write_text(json.dumps(dict(seed=0, valid_acc=0.86, test_acc=0.85, lr=1e-3, epochs=5, max_epochs=40)))
     cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs')]

@@ -23,7 +23,7 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress',
            'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table', 'pretrain_verdicts',
            'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'control_results',
-           'run_controls', 'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
+           'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -641,32 +641,43 @@ def control_learner(
     return learn
 
 # %% ../nbs/14a_finetune.ipynb #9c26f30a
-def _control_file(plan, out, v:str, c:str)->Path:
-    "Where control `c` of arm `v` keeps its `results.json`: beside the plan's runs, not in them."
-    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/'results.json'
+def _control_file(plan, out, v:str, c:str, seed:int)->Path:
+    "Where control `c` of arm `v` at `seed` keeps its `results.json`: beside the plan's runs, not in them."
+    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/f'seed{seed}'/'results.json'
 
 def control_results(
     plan:PretrainPlan,      # the plan
     out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per finished control: arm, control, its scores, rate and cap
-    "The finished controls of a plan's causal arms, read from their `results.json`."
+)->pd.DataFrame:            # one row per finished control and seed: arm, control, its scores, rate and cap
+    "The finished controls of a plan's causal arms, read from their `results.json`, seeds in order."
     rows = [dict(arm=v, control=c) | json.loads(f.read_text()) for v in plan.arms for c in PRETRAIN_CONTROLS
-            if (f := _control_file(plan, out, v, c)).is_file()]
+            for f in sorted(_control_file(plan, out, v, c, 0).parent.parent.glob('seed*/results.json'),
+                            key=lambda f: int(f.parent.name[4:]))]
     return pd.DataFrame(rows, columns=None if rows else ['arm', 'control', 'seed', 'valid_acc', 'test_acc', 'lr'])
+
+def control_seeds(
+    plan:PretrainPlan,      # the plan
+)->tuple:                   # the searches' seed (0; the plan's first where it does not search), then the plan's seeds
+    "The seeds the controls run at: the one the rate was chosen at, then those of the runs a verdict compares."
+    return tuple(dict.fromkeys(((0,) if plan.clf_lrs('scratch') else ()) + tuple(plan.seeds)))
 
 def run_controls(
     plan:PretrainPlan,      # the plan: its causal arms' language models and classifiers from scratch finished
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # `control_results`: one row per causal arm and control
+    seeds=None,             # the seeds to train (default `control_seeds`: all, the searches' first)
+)->pd.DataFrame:            # `control_results`: one row per causal arm, control and seed finished
     "Take causal fine-tunes apart: the classifier with the causal mask, from scratch and from the language model."
     source, res = task_source('imdb', data), pretrain_results(plan, out)
     if source is None:
         raise ValueError("the controls read the IMDb reviews: give data= a root holding imdb/ (or $TRANSJECT_DATA)")
+    seeds = control_seeds(plan) if seeds is None else tuple(seeds)
+    if not seeds or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in seeds):
+        raise ValueError(f"seeds must be whole numbers, at least 0 (e.g. {control_seeds(plan)}), got {seeds!r}")
     searches = bool(plan.clf_lrs('scratch'))
-    seed = 0 if searches else plan.seeds[0]
+    seed = 0 if searches else plan.seeds[0]                       # the rate's
     for v in (v for v in plan.arms if plan.objective(v) == 'causal'):
-        todo = [c for c in PRETRAIN_CONTROLS if not _control_file(plan, out, v, c).is_file()]
+        todo = [(s, c) for s in seeds for c in PRETRAIN_CONTROLS if not _control_file(plan, out, v, c, s).is_file()]
         if not todo: continue                                     # read back, nothing loaded
         lm = pretrained_lm(plan, v, data, out)                    # refuses an arm whose language model has not finished
         scr = clf_runs(res, 'search' if searches else 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
@@ -675,36 +686,64 @@ def run_controls(
                              f"at seed {seed} finished): run the plan first")
         lr = best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])
         clf_data = _clf_data(plan, lm, source, out)
-        for c in todo:
-            f = _control_file(plan, out, v, c)
-            learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, seed)
+        for s, c in todo:                                         # seed by seed: a finished seed is a whole comparison
+            f = _control_file(plan, out, v, c, s)
+            learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, s)
             train_learner(learn, progress=False)
             res_c = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
             atomic_write(f, json.dumps(res_c, indent=1, default=str))
     return control_results(plan, out)
 
+
 # %% ../nbs/14a_finetune.ipynb #ce6c407e
+_STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # from scratch -> causal -> pretrained -> fine-tuned
+_pct = lambda x: 'not finished' if x is None else f"{100 * x:.1f}%"
+_pts = lambda x, y: f"{round(100 * (np.mean(y) - np.mean(x)), 1) + 0:+.1f} points"   # + 0: no "-0.0"
+
+def _across_seeds(a, sides, on, alpha):
+    "The four classifiers' test accuracies at the plan's seeds `on`: each step's change, judged by Welch's test."
+    def step(n, x, y):
+        w = welch(y, x, alpha)
+        return f"{n} by {_pts(x, y)} (p={w['p']:.2g}, {'within' if w['verdict'] == 'within noise' else 'beyond'} noise)"
+    by = [step(n + ' changes it' * (i == 0), x, y) for i, (n, x, y) in enumerate(zip(_STEPS, sides, sides[1:]))]
+    means = [_pct(x.mean()) for x in sides]
+    return (f"`{a}`, test accuracy, the mean of seeds {', '.join(map(str, on))} (Welch at {alpha:g}): from scratch "
+            f"{means[0]}, causal from scratch {means[1]}, pretrained in one stage {means[2]}, fine-tuned in ULMFiT's "
+            f"stages {means[3]}. So {by[0]}, {by[1]} and {by[2]}.")
+
+def _one_seed(a, g, runs):
+    "One run each at the controls' first seed, beside the arm's classifiers (`runs`) of that seed: no test."
+    seed, got = int(g.seed.iloc[0]), g[g.seed == g.seed.iloc[0]].set_index('control').test_acc
+    runs = runs.query("seed == @seed")
+    def best(k):                                     # test accuracy of the kind's run of highest validation accuracy
+        r = runs[runs.kind == k]
+        return r.sort_values('valid_acc').test_acc.iloc[-1] if len(r) else None
+    acc = (best('scratch'), *(got.get(k) for k in PRETRAIN_CONTROLS), best('ulmfit'))
+    steps = [(n, x, y) for n, x, y in zip(_STEPS, acc, acc[1:]) if x is not None and y is not None]  # finished only
+    by = [f"{n} {'changes it ' if i == 0 else ''}by {_pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
+    later = int((g.seed != seed).sum())
+    return (f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {_pct(acc[0])}, causal from scratch "
+            f"{_pct(acc[1])}, pretrained in one stage {_pct(acc[2])}, fine-tuned in ULMFiT's stages {_pct(acc[3])}."
+            + (f" So {', '.join(by[:-1])}{' and ' if len(by) > 1 else ''}{by[-1]}." if by else '')
+            + (f" Of the controls at the plan's seeds, {later} {'has' if later == 1 else 'have'} finished so far."
+               if later else ''))
+
 def controls_said(
     controls:pd.DataFrame,  # `run_controls`
     results:pd.DataFrame,   # `pretrain_results`
+    alpha:float=ALPHA,      # the level of the test across seeds
 )->str:                     # a sentence per causal arm
     "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave in test accuracy."
-    pct = lambda x: 'not finished' if x is None else f"{100 * x:.1f}%"
-    pts = lambda x, y: f"{round(100 * (y - x), 1) + 0:+.1f} points"          # + 0: no "-0.0"
     said = []
     for a, g in controls.groupby('arm', sort=False):
-        seed, got = int(g.seed.iloc[0]), g.set_index('control').test_acc
-        runs = pd.concat([clf_runs(results, 'search'), clf_runs(results)]).query("arm == @a and seed == @seed")
-        def best(k):                                 # test accuracy of the kind's run of highest validation accuracy
-            r = runs[runs.kind == k]
-            return r.sort_values('valid_acc').test_acc.iloc[-1] if len(r) else None
-        bi, ft, (c, p) = best('scratch'), best('ulmfit'), (got.get(k) for k in PRETRAIN_CONTROLS)
-        steps = [(n, x, y) for n, x, y in (('the mask', bi, c), ('the pretraining', c, p), ("ULMFiT's stages", p, ft))
-                 if x is not None and y is not None]       # a run not finished yet leaves its steps out
-        by = [f"{n} {'changes it ' if i == 0 else ''}by {pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
-        said.append(f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {pct(bi)}, causal from scratch "
-                    f"{pct(c)}, pretrained in one stage {pct(p)}, fine-tuned in ULMFiT's stages {pct(ft)}."
-                    + (f" So {', '.join(by[:-1])}{' and ' if len(by) > 1 else ''}{by[-1]}." if by else ''))
+        sd = clf_runs(results).query("arm == @a")                            # the plan's seeds
+        on = sorted(set(sd.seed) & set(g.seed))
+        acc = lambda d: d[d.seed.isin(on)].test_acc.to_numpy()
+        sides = [acc(sd[sd.kind == 'scratch']), *(acc(g[g.control == k]) for k in PRETRAIN_CONTROLS),
+                 acc(sd[sd.kind == 'ulmfit'])]
+        every = all(len(x) >= 2 and len(x) == len(on) for x in sides)        # all four at two or more of its seeds
+        said.append(_across_seeds(a, sides, on, alpha) if every else
+                    _one_seed(a, g, pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a")))
     return ' '.join(said)
 
 

@@ -880,7 +880,7 @@ def add_study_args(p):
     p.add_argument('--controls', action='store_true',
                    help="for a pretraining plan: train its controls once its classifiers from scratch have finished "
                         "(finetune.run_controls: each causal arm's classifier with the causal mask, from scratch and "
-                        "from the language model in one stage)")
+                        "from the language model in one stage, at the search's seed, then at each of the plan's)")
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
