@@ -641,9 +641,13 @@ def control_learner(
     return learn
 
 # %% ../nbs/14a_finetune.ipynb #9c26f30a
+def _control_dir(plan, out, v:str, c:str)->Path:
+    "The folder of control `c` of arm `v`, one `seed<n>` run folder a seed: beside the plan's runs, not in them."
+    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')
+
 def _control_file(plan, out, v:str, c:str, seed:int)->Path:
-    "Where control `c` of arm `v` at `seed` keeps its `results.json`: beside the plan's runs, not in them."
-    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')/f'seed{seed}'/'results.json'
+    "Where control `c` of arm `v` at `seed` keeps its `results.json`."
+    return _control_dir(plan, out, v, c)/f'seed{seed}'/'results.json'
 
 def control_results(
     plan:PretrainPlan,      # the plan
@@ -651,8 +655,8 @@ def control_results(
 )->pd.DataFrame:            # one row per finished control and seed: arm, control, its scores, rate and cap
     "The finished controls of a plan's causal arms, read from their `results.json`, seeds in order."
     rows = [dict(arm=v, control=c) | json.loads(f.read_text()) for v in plan.arms for c in PRETRAIN_CONTROLS
-            for f in sorted(_control_file(plan, out, v, c, 0).parent.parent.glob('seed*/results.json'),
-                            key=lambda f: int(f.parent.name[4:]))]
+            for f in sorted(_control_dir(plan, out, v, c).glob('seed*/results.json'),
+                            key=lambda f: int(f.parent.name.removeprefix('seed')))]
     return pd.DataFrame(rows, columns=None if rows else ['arm', 'control', 'seed', 'valid_acc', 'test_acc', 'lr'])
 
 def control_seeds(
@@ -737,12 +741,10 @@ def controls_said(
     said = []
     for a, g in controls.groupby('arm', sort=False):
         sd = clf_runs(results).query("arm == @a")                            # the plan's seeds
-        on = sorted(set(sd.seed) & set(g.seed))
-        acc = lambda d: d[d.seed.isin(on)].test_acc.to_numpy()
-        sides = [acc(sd[sd.kind == 'scratch']), *(acc(g[g.control == k]) for k in PRETRAIN_CONTROLS),
-                 acc(sd[sd.kind == 'ulmfit'])]
-        every = all(len(x) >= 2 and len(x) == len(on) for x in sides)        # all four at two or more of its seeds
-        said.append(_across_seeds(a, sides, on, alpha) if every else
+        four = [sd[sd.kind == 'scratch'], *(g[g.control == k] for k in PRETRAIN_CONTROLS), sd[sd.kind == 'ulmfit']]
+        on = sorted(set.intersection(*(set(d.seed) for d in four)))        # the plan's seeds all four have run at
+        sides = [d[d.seed.isin(on)].sort_values('seed').test_acc.to_numpy() for d in four]
+        said.append(_across_seeds(a, sides, on, alpha) if len(on) >= 2 else
                     _one_seed(a, g, pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a")))
     return ' '.join(said)
 

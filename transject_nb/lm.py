@@ -843,8 +843,8 @@ def lm_trend_said(
     "A trend table in words: each arm's perplexity change per doubling of L, then each against the base's."
     word = {'holds': 'falls', 'fails': 'rises', 'within noise': 'within noise'}
     def own(r):
-        if r.test_verdict == 'too few runs': return 'too few runs for a trend'
-        cut = f", before it diverges at L={r.diverged_at:g}" if r.diverged_at == r.diverged_at else ''
+        cut = f", before it diverges at L={r.diverged_at:g}" if pd.notna(r.diverged_at) else ''
+        if r.test_verdict == 'too few runs': return 'too few runs for a trend' + cut
         return (f"{100 * r.test_change:+.1f}% per doubling over L={r.L_from}–{r.L_to}{cut} "
                 f"(p={r.test_p:.2g}, {word[r.test_verdict]})")
     rows = list(trend.itertuples())
