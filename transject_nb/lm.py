@@ -868,7 +868,7 @@ def lm_trend_short(
     if gone.any():
         own.append("diverges for " + ', '.join(f"`{r.arm}` (at L={r.diverged_at:g})" for r in trend[gone].itertuples()))
     vs = group('vs_verdict', {'holds': 'lower', 'within noise': 'alike', 'fails': 'higher'}, trend)
-    return ("perplexity " + '; '.join(own) + " as the depth grows"
+    return ("Perplexity " + '; '.join(own) + " as the depth grows"
             + (f"; its slope against {base}'s is " + '; '.join(vs) if vs else '') + '.')
 
 
