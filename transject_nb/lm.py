@@ -34,8 +34,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts',
            'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner', 'evaluate_lm',
            'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
-           'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_sweep', 'capped_said', 'rate_depth_grid',
-           'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'plot_depth_trend', 'lm_sweep', 'capped_said',
+           'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -870,6 +870,34 @@ def lm_trend_short(
     vs = group('vs_verdict', {'holds': 'lower', 'within noise': 'alike', 'fails': 'higher'}, trend)
     return ("Perplexity " + '; '.join(own) + " as the depth grows"
             + (f"; its slope against {base}'s is " + '; '.join(vs) if vs else '') + '.')
+
+
+# %% ../nbs/14_lm.ipynb #3bdb8ac4
+def plot_depth_trend(
+    runs:pd.DataFrame,        # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    ax=None,                  # axes to draw on
+    title:str|None=None,      # the axes' title
+):                            # the axes
+    "Every run's test perplexity against L, one colour an arm, and its trend from `lm_depth_trend` as a line."
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import StrMethodFormatter
+    ax = ax or plt.subplots(figsize=(5.5, 3.4))[1]
+    trend, d = lm_depth_trend(runs).set_index('arm'), with_arm_depth(runs)
+    word = {'holds': 'falls', 'fails': 'rises', 'within noise': 'level'}
+    for arm, g in d.groupby('arm', sort=False):
+        t, g = trend.loc[arm], g[_finite(g)]
+        dots = ax.scatter(g.L, np.exp(g.test_loss.astype(float)), s=10, alpha=.6)
+        if t.test_verdict not in word: continue                             # too few runs: the dots alone
+        fit = g[g.L <= t.L_to]                                              # the runs the trend was fitted on
+        x0, y0, b = np.log2(fit.L).mean(), fit.test_loss.astype(float).mean(), math.log1p(t.test_change)
+        Ls = np.array([t.L_from, t.L_to], dtype=float)
+        ax.plot(Ls, np.exp(y0 + b * (np.log2(Ls) - x0)), color=dots.get_facecolors()[0][:3], lw=1.2,
+                label=f"{arm}: {100 * t.test_change:+.1f}% a doubling ({word[t.test_verdict]})")
+    ax.set_xscale('log', base=2); ax.set_yscale('log')
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter): axis(StrMethodFormatter('{x:.0f}'))
+    ax.set_xlabel('L'); ax.set_ylabel('test perplexity'); ax.legend(fontsize=6)
+    ax.set_title(title or 'test perplexity against depth, and each arm\'s trend', fontsize=9)
+    return ax
 
 
 # %% ../nbs/14_lm.ipynb #3f1cc14b
