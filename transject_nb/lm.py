@@ -894,7 +894,8 @@ def plot_depth_trend(
         ax.plot(Ls, np.exp(y0 + b * (np.log2(Ls) - x0)), color=dots.get_facecolors()[0][:3], lw=1.2,
                 label=f"{arm}: {100 * t.test_change:+.1f}% a doubling ({word[t.test_verdict]})")
     ax.set_xscale('log', base=2); ax.set_yscale('log')
-    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter): axis(StrMethodFormatter('{x:.0f}'))
+    plain = StrMethodFormatter('{x:.0f}')                                   # 160, not 1.6 × 10²
+    ax.yaxis.set_major_formatter(plain); ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel('L'); ax.set_ylabel('test perplexity'); ax.legend(fontsize=6)
     ax.set_title(title or 'test perplexity against depth, and each arm\'s trend', fontsize=9)
     return ax
