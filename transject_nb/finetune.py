@@ -702,6 +702,7 @@ def run_controls(
 # %% ../nbs/14a_finetune.ipynb #ce6c407e
 _STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # from scratch -> causal -> pretrained -> fine-tuned
 _pct = lambda x: 'not finished' if x is None else f"{100 * x:.1f}%"
+_step = lambda i, n: n + ' changes it' * (i == 0)                # the first step named says what changes
 _pts = lambda x, y: f"{round(100 * (np.mean(y) - np.mean(x)), 1) + 0:+.1f} points"   # + 0: no "-0.0"
 
 def _across_seeds(a, sides, on, alpha):
@@ -709,7 +710,7 @@ def _across_seeds(a, sides, on, alpha):
     def step(n, x, y):
         w = welch(y, x, alpha)
         return f"{n} by {_pts(x, y)} (p={w['p']:.2g}, {'within' if w['verdict'] == 'within noise' else 'beyond'} noise)"
-    by = [step(n + ' changes it' * (i == 0), x, y) for i, (n, x, y) in enumerate(zip(_STEPS, sides, sides[1:]))]
+    by = [step(_step(i, n), x, y) for i, (n, x, y) in enumerate(zip(_STEPS, sides, sides[1:]))]
     means = [_pct(x.mean()) for x in sides]
     return (f"`{a}`, test accuracy, the mean of seeds {', '.join(map(str, on))} (Welch at {alpha:g}): from scratch "
             f"{means[0]}, causal from scratch {means[1]}, pretrained in one stage {means[2]}, fine-tuned in ULMFiT's "
@@ -724,7 +725,7 @@ def _one_seed(a, g, runs):
         return r.sort_values('valid_acc').test_acc.iloc[-1] if len(r) else None
     acc = (best('scratch'), *(got.get(k) for k in PRETRAIN_CONTROLS), best('ulmfit'))
     steps = [(n, x, y) for n, x, y in zip(_STEPS, acc, acc[1:]) if x is not None and y is not None]  # finished only
-    by = [f"{n} {'changes it ' if i == 0 else ''}by {_pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
+    by = [f"{_step(i, n)} by {_pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
     later = int((g.seed != seed).sum())
     return (f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {_pct(acc[0])}, causal from scratch "
             f"{_pct(acc[1])}, pretrained in one stage {_pct(acc[2])}, fine-tuned in ULMFiT's stages {_pct(acc[3])}."
