@@ -338,13 +338,31 @@ def _classifier(plan, v, data, path, seed, pretrained=None, lr=None):
                                  max_epochs=learn.train_cfg.epochs)   # the cap (the last stage's, fine-tuned)
     return res if stages is None else res | dict(stages=stages.to_dict('records'))
 
+# %% ../nbs/14a_finetune.ipynb #4d4c2c61
+_SNAP_CONTROLS = 'controls'   # a snapshot's folder for the plan's controls, which live beside its runs
+
+def _controls_root(plan, out)->Path:
+    "The folder of a plan's controls (`run_controls`): beside its runs, where the plan's own readers do not look."
+    return Path(out)/f'{plan.name}-controls'
+
+def _start_from(plan, out, start_from):
+    "Copy a `snapshot_pretrain` folder to `out`: its runs where the plan has none there, its controls where none are."
+    if start_from is None: return
+    snap, runs, ctl = Path(start_from), Path(out)/plan.name, _controls_root(plan, out)
+    if not (snap/'.snapshot').is_file():
+        raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
+    if not runs.exists():
+        shutil.copytree(snap, runs, ignore=lambda d, names: [_SNAP_CONTROLS] if Path(d) == snap else [])
+    if (snap/_SNAP_CONTROLS).is_dir() and not ctl.exists(): shutil.copytree(snap/_SNAP_CONTROLS, ctl)
+
+
 # %% ../nbs/14a_finetune.ipynb #f40d2983
 def run_pretrain_plan(
     plan:PretrainPlan,      # the plan
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
     progress:bool=True,     # a line per finished step
-    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan has no runs there yet
+    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (its controls) has no runs yet
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
      "and from-scratch classifiers.")
@@ -352,10 +370,7 @@ def run_pretrain_plan(
     if source is None:
         raise ValueError("a pretraining plan reads the IMDb reviews: "
                          "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
-    if start_from is not None and not (Path(out)/plan.name).exists():
-        if not (Path(start_from)/'.snapshot').is_file():
-            raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
-        shutil.copytree(start_from, Path(out)/plan.name)
+    _start_from(plan, out, start_from)
     for v in plan.arms:
         a = Path(out)/plan.name/v
         # (kind, seed, rate or None: the search's choice, file): each kind's rate search at seed 0, then the seeds
@@ -643,7 +658,7 @@ def control_learner(
 # %% ../nbs/14a_finetune.ipynb #9c26f30a
 def _control_dir(plan, out, v:str, c:str)->Path:
     "The folder of control `c` of arm `v`, one `seed<n>` run folder a seed: beside the plan's runs, not in them."
-    return Path(out)/f'{plan.name}-controls'/v/c.replace(', ', '-').replace(' ', '-')
+    return _controls_root(plan, out)/v/c.replace(', ', '-').replace(' ', '-')
 
 def _control_file(plan, out, v:str, c:str, seed:int)->Path:
     "Where control `c` of arm `v` at `seed` keeps its `results.json`."
@@ -670,11 +685,14 @@ def run_controls(
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
     seeds=None,             # the seeds to train (default `control_seeds`: all, the searches' first)
+    start_from=None,        # a `snapshot_pretrain` folder, copied to `out` as `run_pretrain_plan` copies it
 )->pd.DataFrame:            # `control_results`: one row per causal arm, control and seed finished
     "Take causal fine-tunes apart: the classifier with the causal mask, from scratch and from the language model."
-    source, res = task_source('imdb', data), pretrain_results(plan, out)
+    source = task_source('imdb', data)
     if source is None:
         raise ValueError("the controls read the IMDb reviews: give data= a root holding imdb/ (or $TRANSJECT_DATA)")
+    _start_from(plan, out, start_from)
+    res = pretrain_results(plan, out)
     seeds = control_seeds(plan) if seeds is None else tuple(seeds)
     if not seeds or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in seeds):
         raise ValueError(f"seeds must be whole numbers, at least 0 (e.g. {control_seeds(plan)}), got {seeds!r}")
@@ -772,19 +790,24 @@ def snapshot_pretrain(
     "The part of a pretraining plan's runs another machine needs to go on, small enough to commit."
     src, dest = Path(out)/plan.name, Path(dest)
     if not src.is_dir(): raise FileNotFoundError(f"plan {plan.name!r} has no runs under {out}")
-    if dest.resolve().is_relative_to(src.resolve()): raise ValueError(f"the snapshot {dest} would be inside {src}")
+    ctl = _controls_root(plan, out)
+    for d in (src, ctl):
+        if dest.resolve().is_relative_to(d.resolve()): raise ValueError(f"the snapshot {dest} would be inside {d}")
+    clf = lambda run: {run/'results.json': None} if (run/'results.json').is_file() else _running_classifier(run)
     files = {}                                                   # file -> None (copied) or the checkpoint to write
     for a in (src/v for v in plan.arms):
         files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
         for run in (r for g in ('*/seed*', '*/search/*') for r in sorted(a.glob(g)) if r.is_dir()):   # classifiers
-            files |= {run/'results.json': None} if (run/'results.json').is_file() else _running_classifier(run)
+            files |= clf(run)
         files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
                                if f.is_file())
         if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():
             st = load_checkpoint(ck); files[ck] = _slim(st) if st['done'] else None  # a running pass: all of it
+    for run in (r for r in sorted(ctl.glob('*/*/seed*')) if r.is_dir()): files |= clf(run)    # the controls alike
     tmp = dest.with_name(dest.name + '.tmp'); shutil.rmtree(tmp, ignore_errors=True)
     for f, st in files.items():
-        (t := tmp/f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        rel = f.relative_to(src) if f.is_relative_to(src) else _SNAP_CONTROLS/f.relative_to(ctl)
+        (t := tmp/rel).parent.mkdir(parents=True, exist_ok=True)
         if st is None: shutil.copy2(f, t)
         else: torch.save(st, t)
     atomic_write(tmp/'.snapshot', json.dumps(dict(plan=plan.name, files=len(files)), indent=1))

@@ -718,9 +718,9 @@ def plan_cost(
 # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
 # (a lower bound: steps past an edge are not foreseen)
 )->pd.DataFrame:
-    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; "
-     "seconds per epoch are the arm's own, else `secs_per_epoch`'s, else those of its family's finished runs; "
-     "epochs per run the plan's own, else `epochs`.")
+    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the "
+     "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, else "
+     "`secs_per_epoch`'s, else those of its family's finished runs; epochs per run the plan's own, else `epochs`.")
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
@@ -730,11 +730,17 @@ def plan_cost(
     per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
+    given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan)) for a in plan.arms}
+    def scaled(a):                        # a measured arm's pace times the ratio of the two's timings, taken side by side
+        bs = [b for b in plan.arms if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
+              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]        # the same variant first, then the closest
+        b = min(bs, key=lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label]))), default=None)
+        return np.nan if b is None or np.isnan(given[a.label]) else measured[b.label] * given[a.label] / given[b.label]
     rows = {}
-    for a in plan.arms:                   # seconds per epoch: the arm's own, else given, else its family's on this task
+    for a in plan.arms:                   # seconds per epoch: the arm's own, else scaled, else given, else its family's
         g = fin[fin.arm == a.label]
-        given = secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))   # by arm, else by variant
-        rate = next((r for r in (measured[a.label], given, family[fam(a)]) if not np.isnan(r)), np.nan)
+        rate = next((r for r in (measured[a.label], scaled(a), given[a.label], family[fam(a)]) if not np.isnan(r)),
+                    np.nan)
         arm_rows = t[t.arm == a.label].to_dict('records')
         lr = chosen_rate(arm_rows, p.maximize, len(p.seeds))
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
@@ -761,20 +767,24 @@ def epoch_secs(
     source=None,      # the task's data folder (`task_source`)
     data=None,        # the plan's data, loaded once (default: `plan_data(plan, source)`)
     lr:float=3e-3,    # the timed epoch's rate (an epoch costs the same at any rate)
+    rounds:int=2,     # each stand-in timed once a round, the fastest kept: the first round also pays the warm-up
 )->pd.DataFrame:      # per arm: its stand-in's label and the seconds of one training epoch
-    "One training epoch of each cost stand-in of a plan's arms, timed one after another in this process."
+    "One training epoch of each cost stand-in of a plan's arms, timed in turn, round after round, in this process."
+    if not isinstance(rounds, (int, np.integer)) or rounds < 1: raise ValueError(f"rounds must be 1 or more, got {rounds!r}")
     given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
-    timed, rows = {}, []
+    stand_ins = {}                                                     # arm label -> its stand-in arm
     for a in plan.arms:
         spec = variant_spec(cost_stand_in(a.variant))
         takes = set(config_fields(spec.config_cls)) - set(spec.fixed)  # the arm's fields it can take (a depth)
-        arm = Arm(spec.name, {k: v for k, v in a.overrides.items() if k in takes})
-        if arm.label not in timed:
+        stand_ins[a.label] = Arm(spec.name, {k: v for k, v in a.overrides.items() if k in takes})
+    timed = {}
+    for _ in range(rounds):
+        for arm in {s.label: s for s in stand_ins.values()}.values():
             learn = _run_learner(plan, arm, lr, 0, out, **given)
             t0 = time.perf_counter(); train_learner(learn, epochs=1, resume=False, progress=False)
-            timed[arm.label] = time.perf_counter() - t0
-        rows.append(dict(arm=a.label, stand_in=arm.label, secs_per_epoch=round(timed[arm.label], 1)))
-    return pd.DataFrame(rows)
+            timed[arm.label] = min(timed.get(arm.label, np.inf), time.perf_counter() - t0)
+    return pd.DataFrame([dict(arm=a, stand_in=s.label, secs_per_epoch=round(timed[s.label], 1))
+                         for a, s in stand_ins.items()])
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-19
 def snapshot_storage(
@@ -858,7 +868,8 @@ def add_study_args(p):
                         'machines (default runs/studies.db)')
     p.add_argument('--start-from', default=None, metavar='FILE',
                    help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage "
-                        "when that does not exist yet; for a pretraining plan, a --snapshot folder copied to --out")
+                        "when that does not exist yet; for a pretraining plan, a --snapshot folder copied to --out "
+                        "(its controls beside the plan's runs)")
     p.add_argument('--out', default='runs/studies',
                    help='folder of the runs (checkpoints, so that a retried trial resumes)')
     p.add_argument('--workers', type=int, default=1,
@@ -894,7 +905,7 @@ def _pretrain_command(plan, a):
         return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
                      f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
     if a.controls and not a.status and not a.export:
-        ctl = run_controls(plan, a.data, a.out)
+        ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
         print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
         return ctl
     if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from)
