@@ -72,19 +72,24 @@ def test_a_running_pretraining_shows_its_progress(tmp_path):
 
 
 def test_a_running_pretraining_is_carried_to_another_machine_from_the_command_line(tmp_path):
-    "`--snapshot DIR` copies the rate tries' and the pass's histories; `--start-from DIR` puts them under a new --out."
+    ("`--snapshot DIR` copies the rate tries' and the pass's histories and the controls' records; "
+     "`--start-from DIR` puts them under a new --out.")
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     run = tmp_path/'runs'/plan.name/plan.arms[0]
     (run/'lm').mkdir(parents=True); (run/'lm'/'history.csv').write_text('epoch,valid_loss,perplexity,time\n0,5.8,330.3,14:13\n')
     (run/'lm-rates'/'lr0.01').mkdir(parents=True)
     (run/'lm-rates'/'lr0.01'/'history.csv').write_text('epoch,valid_loss,perplexity,time\n0,5.07,158.4,08:39\n')
     (run/'lm-rates'/'lr0.001').mkdir(parents=True); (run/'lm-rates'/'lr0.001'/'history.csv').write_text('')  # not finished
+    ctl = tmp_path/'runs'/f'{plan.name}-controls'/plan.arms[0]/'causal-from-scratch'/'seed0'       # a finished control
+    ctl.mkdir(parents=True); (ctl/'results.json').write_text('{"valid_acc": 0.86}'); (ctl/'history.csv').write_text('')
     cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name]
     r = subprocess.run(cli + ['--out', str(tmp_path/'runs'), '--snapshot', str(tmp_path/'snap')], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert 'snapshot of ulmfit-imdb' in r.stdout and '3 files' in r.stdout                  # the two histories and its mark
+    assert 'snapshot of ulmfit-imdb' in r.stdout and '4 files' in r.stdout     # the two histories, the control, its mark
     assert (tmp_path/'snap'/plan.arms[0]/'lm'/'history.csv').is_file()
+    assert (tmp_path/'snap'/'controls'/ctl.relative_to(ctl.parents[2])/'results.json').is_file()   # its record only
+    assert not (tmp_path/'snap'/'controls'/ctl.relative_to(ctl.parents[2])/'history.csv').exists()
     assert not (tmp_path/'snap'/plan.arms[0]/'lm-rates'/'lr0.001').exists()
     r = subprocess.run(cli + ['--out', str(tmp_path/'other'), '--start-from', str(tmp_path/'snap'), '--status'],
                        capture_output=True, text=True, timeout=300)

@@ -362,7 +362,7 @@ def run_pretrain_plan(
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
     out='runs/pretrain',    # the runs' root folder
     progress:bool=True,     # a line per finished step
-    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (its controls) has no runs yet
+    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (controls) has no runs yet
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
      "and from-scratch classifiers.")

@@ -731,9 +731,9 @@ def plan_cost(
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
     given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan)) for a in plan.arms}
-    def scaled(a):                        # a measured arm's pace times the ratio of the two's timings, taken side by side
+    def scaled(a):                        # a measured arm's pace times the ratio of the two's timings (side by side)
         bs = [b for b in plan.arms if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
-              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]        # the same variant first, then the closest
+              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]       # the same variant first, then the closest
         b = min(bs, key=lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label]))), default=None)
         return np.nan if b is None or np.isnan(given[a.label]) else measured[b.label] * given[a.label] / given[b.label]
     rows = {}
@@ -770,7 +770,8 @@ def epoch_secs(
     rounds:int=2,     # each stand-in timed once a round, the fastest kept: the first round also pays the warm-up
 )->pd.DataFrame:      # per arm: its stand-in's label and the seconds of one training epoch
     "One training epoch of each cost stand-in of a plan's arms, timed in turn, round after round, in this process."
-    if not isinstance(rounds, (int, np.integer)) or rounds < 1: raise ValueError(f"rounds must be 1 or more, got {rounds!r}")
+    if not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number, 1 or more, got {rounds!r}")
     given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
     stand_ins = {}                                                     # arm label -> its stand-in arm
     for a in plan.arms:
