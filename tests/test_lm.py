@@ -201,6 +201,28 @@ def test_masking_rate_and_ignored_positions():
     assert abs((inp[chosen] == 4).float().mean().item() - 0.8) < 0.03
 
 
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_the_masked_loss_is_the_same_with_the_head_on_the_chosen_positions_only(variant):
+    "`LanguageModel(x, at)` scores the chosen positions alone: `MaskedLMLoss` and its gradients do not change."
+    from transject_nb.lm import IGNORE_INDEX, MaskedLMLoss, mask_tokens
+    torch.manual_seed(0)
+    m = LanguageModel(create_model(variant, 60, 2, d_model=16, n_layers=2, max_len=12), 60, False, 'masked')
+    inp, targ = mask_tokens(torch.randint(5, 60, (3, 12)), 4, 60, p=0.3, generator=torch.Generator().manual_seed(0))
+    chosen = targ != IGNORE_INDEX
+    def logits(at):                                    # the same draws each time: the entropic residual samples
+        torch.manual_seed(1); return m(inp, at)
+    def run(at):
+        m.zero_grad(set_to_none=True)
+        loss = MaskedLMLoss()(logits(at), targ); loss.backward()
+        return loss.item(), {k: q.grad.clone() for k, q in m.named_parameters() if q.grad is not None}
+    (full, g_full), (only, g_only) = run(None), run(chosen)
+    assert logits(chosen).shape == (int(chosen.sum()), 60)
+    assert math.isclose(full, only, rel_tol=1e-5)
+    assert math.isclose(full, CrossEntropyLossFlat(ignore_index=IGNORE_INDEX)(logits(None), targ).item(), rel_tol=1e-5)
+    assert g_full.keys() == g_only.keys()
+    assert all(torch.allclose(g_full[k], g_only[k], atol=1e-6) for k in g_full)
+
 def small_imdb(root, seed=0):
     "A small IMDb folder of made-up reviews (train, test, unsup CSVs and a vocab.txt); test review 0 is also in train."
     import pandas as pd

@@ -15,6 +15,7 @@ import pandas as pd
 from scipy.stats import linregress, spearmanr
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
 import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
 from fastcore.basics import GetAttr, store_attr
@@ -31,11 +32,11 @@ from fastai.torch_core import default_device, set_seed
 # %% auto #0
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
            'lm_stream', 'EpochLMDataLoader', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens',
-           'MaskedLMCallback', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab', 'imdb_texts',
-           'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner', 'evaluate_lm',
-           'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer', 'lm_fixes',
-           'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'plot_depth_trend', 'lm_sweep', 'capped_said',
-           'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
+           'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
+           'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
+           'lm_fixes', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'plot_depth_trend', 'lm_sweep',
+           'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -131,10 +132,13 @@ class LanguageModel(nn.Module):
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
+        # `(B, n)` bool: score only these k positions (a masked model's chosen ones); None: every position
+        at:torch.Tensor|None=None,
     )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
-        "Logits over the vocabulary at every position."
+        "Logits over the vocabulary at every position (at the positions of `at` only: `(k, V)`)."
         if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)       # fastai's LMTensorText -> a plain tensor
-        return self.head(self.encoder.encode(x)[-1])                                     # (B, n, d) -> (B, n, V)
+        h = self.encoder.encode(x)[-1]                                                   # (B, n, d)
+        return self.head(h if at is None else h[at])                                     # (B, n, V), or (k, V)
 
 # %% ../nbs/14_lm.ipynb #dd9bc2b3
 def lm_stream(
@@ -262,12 +266,25 @@ class MaskedLMCallback(Callback):
         vocab_sz:int,     # number of token ids
         p:float=0.15,     # the share of positions to predict
         seed:int=0,       # seed of the validation positions
+        # the model scores the chosen positions only (`LanguageModel(x, at)`): the same loss, the head on p of the
+        # positions; False: every position, the loss skipping the others
+        compact:bool=True,
     ): store_attr()
     def before_batch(self):
         x = self.xb[0].as_subclass(torch.Tensor)                                   # (B, n)
         g = None if self.training else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter)
         inp, targ = mask_tokens(x, self.mask_id, self.vocab_sz, self.p, generator=g)
-        self.learn.xb, self.learn.yb = (inp,), (targ,)
+        self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)    # with the (B, n) chosen positions
+        self.learn.yb = (targ,)                                                    # (B, n) whole: a batch counts B rows
+
+class MaskedLMLoss:
+    ("Cross-entropy over the positions a masked model must predict: of the logits at every position `(B, n, V)`, "
+     "or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
+    def __call__(self, pred, targ):
+        keep = targ != IGNORE_INDEX                                                # (B, n): k positions
+        return F.cross_entropy(pred if pred.dim() == 2 else pred[keep], targ[keep])   # the mean over the k
+    def activation(self, x): return x.softmax(-1)
+    def decodes(self, x): return x.argmax(-1)
 
 class MaskedAccuracy(Metric):
     ("Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), "
@@ -276,7 +293,8 @@ class MaskedAccuracy(Metric):
     def accumulate(self, learn):
         targ, pred = learn.yb[0], learn.pred.argmax(-1)
         keep = targ != IGNORE_INDEX
-        self.hit += int((pred[keep] == targ[keep]).sum()); self.n += int(keep.sum())
+        if pred.shape == targ.shape: pred = pred[keep]                             # (B, n) -> (k,); compact: (k,)
+        self.hit += int((pred == targ[keep]).sum()); self.n += int(keep.sum())
     @property
     def value(self): return self.hit / self.n if self.n else None
     @property
@@ -297,7 +315,7 @@ def lm_learner(
     cbs=None,                  # more fastai callbacks
     # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
     **config,
-# a fastai Learner: `CrossEntropyLossFlat` (chosen positions only when masked), token accuracy and `Perplexity`
+# a fastai Learner: `CrossEntropyLossFlat` (masked: `MaskedLMLoss`, chosen positions only), accuracy, `Perplexity`
 )->Learner:
     "A fastai Learner for a causal or masked language model of `variant` on `dls`."
     causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
@@ -312,7 +330,7 @@ def lm_learner(
     # n_classes=2: the unused classifier head
     model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)
     extra = [] if causal else [MaskedLMCallback(mask_id, vocab_sz, mask_p)]
-    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=lr,
+    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(), lr=lr,
                    metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()], cbs=extra + list(L(cbs)))
 
 # %% ../nbs/14_lm.ipynb #0c0cc4ac
@@ -628,7 +646,7 @@ def get_lm_learner(
              + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))
     opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
     metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
-    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat(ignore_index=IGNORE_INDEX), lr=tcfg.lr,
+    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(), lr=tcfg.lr,
                          wd=tcfg.weight_decay, opt_func=opt_func, metrics=metrics,
                          cbs=train_callbacks(tcfg, config, aux, device) + extra + list(L(cbs)),
                          path=Path(path) if path is not None else Path('runs')/f"{task}-{lcfg.objective}"/variant)
