@@ -170,6 +170,11 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
     assert ctl[['arm', 'control', 'valid_acc']].values.tolist() == [[arm, list(PRETRAIN_CONTROLS)[0], 0.86]]
     r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and 'controls:' in r.stdout and 'causal from scratch' in r.stdout, r.stderr[-2000:]
+    assert 'controls training:' not in r.stdout
+    run = f.parent.parent/'seed1'; run.mkdir()                                 # a control still training
+    (run/'history.csv').write_text('epoch,train_loss,valid_loss,accuracy,time\n0,0.36,0.35,0.8460,18:30\n')
+    r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and 'controls training:' in r.stdout and '0.846' in r.stdout, r.stderr[-2000:]
 
 
 def test_the_controls_are_refused_for_a_plan_that_does_not_pretrain(tmp_path):

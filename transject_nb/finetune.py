@@ -23,7 +23,8 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress',
            'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table', 'pretrain_verdicts',
            'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'control_results',
-           'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain', 'plot_pretrain_progress']
+           'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain',
+           'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, unwrap
@@ -673,6 +674,22 @@ def control_results(
             for f in sorted(_control_dir(plan, out, v, c).glob('seed*/results.json'),
                             key=lambda f: int(f.parent.name.removeprefix('seed')))]
     return pd.DataFrame(rows, columns=None if rows else ['arm', 'control', 'seed', 'valid_acc', 'test_acc', 'lr'])
+
+def control_progress(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per control started, not finished: arm, control, seed, epochs, validation, minutes
+    "The controls still training: the epochs each has trained so far and its best validation accuracy."
+    rows = []
+    for v in plan.arms:
+        for c in PRETRAIN_CONTROLS:
+            for run in sorted(_control_dir(plan, out, v, c).glob('seed*'), key=lambda r: int(r.name[4:])):
+                if (run/'results.json').is_file() or not (run/'history.csv').is_file(): continue   # finished, or none
+                h = _history_of(run)
+                rows.append(dict(arm=v, control=c, seed=int(run.name[4:]), epochs=len(h),
+                                 valid_acc=h.accuracy.max() if len(h) else np.nan,
+                                 minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
+    return pd.DataFrame(rows, columns=['arm', 'control', 'seed', 'epochs', 'valid_acc', 'minutes'])
 
 def control_seeds(
     plan:PretrainPlan,      # the plan

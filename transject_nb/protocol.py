@@ -27,8 +27,8 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import (PRETRAIN_STUDIES, clf_progress, control_results, pretrain_progress, pretrain_rates,
-                                   pretrain_results, run_controls, run_pretrain_plan, snapshot_pretrain)
+from .finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, pretrain_progress,
+                                   pretrain_rates, pretrain_results, run_controls, run_pretrain_plan, snapshot_pretrain)
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -923,11 +923,13 @@ def _pretrain_command(plan, a):
                      flush=True)
     want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
     running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
+    ctl_running = control_progress(plan, a.out)
     print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}"
           + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
-          + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else ''), flush=True)
+          + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else '')
+          + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else ''), flush=True)
     return res
 
 # %% ../nbs/13_protocol.ipynb #11a7466e
