@@ -680,13 +680,13 @@ def control_progress(
     out='runs/pretrain',    # the runs' root folder
 )->pd.DataFrame:            # one row per control started, not finished: arm, control, seed, epochs, validation, minutes
     "The controls still training: the epochs each has trained so far and its best validation accuracy."
-    rows = []
+    rows, seed_of = [], lambda run: int(run.name.removeprefix('seed'))
     for v in plan.arms:
         for c in PRETRAIN_CONTROLS:
-            for run in sorted(_control_dir(plan, out, v, c).glob('seed*'), key=lambda r: int(r.name[4:])):
+            for run in sorted(_control_dir(plan, out, v, c).glob('seed*'), key=seed_of):
                 if (run/'results.json').is_file() or not (run/'history.csv').is_file(): continue   # finished, or none
                 h = _history_of(run)
-                rows.append(dict(arm=v, control=c, seed=int(run.name[4:]), epochs=len(h),
+                rows.append(dict(arm=v, control=c, seed=seed_of(run), epochs=len(h),
                                  valid_acc=h.accuracy.max() if len(h) else np.nan,
                                  minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
     return pd.DataFrame(rows, columns=['arm', 'control', 'seed', 'epochs', 'valid_acc', 'minutes'])

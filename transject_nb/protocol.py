@@ -732,10 +732,11 @@ def plan_cost(
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
     given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan)) for a in plan.arms}
     def scaled(a):                        # a measured arm's pace times the ratio of the two's timings (side by side)
+        if np.isnan(given[a.label]): return np.nan
         bs = [b for b in plan.arms if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
               and cost_stand_in(b.variant) == cost_stand_in(a.variant)]       # the same variant first, then the closest
         b = min(bs, key=lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label]))), default=None)
-        return np.nan if b is None or np.isnan(given[a.label]) else measured[b.label] * given[a.label] / given[b.label]
+        return np.nan if b is None else measured[b.label] * given[a.label] / given[b.label]
     rows = {}
     for a in plan.arms:                   # seconds per epoch: the arm's own, else scaled, else given, else its family's
         g = fin[fin.arm == a.label]
