@@ -268,3 +268,23 @@ def test_a_gpu_plan_refuses_the_cpu(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="sized for a GPU"): run_workers(STUDIES['lm-depth-gpu'], tmp_path/'s.db', tmp_path)
     with pytest.raises(ValueError, match="sized for a GPU"): work(STUDIES['lm-depth-gpu'], tmp_path/'s.db', tmp_path)
     with pytest.raises(ValueError, match="device must be None"): replace(STUDIES['lm-depth'], device='tpu')
+
+
+
+def test_a_storage_started_from_a_snapshot_appears_whole(tmp_path, monkeypatch, capsys):
+    "--start-from copies the snapshot beside the storage and puts it in place once whole: a worker started beside it never opens a partial file."
+    import filecmp, shutil
+    snap, url, seen = Path(__file__).parent.parent/'nbs'/'results'/'lm'/'studies.db', tmp_path/'runs'/'lm.db', []
+    copyfile = shutil.copyfile
+    def watched(src, dst, **kw):
+        out = copyfile(src, dst, **kw); seen.append(url.exists()); return out   # is the storage there while it is written?
+    monkeypatch.setattr(shutil, 'copyfile', watched)
+    cmd = ['study', 'lm-neutreno', '--storage', str(url), '--start-from', str(snap), '--status']
+    run_command(cmd)
+    assert seen == [False] and filecmp.cmp(snap, url, shallow=False)
+    first = capsys.readouterr().out
+    assert f'started from {snap}' in first
+    run_command(cmd)                                                          # there already: kept, not copied again
+    again = capsys.readouterr().out
+    assert seen == [False] and 'started from' not in again and again in first
+    assert sorted(p.name for p in url.parent.iterdir()) == ['lm.db']           # no temporary left

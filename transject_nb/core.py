@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, importlib.resources, math, os, re, sys, tempfile, time, types, typing
+import configparser, importlib.resources, math, os, re, shutil, sys, tempfile, time, types, typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -15,9 +15,9 @@ from typing import NamedTuple
 __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'EncoderClassifier', 'BatchContext', 'Trace',
            'check_tokens', 'sinusoidal_pe', 'masked_pool', 'check_choice', 'check_fields', 'EncoderConfig', 'unwrap',
            'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_write', 'atomic_save', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
-           'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
-           'interactive_output', 'progress_iter']
+           'atomic_write', 'atomic_save', 'copy_new', 'preset_section', 'packaged_settings', 'is_presets_file',
+           'settings_files', 'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset',
+           'in_notebook', 'interactive_output', 'progress_iter']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -326,6 +326,32 @@ def atomic_save(
     ("`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: "
      "readers see the old file or the new one, never a partial one.")
     return atomic_write(path, lambda f: torch.save(obj, f))
+
+# %% ../nbs/00_core.ipynb #9c207948
+def copy_new(
+    src,           # a file or a folder
+    dest,          # where its copy goes; its folder is created
+    ignore=None,   # for a folder: `shutil.copytree`'s `ignore`, names not to copy
+)->bool:           # True: copied; False: `dest` existed (another process may have just made it), left as it was
+    "Copy `src` to `dest` whole, unless `dest` exists: others see no copy or all of it, never a partial one."
+    src, dest = Path(src), Path(dest)
+    if not src.exists(): raise FileNotFoundError(f"nothing to copy: {src} does not exist")
+    if dest.exists(): return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + '.', suffix='.tmp'))
+    try:
+        if src.is_dir():
+            shutil.copytree(src, tmp/'copy', ignore=ignore)
+            try: os.rename(tmp/'copy', dest)                     # refused onto a folder that holds anything
+            except OSError:
+                if dest.exists(): return False
+                raise
+        else:
+            shutil.copyfile(src, tmp/'copy')
+            try: os.link(tmp/'copy', dest)                       # refused onto anything that exists
+            except FileExistsError: return False
+        return True
+    finally: shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')

@@ -27,7 +27,7 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
-from .core import EncoderClassifier, atomic_write, check_choice, unwrap
+from .core import EncoderClassifier, atomic_write, check_choice, copy_new, unwrap
 from .models import VARIANTS
 from .data import load_task, task_source
 from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab
@@ -352,9 +352,8 @@ def _start_from(plan, out, start_from):
     snap, runs, ctl = Path(start_from), Path(out)/plan.name, _controls_root(plan, out)
     if not (snap/'.snapshot').is_file():
         raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
-    if not runs.exists():
-        shutil.copytree(snap, runs, ignore=lambda d, names: [_SNAP_CONTROLS] if Path(d) == snap else [])
-    if (snap/_SNAP_CONTROLS).is_dir() and not ctl.exists(): shutil.copytree(snap/_SNAP_CONTROLS, ctl)
+    copy_new(snap, runs, ignore=lambda d, names: [_SNAP_CONTROLS] if Path(d) == snap else [])   # whole or none
+    if (snap/_SNAP_CONTROLS).is_dir(): copy_new(snap/_SNAP_CONTROLS, ctl)
 
 
 # %% ../nbs/14a_finetune.ipynb #f40d2983

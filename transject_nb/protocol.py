@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import math, operator, shutil, sqlite3, time, warnings
+import math, operator, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
 from sqlalchemy.exc import SQLAlchemyError
-from .core import TASKS, check_choice, check_fields, config_fields, preset_section, variant_spec
+from .core import TASKS, check_choice, check_fields, config_fields, copy_new, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
 from .config import model_fields, resolve_config
@@ -944,8 +944,7 @@ def study_command(a, words):
         raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
                          f"({', '.join(PRETRAIN_STUDIES)}), not {a.name!r}")
     plan, url = study_plan(a.name), a.storage
-    if a.start_from and '://' not in url and not Path(url).exists():
-        Path(url).parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(a.start_from, url)
+    if a.start_from and '://' not in url and copy_new(a.start_from, url):      # whole, so a worker beside it waits
         print(f"storage {url} started from {a.start_from}", flush=True)
     if a.dashboard is not None:
         try: from optuna_dashboard import run_server
