@@ -35,8 +35,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
            'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
            'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'plot_depth_trend', 'lm_sweep',
-           'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_fixes', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words', 'plot_depth_trend',
+           'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (
@@ -889,6 +889,17 @@ def lm_trend_short(
     return ("Perplexity " + '; '.join(own) + " as the depth grows"
             + (f"; its slope against {base}'s is " + '; '.join(vs) if vs else '') + '.')
 
+
+# %% ../nbs/14_lm.ipynb #fb97f9c2
+def lm_trend_words(
+    runs:pd.DataFrame,            # finished seed runs of a depth study (`lm_depth_trend`); may be empty
+    base:str='transformer',       # the arm every other arm's slope is judged against
+    base_name:str='post-norm',    # how the sentence names it
+)->tuple:                         # `lm_trend_short`'s sentence, then `lm_trend_said`'s two phrases ('' each if no runs)
+    "A depth study's trend in words, from its runs: the one-sentence answer, each arm's slope, each against the base's."
+    if not len(runs): return '', '', ''
+    t = lm_depth_trend(runs, base=base)
+    return (lm_trend_short(t, base=base_name), *lm_trend_said(t))
 
 # %% ../nbs/14_lm.ipynb #3bdb8ac4
 def plot_depth_trend(
