@@ -1,5 +1,5 @@
 "Pretraining, then fine-tuning: the encoder's weights reach the classifier, and each stage trains what it says."
-import subprocess, sys, warnings
+import subprocess, sys, textwrap, warnings
 import numpy as np
 import pytest, torch
 import torch.nn as nn
@@ -181,3 +181,30 @@ def test_the_controls_are_refused_for_a_plan_that_does_not_pretrain(tmp_path):
     r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', 'lm-neutreno', '--controls',
                         '--storage', str(tmp_path/'s.db')], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and 'it is for a pretraining plan' in r.stderr
+
+
+def test_two_workers_share_a_pretraining_plan_an_arm_each(tmp_path):
+    "A worker leaves an arm that another process holds, says which process, and trains nothing of it; bad --arms are refused."
+    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    (tmp_path/'data'/'imdb').mkdir(parents=True)
+    arm = tmp_path/'runs'/plan.name/plan.arms[0]
+    holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from transject_nb.finetune import _arm_claim
+        with _arm_claim(Path(sys.argv[1])) as other:
+            print('held' if other is None else other, flush=True); time.sleep(600)
+        """), str(arm)], stdout=subprocess.PIPE, text=True)
+    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs'), '--data', str(tmp_path/'data')]
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        r = subprocess.run(cli + ['--arms', plan.arms[0]], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"[{plan.name}] {plan.arms[0]}: process {holder.pid} is training it; left to it" in r.stdout
+        assert [f.name for f in arm.iterdir()] == ['.lock']                       # nothing of it trained
+    finally:
+        holder.kill(); holder.wait()
+    r = subprocess.run(cli + ['--arms', 'nope'], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "unknown arm 'nope'" in r.stderr
+    r = subprocess.run(cli + ['--controls', '--arms', plan.arms[0]], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and 'takes no --arms' in r.stderr

@@ -6,7 +6,8 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, json, shutil, time
+import dataclasses, json, os, shutil, time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -355,6 +356,38 @@ def _start_from(plan, out, start_from):
     copy_new(snap, runs, ignore=lambda d, names: [_SNAP_CONTROLS] if Path(d) == snap else [])   # whole or none
     if (snap/_SNAP_CONTROLS).is_dir(): copy_new(snap/_SNAP_CONTROLS, ctl)
 
+@contextmanager
+def _arm_claim(folder:Path):
+    ("While it is held, this process trains the arm in `folder`: yields None, or the pid of the process that holds it "
+     "already (POSIX `flock`, released when its holder ends, however it ends; elsewhere always granted).")
+    try: import fcntl
+    except ImportError: yield None; return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder/'.lock', 'a+') as f:                       # not truncated: the holder's pid stays readable
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); yield f.read().strip() or '?'; return
+        f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
+        yield None
+
+
+# %% ../nbs/14a_finetune.ipynb #8faeab17
+def _train_arm(plan, v, runs, out, source, progress):
+    "One arm of a pretraining plan, resumably: its language model, then `runs`, each classifier not finished yet."
+    a = Path(out)/plan.name/v
+    lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
+    if not (a/'lm'/'results.json').exists(): atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
+    data_ = None
+    for kind, seed, lr, f in runs:
+        if f.exists(): continue
+        data_ = data_ or _clf_data(plan, lm_learn, source, out)
+        if lr is None and plan.clf_lrs(kind): lr = best_clf_rate(pretrain_results(plan, out), v, kind)
+        res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
+        atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
+        if progress:
+            print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} "
+                  f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
+                  f"{res['secs']:.0f} s", flush=True)
 
 # %% ../nbs/14a_finetune.ipynb #f40d2983
 def run_pretrain_plan(
@@ -363,33 +396,26 @@ def run_pretrain_plan(
     out='runs/pretrain',    # the runs' root folder
     progress:bool=True,     # a line per finished step
     start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (controls) has no runs yet
+    arms=None,              # the arms to work on (default: all, in the plan's order)
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
-     "and from-scratch classifiers.")
+     "and from-scratch classifiers; an arm another process is training is left to it.")
+    if isinstance(arms, str): arms = [arms]
+    arms = plan.arms if arms is None else [check_choice(v, plan.arms, 'arm') for v in arms]
     source = task_source('imdb', data)
     if source is None:
         raise ValueError("a pretraining plan reads the IMDb reviews: "
                          "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
     _start_from(plan, out, start_from)
-    for v in plan.arms:
+    for v in arms:
         a = Path(out)/plan.name/v
         # (kind, seed, rate or None: the search's choice, file): each kind's rate search at seed 0, then the seeds
         runs = ([(k, 0, lr, a/k/'search'/f'lr{lr:g}'/'results.json') for k in CLF_KINDS for lr in plan.clf_lrs(k)]
                 + [(k, s, None, a/k/f'seed{s}'/'results.json') for s in plan.seeds for k in CLF_KINDS])
         if (a/'lm'/'results.json').exists() and all(r[-1].exists() for r in runs): continue   # the arm is done
-        lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
-        if not (a/'lm'/'results.json').exists(): atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
-        data_ = None
-        for kind, seed, lr, f in runs:
-            if f.exists(): continue
-            data_ = data_ or _clf_data(plan, lm_learn, source, out)
-            if lr is None and plan.clf_lrs(kind): lr = best_clf_rate(pretrain_results(plan, out), v, kind)
-            res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
-            atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
-            if progress:
-                print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} "
-                      f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
-                      f"{res['secs']:.0f} s", flush=True)
+        with _arm_claim(a) as other:
+            if other is None: _train_arm(plan, v, runs, out, source, progress)
+            elif progress: print(f"[{plan.name}] {v}: process {other} is training it; left to it", flush=True)
     return pretrain_results(plan, out)
 
 # %% ../nbs/14a_finetune.ipynb #63b83384

@@ -39,8 +39,9 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from .core import (
-    PAD_ID, EncoderClassifier, Trace, atomic_save, check_choice, check_fields, config_fields, variant_spec)
+from transject_nb.core import (
+    PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice, check_fields, config_fields,
+    variant_spec)
 from .models import VARIANTS, create_model, n_params
 from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
                               tokenizer_from_state)
@@ -426,9 +427,7 @@ def save_vocab(
     if ids != list(range(len(ids))):
         raise ValueError(f"the vocabulary's ids are not 0..{len(ids) - 1} without gaps: "
                          "it cannot be written as vocab.txt")
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(''.join(t + '\n' for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])), encoding='utf-8')
-    return path
+    return atomic_write(path, ''.join(t + '\n' for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))   # whole
 
 # %% ../nbs/14_lm.ipynb #1deee7e4
 def imdb_texts(

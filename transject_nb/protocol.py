@@ -877,7 +877,9 @@ def add_study_args(p):
     p.add_argument('--workers', type=int, default=1,
                    help='worker processes on this machine (start more on others with the same --storage URL)')
     p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
-    p.add_argument('--arms', default=None, help='comma-separated arm labels to work on (default: all)')
+    p.add_argument('--arms', default=None,
+                   help='comma-separated arm labels to work on (default: all); for a pretraining plan, its variants, '
+                        'and a worker leaves an arm that another process is training to it')
     p.add_argument('--data', default=None,
                    help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
     p.add_argument('--cache-dir', default=None,
@@ -901,16 +903,18 @@ def add_study_args(p):
 def _pretrain_command(plan, a):
     ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them, "
      "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that, "
-     "`--controls` trains its controls.")
+     "`--controls` trains its controls; `--arms` picks the arms a worker trains.")
     if a.snapshot:
         files = snapshot_pretrain(plan, a.out, a.snapshot)
         return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
                      f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
+    arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
     if a.controls and not a.status and not a.export:
+        if arms: raise ValueError("--controls trains every causal arm's controls: it takes no --arms")
         ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
         print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
         return ctl
-    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from)
+    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
     res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
     ctl = control_results(plan, a.out)
     if a.export:
