@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, json, os, shutil, time
+import dataclasses, json, math, os, shutil, time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +21,10 @@ from fastai.callback.tracker import EarlyStoppingCallback
 # %% auto #0
 __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'layer_groups', 'load_pretrained',
            'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
-           'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'pretrain_progress',
-           'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table', 'pretrain_verdicts',
-           'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner', 'control_results',
-           'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain',
+           'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge', 'next_clf_rate',
+           'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table',
+           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner',
+           'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain',
            'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
@@ -203,6 +203,9 @@ class PretrainPlan:
     # seed 0, and the seeds train at the one of highest validation accuracy (empty: `lr_find` suggests each run's rate)
     ulmfit_lrs:tuple = ()    # the fine-tune's head rate (`ulmfit_schedule` derives the other stages' from it)
     scratch_lrs:tuple = ()   # the classifier from scratch
+    # while a kind's best search run sits at an edge of the rates tried, one more rate past it (`past_edge`), at most
+    # this many past each edge of its grid, as the fair protocol's search does: a best rate at an edge is not a choice
+    edge_steps:int = 2
     preset:str = 'repro'     # the `settings.ini` preset under every run
     note:str = ''            # what the sizes are and why
 
@@ -212,6 +215,8 @@ class PretrainPlan:
         for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs'):
             if not all(isinstance(r, float) and r > 0 for r in getattr(self, k)):
                 raise ValueError(f"plan {self.name!r}: {k} must be rates (floats > 0), got {getattr(self, k)!r}")
+        if not isinstance(self.edge_steps, int) or self.edge_steps < 0:
+            raise ValueError(f"plan {self.name!r}: edge_steps must be a whole number >= 0, got {self.edge_steps!r}")
         if 'shards' in self.lm and self.lm['shards'] != self.lm.get('epochs'):
             raise ValueError(f"plan {self.name!r}: its pass reads each part of the documents once, so lm's epochs must "
                              f"equal its shards, got epochs={self.lm.get('epochs')!r}, shards={self.lm['shards']!r}")
@@ -231,7 +236,8 @@ class PretrainPlan:
         return lrs[check_choice(kind, CLF_KINDS, 'classifier kind')]
 
     def runs_per_arm(self)->int:
-        "An arm's runs: its language model, its classifiers' rate searches, and both classifiers at every seed."
+        ("An arm's runs, at least: its language model, its classifiers' rate grids, and both classifiers at every "
+         "seed (a search that goes past an edge of its grid adds runs).")
         return 1 + len(self.ulmfit_lrs) + len(self.scratch_lrs) + len(CLF_KINDS) * len(self.seeds)
 
     def objective(self, variant:str)->str:
@@ -372,22 +378,56 @@ def _arm_claim(folder:Path):
 
 
 # %% ../nbs/14a_finetune.ipynb #8faeab17
-def _train_arm(plan, v, runs, out, source, progress):
-    "One arm of a pretraining plan, resumably: its language model, then `runs`, each classifier not finished yet."
+def _supersede(run:Path, lr:float)->Path|None:
+    ("Move a run in `run` that trained at a rate other than `lr` (its `results.json`, else the `rate.json` it started "
+     "with) to `superseded/` beside it, kept, so that `run` trains afresh at `lr`; where it went, or None.")
+    rec = next((f for f in (run/'results.json', run/'rate.json') if f.is_file()), None)
+    if rec is None or np.isclose(old := float(json.loads(rec.read_text())['lr']), lr): return None
+    dest, n = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}", 1
+    while dest.exists(): n += 1; dest = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}-{n}"
+    dest.parent.mkdir(parents=True, exist_ok=True); run.rename(dest)
+    return dest
+
+def _arm_done(plan, v, out)->bool:
+    "Whether an arm is finished: its language model, each kind's search settled, every seed at the search's choice."
+    a = Path(out)/plan.name/v
+    if not (a/'lm'/'results.json').exists(): return False
+    res = pretrain_results(plan, out)
+    for kind in CLF_KINDS:
+        if next_clf_rate(plan, res, v, kind) is not None: return False
+        lr = best_clf_rate(res, v, kind) if plan.clf_lrs(kind) else None
+        for f in (a/kind/f'seed{s}'/'results.json' for s in plan.seeds):
+            if not f.exists() or (lr is not None and not np.isclose(json.loads(f.read_text())['lr'], lr)): return False
+    return True
+
+def _train_arm(plan, v, out, source, progress):
+    ("One arm of a pretraining plan, resumably: its language model, each kind's rate search (`next_clf_rate`), "
+     "then both kinds at every seed, at the search's choice.")
     a = Path(out)/plan.name/v
     lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
     if not (a/'lm'/'results.json').exists(): atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
     data_ = None
-    for kind, seed, lr, f in runs:
-        if f.exists(): continue
+    def train(kind, seed, lr, f):
+        nonlocal data_
         data_ = data_ or _clf_data(plan, lm_learn, source, out)
-        if lr is None and plan.clf_lrs(kind): lr = best_clf_rate(pretrain_results(plan, out), v, kind)
+        if lr is not None: atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))   # what a resumed run is at
         res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
         atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
         if progress:
             print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} "
                   f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
                   f"{res['secs']:.0f} s", flush=True)
+    for kind in CLF_KINDS:                           # each kind's search at seed 0: its grid, then past an edge
+        while (lr := next_clf_rate(plan, pretrain_results(plan, out), v, kind)) is not None:
+            train(kind, 0, lr, a/kind/'search'/f'lr{lr:g}'/'results.json')
+    for s in plan.seeds:
+        for kind in CLF_KINDS:
+            f = a/kind/f'seed{s}'/'results.json'
+            lr = best_clf_rate(pretrain_results(plan, out), v, kind) if plan.clf_lrs(kind) else None
+            if lr is not None and (moved := _supersede(f.parent, lr)) and progress:
+                print(f"[{plan.name}] {v} {kind} seed {s}: the search now chooses {lr:g}; the run before it is kept "
+                      f"in {moved}", flush=True)
+            if not f.exists(): train(kind, s, lr, f)
 
 # %% ../nbs/14a_finetune.ipynb #f40d2983
 def run_pretrain_plan(
@@ -398,8 +438,8 @@ def run_pretrain_plan(
     start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (controls) has no runs yet
     arms=None,              # the arms to work on (default: all, in the plan's order)
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
-    ("Run a pretraining plan, resumably: each arm's language model, then per seed its fine-tuned "
-     "and from-scratch classifiers; an arm another process is training is left to it.")
+    ("Run a pretraining plan, resumably: each arm's language model, its classifiers' rate searches, then per seed "
+     "its fine-tuned and from-scratch classifiers; an arm another process is training is left to it.")
     if isinstance(arms, str): arms = [arms]
     arms = plan.arms if arms is None else [check_choice(v, plan.arms, 'arm') for v in arms]
     source = task_source('imdb', data)
@@ -408,21 +448,20 @@ def run_pretrain_plan(
                          "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
     _start_from(plan, out, start_from)
     for v in arms:
-        a = Path(out)/plan.name/v
-        # (kind, seed, rate or None: the search's choice, file): each kind's rate search at seed 0, then the seeds
-        runs = ([(k, 0, lr, a/k/'search'/f'lr{lr:g}'/'results.json') for k in CLF_KINDS for lr in plan.clf_lrs(k)]
-                + [(k, s, None, a/k/f'seed{s}'/'results.json') for s in plan.seeds for k in CLF_KINDS])
-        if (a/'lm'/'results.json').exists() and all(r[-1].exists() for r in runs): continue   # the arm is done
-        with _arm_claim(a) as other:
-            if other is None: _train_arm(plan, v, runs, out, source, progress)
+        if _arm_done(plan, v, out): continue                                     # read back, nothing loaded
+        with _arm_claim(Path(out)/plan.name/v) as other:
+            if other is None: _train_arm(plan, v, out, source, progress)
             elif progress: print(f"[{plan.name}] {v}: process {other} is training it; left to it", flush=True)
     return pretrain_results(plan, out)
 
 # %% ../nbs/14a_finetune.ipynb #63b83384
 _SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   # what a run's row reports
 
+_SUPERSEDED = 'superseded'   # beside a kind's seeds: finished runs at a rate the search no longer chooses
+
 def _phase(f:Path)->str:
     "A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/` or `<kind>/seed<s>/`."
+    if _SUPERSEDED in f.parts: return _SUPERSEDED
     return 'search' if f.parent.parent.name == 'search' else 'seed'
 
 def pretrain_results(
@@ -433,6 +472,7 @@ def pretrain_results(
     "The finished runs of a pretraining plan, read from their `results.json`."
     rows = []
     for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
+        if _SUPERSEDED in f.parts: continue                          # kept, but the plan has moved on (`_supersede`)
         r = json.loads(f.read_text())
         kind = 'lm' if f.parent.name == 'lm' else r['kind']
         phase = 'lm' if kind == 'lm' else _phase(f)
@@ -461,6 +501,35 @@ def best_clf_rate(
     if not len(r): raise ValueError(f"{arm} {kind}: every search run diverged")
     return float(r.sort_values(['valid_acc', 'valid_loss'], ascending=[False, True]).lr.iloc[0])
 
+def past_edge(
+    lr:float,     # a rate
+    down:bool,    # below it (True) or above it
+)->float:         # the next rate of the half-decade ladder 1, 3, 10, 30, ... (times a power of ten) past `lr`
+    "The next rate past `lr` on the half-decade ladder the plans' grids are drawn from."
+    e = math.floor(math.log10(lr) + 1e-9); m = lr / 10 ** e                 # lr = m × 10^e, 1 <= m < 10
+    x = (max(v for v in (0.3, 1, 3) if v < m * (1 - 1e-9)) if down else min(v for v in (3, 10) if v > m * (1 + 1e-9)))
+    return float(f"{x * 10 ** e:.3g}")
+
+def next_clf_rate(
+    plan:PretrainPlan,      # the plan
+    results:pd.DataFrame,   # `pretrain_results`
+    arm:str,                # the arm
+    kind:str,               # 'ulmfit' or 'scratch'
+)->float|None:              # the rate to train at seed 0 next; None once the search has chosen (or `lr_find` chooses)
+    ("A classifier kind's next search run: a rate of its grid not run yet, else one rate past the edge its best "
+     "sits at, at most `edge_steps` past the grid's.")
+    grid = plan.clf_lrs(kind)
+    if not grid: return None
+    done = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
+    tried = sorted(float(x) for x in done.lr)
+    new = lambda x: not any(np.isclose(x, t) for t in tried)
+    if left := [x for x in grid if new(x)]: return left[0]
+    best = best_clf_rate(results, arm, kind)
+    for edge, down, past in ((tried[0], True, sum(t < min(grid) * (1 - 1e-9) for t in tried)),
+                             (tried[-1], False, sum(t > max(grid) * (1 + 1e-9) for t in tried))):
+        if np.isclose(best, edge) and past < plan.edge_steps and new(x := past_edge(edge, down)): return x
+    return None
+
 # %% ../nbs/14a_finetune.ipynb #63b83385
 def pretrain_progress(
     plan:PretrainPlan,      # the plan
@@ -485,7 +554,8 @@ PRETRAIN_STUDIES = {p.name: p for p in (
                  note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
                       "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
                       "studies' three (their warm-up too); IMDb's repro split at 256 tokens; each classifier's rate "
-                      "searched on validation (the fine-tune's head around ULMFiT's 2e-2)"),
+                      "searched on validation, past an edge of its grid while the best sits there (the fine-tune's "
+                      "head around ULMFiT's 2e-2)"),
 )}
 
 # %% ../nbs/14a_finetune.ipynb #ee0c71f8
@@ -520,7 +590,7 @@ def clf_progress(
     folder = _runs_folder(folder)
     rows = []
     for run in sorted(f.parent for k in CLF_KINDS for f in folder.glob(f'*/{k}/**/history.csv')):
-        if (run/'results.json').exists(): continue                                 # finished: `pretrain_results` has it
+        if (run/'results.json').exists() or _SUPERSEDED in run.parts: continue    # finished, or the plan moved on
         h, (arm, kind) = _history_of(run), run.relative_to(folder).parts[:2]
         phase = _phase(run/'results.json'); search = phase == 'search'
         stages = sorted(int(f.stem.removeprefix('stage')) for f in (run/'models').glob('stage*.pth'))
@@ -639,6 +709,13 @@ def pass_said(
     return '; '.join(said)
 
 # %% ../nbs/14a_finetune.ipynb #01238371
+def _check_pretrained(plan, variant, out):
+    "Refuse an arm that is not the plan's, or whose language model has not finished."
+    check_choice(variant, plan.arms, f"arm of plan {plan.name!r}")
+    if not (Path(out)/plan.name/variant/'lm'/'results.json').is_file():
+        raise FileNotFoundError(f"the language model of {variant!r} in plan {plan.name!r} has not finished under "
+                                f"{out}: run_pretrain_plan (`transject-nb study {plan.name}`) pretrains it first")
+
 def pretrained_lm(
     plan:PretrainPlan,      # the plan
     variant:str,            # one of `plan.arms`
@@ -646,10 +723,7 @@ def pretrained_lm(
     out='runs/pretrain',    # the runs' root folder
 ):                          # a language-model Learner with its best weights; `.corpus` holds the tokenizer
     "An arm's finished language model, read back from its run folder, to sample from (`lm.generate`) or score."
-    check_choice(variant, plan.arms, f"arm of plan {plan.name!r}")
-    if not (Path(out)/plan.name/variant/'lm'/'results.json').is_file():
-        raise FileNotFoundError(f"the language model of {variant!r} in plan {plan.name!r} has not finished under "
-                                f"{out}: run_pretrain_plan (`transject-nb study {plan.name}`) pretrains it first")
+    _check_pretrained(plan, variant, out)
     source = task_source('imdb', data)
     if source is None:
         raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
@@ -741,17 +815,27 @@ def run_controls(
     searches = bool(plan.clf_lrs('scratch'))
     seed = 0 if searches else plan.seeds[0]                       # the rate's
     for v in (v for v in plan.arms if plan.objective(v) == 'causal'):
+        _check_pretrained(plan, v, out)
+        if searches:                                              # the rate is the whole search's choice
+            if (nxt := next_clf_rate(plan, res, v, 'scratch')) is not None:
+                raise ValueError(f"{v}: the rate of its classifier from scratch is not settled (its search has yet to "
+                                 f"try {nxt:g}): run the plan first")
+            lr = best_clf_rate(res, v, 'scratch')
+        else:
+            scr = clf_runs(res, 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
+            if not len(scr):
+                raise ValueError(f"{v}: the rate of its classifier from scratch is not settled (its run at seed "
+                                 f"{seed} has not finished): run the plan first")
+            lr = float(scr.lr.iloc[0])
+        for s, c in ((s, c) for s in seeds for c in PRETRAIN_CONTROLS):   # a control at another rate: kept aside
+            _supersede(_control_file(plan, out, v, c, s).parent, lr)
         todo = [(s, c) for s in seeds for c in PRETRAIN_CONTROLS if not _control_file(plan, out, v, c, s).is_file()]
         if not todo: continue                                     # read back, nothing loaded
-        lm = pretrained_lm(plan, v, data, out)                    # refuses an arm whose language model has not finished
-        scr = clf_runs(res, 'search' if searches else 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
-        if len(scr) < (n := len(plan.clf_lrs('scratch')) or 1):  # the rate is the whole search's choice
-            raise ValueError(f"{v}: the rate of its classifier from scratch is not settled ({len(scr)} of {n} runs "
-                             f"at seed {seed} finished): run the plan first")
-        lr = best_clf_rate(res, v, 'scratch') if searches else float(scr.lr.iloc[0])
+        lm = pretrained_lm(plan, v, data, out)
         clf_data = _clf_data(plan, lm, source, out)
         for s, c in todo:                                         # seed by seed: a finished seed is a whole comparison
             f = _control_file(plan, out, v, c, s)
+            atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))            # what a resumed control is at
             learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, s)
             train_learner(learn, progress=False)
             res_c = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
@@ -818,8 +902,8 @@ def _slim(st:dict)->dict:
 def _running_classifier(run:Path)->dict:
     ("A classifier still training: its history, best weights and newest checkpoint whole, its finished stages' "
      "checkpoints slimmed (`fine_tune` takes their weights from the newest); file -> None (copied) or what to write.")
-    files = dict.fromkeys(f for f in (run/'history.csv', run/'models'/'best.pth', run/'models'/'checkpoint.pth')
-                          if f.is_file())
+    files = dict.fromkeys(f for f in (run/'history.csv', run/'rate.json', run/'models'/'best.pth',
+                                      run/'models'/'checkpoint.pth') if f.is_file())
     *done, last = sorted((run/'models').glob('stage*.pth'), key=lambda f: int(f.stem[5:])) or [None]
     for f in done: st = load_checkpoint(f); files[f] = _slim(st) if st['done'] else None
     return files | ({last: None} if last else {})
@@ -839,13 +923,15 @@ def snapshot_pretrain(
     files = {}                                                   # file -> None (copied) or the checkpoint to write
     for a in (src/v for v in plan.arms):
         files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
-        for run in (r for g in ('*/seed*', '*/search/*') for r in sorted(a.glob(g)) if r.is_dir()):   # classifiers
+        for run in (r for g in ('*/seed*', '*/search/*', f'*/{_SUPERSEDED}/*') for r in sorted(a.glob(g))
+                    if r.is_dir()):
             files |= clf(run)
         files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
                                if f.is_file())
         if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():
             st = load_checkpoint(ck); files[ck] = _slim(st) if st['done'] else None  # a running pass: all of it
-    for run in (r for r in sorted(ctl.glob('*/*/seed*')) if r.is_dir()): files |= clf(run)    # the controls alike
+    for run in (r for g in ('*/*/seed*', f'*/*/{_SUPERSEDED}/*') for r in sorted(ctl.glob(g)) if r.is_dir()):
+        files |= clf(run)                                                        # the controls alike
     tmp = dest.with_name(dest.name + '.tmp'); shutil.rmtree(tmp, ignore_errors=True)
     for f, st in files.items():
         rel = f.relative_to(src) if f.is_relative_to(src) else _SNAP_CONTROLS/f.relative_to(ctl)

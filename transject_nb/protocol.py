@@ -929,7 +929,7 @@ def _pretrain_command(plan, a):
     want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
     running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
     ctl_running = control_progress(plan, a.out)
-    print(f"{plan.name}: {len(res)} of {want} runs finished; {plan.note}\n{res.to_string()}\n"
+    print(f"{plan.name}: {len(res)} of at least {want} runs finished; {plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}"
           + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
