@@ -460,7 +460,8 @@ _SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   
 _SUPERSEDED = 'superseded'   # beside a kind's seeds: finished runs at a rate the search no longer chooses
 
 def _phase(f:Path)->str:
-    "A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/` or `<kind>/seed<s>/`."
+    ("A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/`, `<kind>/seed<s>/`, "
+     "or `superseded/` (`_supersede`).")
     if _SUPERSEDED in f.parts: return _SUPERSEDED
     return 'search' if f.parent.parent.name == 'search' else 'seed'
 
