@@ -270,7 +270,6 @@ def test_a_gpu_plan_refuses_the_cpu(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="device must be None"): replace(STUDIES['lm-depth'], device='tpu')
 
 
-
 def test_a_storage_started_from_a_snapshot_appears_whole(tmp_path, monkeypatch, capsys):
     "--start-from copies the snapshot beside the storage and puts it in place once whole: a worker started beside it never opens a partial file."
     import filecmp, shutil

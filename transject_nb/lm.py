@@ -39,9 +39,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from transject_nb.core import (
-    PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice, check_fields, config_fields,
-    variant_spec)
+from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
+                               check_fields, config_fields, variant_spec)
 from .models import VARIANTS, create_model, n_params
 from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
                               tokenizer_from_state)
