@@ -165,12 +165,21 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
     cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs')]
     r = subprocess.run(cli + ['--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert '1 controls in controls.csv' in r.stdout
+    assert '1 controls in controls.csv' in r.stdout and 'superseded.csv' not in r.stdout
     ctl = pd.read_csv(tmp_path/'out'/'controls.csv')
     assert ctl[['arm', 'control', 'valid_acc']].values.tolist() == [[arm, list(PRETRAIN_CONTROLS)[0], 0.86]]
     r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and 'controls:' in r.stdout and 'causal from scratch' in r.stdout, r.stderr[-2000:]
-    assert 'controls training:' not in r.stdout
+    assert 'controls training:' not in r.stdout and 'set aside' not in r.stdout
+    aside = f.parent.parent/'superseded'/'lr0.003-seed0'/'results.json'        # a control at a rate the search left
+    aside.parent.mkdir(parents=True)
+    aside.write_text(json.dumps(dict(seed=0, valid_acc=0.84, test_acc=0.83, lr=3e-3, epochs=5, max_epochs=40)))
+    r = subprocess.run(cli + ['--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and '1 runs set aside in superseded.csv' in r.stdout, r.stderr[-2000:]
+    assert pd.read_csv(tmp_path/'out'/'superseded.csv')[['arm', 'seed', 'lr']].values.tolist() == [[arm, 0, 3e-3]]
+    assert len(pd.read_csv(tmp_path/'out'/'controls.csv')) == 1                # the control kept aside is not one of them
+    r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and 'set aside, trained again' in r.stdout, r.stderr[-2000:]
     run = f.parent.parent/'seed1'; run.mkdir()                                 # a control still training
     (run/'history.csv').write_text('epoch,train_loss,valid_loss,accuracy,time\n0,0.36,0.35,0.8460,18:30\n')
     r = subprocess.run(cli + ['--status'], capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, json, math, os, shutil, time
+import dataclasses, json, math, os, re, shutil, time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +24,8 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge', 'next_clf_rate',
            'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table',
            'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner',
-           'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'snapshot_pretrain',
-           'plot_pretrain_progress']
+           'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'superseded_runs',
+           'superseded_said', 'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, copy_new, unwrap
@@ -410,7 +410,8 @@ def _train_arm(plan, v, out, source, progress):
     def train(kind, seed, lr, f):
         nonlocal data_
         data_ = data_ or _clf_data(plan, lm_learn, source, out)
-        if lr is not None: atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))   # what a resumed run is at
+        if lr is not None and _phase(f) == 'seed':                 # what a resumed seed is at (a search's folder says)
+            atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))
         res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
         atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
         if progress:
@@ -895,6 +896,38 @@ def controls_said(
     return ' '.join(said)
 
 
+# %% ../nbs/14a_finetune.ipynb #48b62c93
+def superseded_runs(
+    plan:PretrainPlan,      # the plan
+    out='runs/pretrain',    # the runs' root folder
+)->pd.DataFrame:            # one row per run kept aside: arm, kind (a classifier's or a control's), seed, rate, scores
+    "The finished runs kept in `superseded/`: trained at a rate their search no longer chooses, then trained again."
+    where = ([(v, k, Path(out, plan.name)/v/k) for v in plan.arms for k in CLF_KINDS]
+             + [(v, c, _control_dir(plan, out, v, c)) for v in plan.arms for c in PRETRAIN_CONTROLS])
+    rows = []
+    for v, k, d in where:
+        for f in sorted(d.glob(f'{_SUPERSEDED}/*/results.json')):          # lr<old>-seed<s>, then -<n> if kept before
+            r = json.loads(f.read_text())
+            rows.append(dict(arm=v, kind=k, seed=int(re.search(r'-seed(\d+)', f.parent.name)[1]), lr=r['lr'],
+                             valid_acc=r.get('valid_acc'), test_acc=r.get('test_acc'),
+                             secs=r.get('secs', r.get('train_secs'))))      # a control's seconds: `train_secs`
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'lr', 'valid_acc', 'test_acc', 'secs'])
+
+def superseded_said(
+    superseded:pd.DataFrame,   # `superseded_runs`
+    results:pd.DataFrame,      # `pretrain_results`: the searches whose choice moved
+)->str:                        # a sentence ('' when no run was set aside)
+    "Which seeds trained again because a step past an edge moved their search's choice: from which rate to which."
+    def one(a, k, g):
+        new = best_clf_rate(results, a, k if k in CLF_KINDS else 'scratch')     # a control trains at the scratch choice
+        old = ' and '.join(f'{x:g}' for x in g.lr.unique())
+        name, seeds = KIND_NAMES.get(k, f'the control {k!r}'), ', '.join(map(str, g.seed))
+        return (f"`{a}` {name}, seed{'s' * (len(g) > 1)} {seeds}, "
+                f"from {old} to {new:g} (test {', '.join(map(_pct, g.test_acc))} at {old}, kept in `superseded/`)")
+    said = [one(a, k, g) for (a, k), g in superseded.groupby(['arm', 'kind'], sort=False)]
+    if not said: return ''
+    return "Trained again after a step past its grid's edge moved a search's choice: " + '; '.join(said) + '.'
+
 # %% ../nbs/14a_finetune.ipynb #5f5250c1
 def _slim(st:dict)->dict:
     "A finished run's checkpoint without its last weights and optimiser: its best weights are `best.pth`."
@@ -944,6 +977,23 @@ def snapshot_pretrain(
     return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*')) if f.is_file()],
                         columns=['file', 'bytes'])
 
+
+# %% ../nbs/14a_finetune.ipynb #021dbcbb
+def export_pretrain(
+    plan:PretrainPlan,      # the plan
+    out,                    # the runs' root folder
+    dest,                   # the folder a page reads (made if missing)
+)->dict:                    # file name -> rows written
+    "Write the tables a page renders from a pretraining plan's runs, small CSV files in one folder."
+    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
+    tables = dict(runs=pretrain_results, progress=pretrain_progress, rates=pretrain_rates, controls=control_results,
+                  superseded=superseded_runs)
+    wrote = {}
+    for n, read in tables.items():
+        t = read(plan, out)
+        if len(t) or n not in ('controls', 'superseded'):        # those two only where a run exists
+            t.to_csv(dest/f'{n}.csv', index=False); wrote[f'{n}.csv'] = len(t)
+    return wrote
 
 # %% ../nbs/14a_finetune.ipynb #01238391
 def plot_pretrain_progress(

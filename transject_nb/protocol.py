@@ -27,8 +27,9 @@ from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
 from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
-from .finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, pretrain_progress,
-                                   pretrain_rates, pretrain_results, run_controls, run_pretrain_plan, snapshot_pretrain)
+from .finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, export_pretrain,
+                                   pretrain_progress, pretrain_rates, pretrain_results, run_controls, run_pretrain_plan,
+                                   snapshot_pretrain, superseded_runs)
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
@@ -915,17 +916,15 @@ def _pretrain_command(plan, a):
         print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
         return ctl
     if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
-    res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
-    ctl = control_results(plan, a.out)
     if a.export:
-        Path(a.export).mkdir(parents=True, exist_ok=True)
-        res.to_csv(Path(a.export)/'runs.csv', index=False); prog.to_csv(Path(a.export)/'progress.csv', index=False)
-        rates.to_csv(Path(a.export)/'rates.csv', index=False)
-        if len(ctl): ctl.to_csv(Path(a.export)/'controls.csv', index=False)
-        return print(f"{len(res)} runs of {plan.name} written to {a.export} (runs.csv; the language models' "
-                     f"{len(prog)} epochs so far in progress.csv; their {int(rates.done.sum())} first-part rate "
-                     "tries in rates.csv" + (f"; {len(ctl)} controls in controls.csv)" if len(ctl) else ")"),
-                     flush=True)
+        rows = export_pretrain(plan, a.out, a.export)
+        what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
+                'rates.csv': 'first-part rates, tried or to try', 'controls.csv': 'controls',
+                'superseded.csv': 'runs set aside'}
+        return print(f"{plan.name} written to {a.export}: "
+                     + '; '.join(f"{n} {what[f]} in {f}" for f, n in rows.items()), flush=True)
+    res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
+    ctl, sup = control_results(plan, a.out), superseded_runs(plan, a.out)
     want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
     running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
     ctl_running = control_progress(plan, a.out)
@@ -934,7 +933,9 @@ def _pretrain_command(plan, a):
           + f"language models so far:\n{prog.to_string()}"
           + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
           + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else '')
-          + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else ''), flush=True)
+          + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else '')
+          + (f"\nset aside, trained again at their search's new choice:\n{sup.to_string()}" if len(sup) else ''),
+          flush=True)
     return res
 
 # %% ../nbs/13_protocol.ipynb #11a7466e
