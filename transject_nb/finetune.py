@@ -946,7 +946,7 @@ def snapshot_pretrain(
     plan:PretrainPlan,      # the plan
     out,                    # the runs' root folder
     dest,                   # the snapshot's folder (replaced)
-)->pd.DataFrame:            # one row per file of the snapshot: its path in it, bytes
+)->pd.DataFrame:            # one row per file carried (its `.snapshot` mark aside): its path in it, bytes
     "The part of a pretraining plan's runs another machine needs to go on, small enough to commit."
     src, dest = Path(out)/plan.name, Path(dest)
     if not src.is_dir(): raise FileNotFoundError(f"plan {plan.name!r} has no runs under {out}")
@@ -974,7 +974,8 @@ def snapshot_pretrain(
         else: torch.save(st, t)
     atomic_write(tmp/'.snapshot', json.dumps(dict(plan=plan.name, files=len(files)), indent=1))
     shutil.rmtree(dest, ignore_errors=True); tmp.rename(dest)                        # whole, or the old one kept
-    return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*')) if f.is_file()],
+    return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*'))
+                         if f.is_file() and f.name != '.snapshot'],
                         columns=['file', 'bytes'])
 
 
