@@ -14,7 +14,7 @@ import torch
 from fastai.torch_core import rank_distrib, num_distrib
 from transject_nb.data import load_task
 from transject_nb.batches import BucketDL
-from transject_nb.learner import get_learner, train_learner, history, evaluate
+from transject_nb.learner import end_distributed, get_learner, train_learner, history, evaluate
 
 B, W = 16, 2            # per-process batch, processes
 
@@ -48,6 +48,7 @@ def main(out, reference=False):
         torch.save(logits, Path(out)/'test_logits.pt')
         json.dump(dict(world_size=max(num_distrib(), 1), history=history(learn).drop(columns='seconds').to_dict('list'), results=res),
                   open(Path(out)/'ddp_result.json', 'w'))
+    end_distributed()   # a gloo group left open can abort the exit (SIGABRT) after the work is done
 
 if __name__ == '__main__':
     main(sys.argv[1], reference='--reference' in sys.argv)

@@ -28,7 +28,7 @@ from .core import (PRESET_KINDS, TASKS, atomic_write, check_choice, convert_fiel
 from .data import load_task
 from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, preset_configs,
                                  resolve_config, valid_fields)
-from .learner import LR_FIND, find_lr, evaluate, get_learner, history, plot_curves, train_learner
+from .learner import LR_FIND, end_distributed, find_lr, evaluate, get_learner, history, plot_curves, train_learner
 from .experiments import RESULT_COLUMNS, results_table
 from .models import VARIANTS
 import transject_nb
@@ -457,7 +457,8 @@ def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 ):
     "The `transject-nb` console script (exit status 0 on success)."
-    run_command(argv)
+    try: run_command(argv)
+    finally: end_distributed()   # under a launcher: close the process group, or gloo can abort the exit
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
 if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`, not this notebook's run

@@ -13,7 +13,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['LR_FIND', 'TokenDataLoaders', 'get_dls', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'TaskLearner', 'train_callbacks',
-           'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves', 'find_lr']
+           'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves', 'find_lr',
+           'end_distributed']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -356,3 +357,9 @@ def find_lr(
     learn.train_cfg = dataclasses.replace(learn.train_cfg, lr=lr)
     learn.config['train']['lr'] = learn.lr = lr                         # the checkpoint and results.json record it
     return lr
+
+# %% ../nbs/07_learner.ipynb #e74acf08
+def end_distributed():
+    "Close the process group distributed training opened, if any, so that the process exits cleanly."
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
