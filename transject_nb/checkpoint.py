@@ -116,11 +116,11 @@ class TrainCheckpoint(Callback):
     _only_train_loop = True   # fastai's mark of callbacks that belong to `fit` alone: `learn.summary()` leaves them out
     def __init__(self, fname:str='checkpoint', config:dict|None=None,
                  epoch0:int=0):   # the data's epoch at the fit's first (a fine-tuning stage goes on with its loader's)
-        self.fname, self.config, self.epoch0, self.state, self.times = fname, config or {}, epoch0, None, []
+        self.fname, self.run_config, self.epoch0, self.state, self.times = fname, config or {}, epoch0, None, []
     @property
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
     def _save(self, done, epoch):
-        atomic_save(checkpoint_state(self.learn, done, epoch, self.times, self.config), self.file)
+        atomic_save(checkpoint_state(self.learn, done, epoch, self.times, self.run_config), self.file)
 
     def before_fit(self):
         self.learn.replaying, self.start, self.times = False, 0, []

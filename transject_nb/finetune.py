@@ -126,7 +126,7 @@ def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
             raise ValueError(f"{tcb.file} holds stage {k} of another schedule ({old}), not {s._asdict()}: "
                              "fine-tune in another run folder, or with resume=False")
     e0 = st['config']['data_epoch'] if st else getattr(dl, 'epoch', 0)   # the loader's count goes on across stages
-    tcb.config, tcb.state, tcb.epoch0 = learn.config | dict(stage=s._asdict(), data_epoch=e0), st, e0
+    tcb.run_config, tcb.state, tcb.epoch0 = learn.config | dict(stage=s._asdict(), data_epoch=e0), st, e0
     return st
 
 def fine_tune(
@@ -176,7 +176,7 @@ def fine_tune(
                              replayed=round(replayed, 1)))
     if resume:                                              # the learner's own checkpoint again
         tcb = learn.train_checkpoint
-        tcb.fname, tcb.config, tcb.state, tcb.epoch0 = 'checkpoint', learn.config, None, 0
+        tcb.fname, tcb.run_config, tcb.state, tcb.epoch0 = 'checkpoint', learn.config, None, 0
     return pd.DataFrame(rows)
 
 
