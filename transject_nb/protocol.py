@@ -378,9 +378,16 @@ def plan_data(
     plan:StudyPlan,   # the plan
     data=None,        # the data root (see `task_source`)
     cache_dir=None,   # `load_task`'s cache
+    max_len:int|None=None,  # a classifier plan's examples cut at this many tokens, not at its runs' length
 # the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
 )->TaskData|LMCorpus:
     "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer))
+                                or max_len < 1):
+        raise ValueError(f"max_len must be a whole number of tokens, 1 or more, got {max_len!r}")
+    if max_len is not None and plan.objective is not None:
+        raise ValueError(f"max_len cuts a classifier plan's examples; {plan.name} is a language-model plan, "
+                         "whose documents are kept whole (its contexts are set by its `fixed` max_len)")
     src = task_source(plan.task, data)
     if plan.objective is not None:
         f = plan.fixed
@@ -388,7 +395,7 @@ def plan_data(
         return c.take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
     rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed_for(plan.arms[0].variant),
                         **({} if src is None else dict(source=src)))
-    max_len = rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
+    max_len = max_len or rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
     return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-11
