@@ -23,9 +23,9 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
            'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge', 'next_clf_rate',
            'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table',
-           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'pass_said', 'pretrained_lm', 'control_learner',
-           'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said', 'superseded_runs',
-           'superseded_said', 'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
+           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'lengths_said', 'pass_said', 'pretrained_lm',
+           'control_learner', 'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said',
+           'superseded_runs', 'superseded_said', 'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, copy_new, unwrap
@@ -689,6 +689,19 @@ def accuracies_said(
     "Each classifier's mean test accuracy, fine-tuned and from scratch, in a clause."
     return '; '.join(f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}%"
                      for (a, k), r in pretrain_table(results).iterrows())
+
+# %% ../nbs/14a_finetune.ipynb #09bd9a8d
+def lengths_said(
+    lengths:pd.DataFrame,   # the baseline per reading length (`max_len`, `test_acc`, `test_cut`), the tables' first
+)->str:                     # a clause
+    "The baseline's test accuracy at each reading length past the first, in a clause ('whole reviews': nothing cut)."
+    if missing := sorted({'max_len', 'test_acc', 'test_cut'} - set(lengths.columns)):
+        raise ValueError(f"lengths lack columns {missing}")
+    if len(lengths) < 2:
+        raise ValueError(f"lengths needs the tables' length and a longer one: got {len(lengths)} row(s)")
+    at = [f"{100 * r.test_acc:.1f}% " + ('on whole reviews' if r.test_cut == 0 else f"at {r.max_len} tokens")
+          for r in lengths.iloc[1:].itertuples()]
+    return ' and '.join(filter(None, [', '.join(at[:-1]), at[-1]]))
 
 # %% ../nbs/14a_finetune.ipynb #3bcb3724
 def pass_said(
