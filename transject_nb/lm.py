@@ -35,8 +35,9 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
            'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
            'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words', 'plot_depth_trend',
-           'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_fixes', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words',
+           'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth',
+           'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
@@ -788,7 +789,8 @@ def lm_depth_answer(
 # %% ../nbs/14_lm.ipynb #534b0c02
 def lm_fixes(
     runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    base:str='transformer',     # the arm every other is judged against, at the same depth
+    base='transformer',         # the arm every other is judged against at the same depth, or per depth L an arm
+                                # (a mapping L -> arm such as `lm_best`'s; a depth it lacks is left out)
     alpha:float=ALPHA,          # the test's level
 )->pd.DataFrame:                # `lm_versus`'s columns and the depth `L`, by depth, arms in order
     "Each arm against `base` at the same depth: the claim that the arm has the lower test loss ('diverged': no test)."
@@ -796,7 +798,8 @@ def lm_fixes(
             'n_worse']
     arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
     for a in arms:
-        L = arm_depth(a)[1]; b = f'{base}+n_layers={L}'
+        L = arm_depth(a)[1]
+        b = f'{base if isinstance(base, str) else base.get(L)}+n_layers={L}'
         if a == b or b not in arms: continue
         pair = runs[runs.variant.isin((a, b))]
         if _finite(pair).all(): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L)); continue
@@ -807,6 +810,21 @@ def lm_fixes(
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
 
+
+# %% ../nbs/14_lm.ipynb #c1057738
+def lm_best(
+    runs:pd.DataFrame,   # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    among=None,          # the arms (labels without the depth) to choose from; None: every arm
+)->pd.Series:            # per depth L, the arm with the lowest mean test loss
+    "Per depth, the arm among `among` whose seeds have the lowest mean test loss, diverged arms left out."
+    d = with_arm_depth(runs)
+    if among is not None:
+        if unknown := sorted(set(among) - set(d.arm)):
+            raise ValueError(f"among names arms with no runs: {unknown}; the runs' arms: {sorted(set(d.arm))}")
+        d = d[d.arm.isin(among)]
+    loss = d.test_loss.astype(float).groupby([d.L, d.arm]).agg(lambda x: x.mean() if np.isfinite(x).all() else np.inf)
+    loss = loss[np.isfinite(loss)]                                               # a diverged arm is no candidate
+    return loss.groupby(level='L').idxmin().map(lambda La: La[1]).rename('best')
 
 # %% ../nbs/14_lm.ipynb #dddd3f10
 def _slope(g:pd.DataFrame, col:str)->tuple:
