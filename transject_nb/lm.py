@@ -799,8 +799,9 @@ def lm_fixes(
     arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
     for a in arms:
         L = arm_depth(a)[1]
-        b = f'{base if isinstance(base, str) else base.get(L)}+n_layers={L}'
-        if a == b or b not in arms: continue
+        at = base if isinstance(base, str) else base.get(L)           # the base arm at this depth, if any
+        b = f'{at}+n_layers={L}'
+        if at is None or a == b or b not in arms: continue
         pair = runs[runs.variant.isin((a, b))]
         if _finite(pair).all(): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L)); continue
         loss = {x: pair.test_loss[pair.variant == x].astype(float) for x in (a, b)}   # diverged: no test
