@@ -823,8 +823,8 @@ def lm_best(
         if unknown := sorted(set(among) - set(d.arm)):
             raise ValueError(f"among names arms with no runs: {unknown}; the runs' arms: {sorted(set(d.arm))}")
         d = d[d.arm.isin(among)]
-    loss = d.test_loss.astype(float).groupby([d.L, d.arm]).agg(lambda x: x.mean() if np.isfinite(x).all() else np.inf)
-    loss = loss[np.isfinite(loss)]                                               # a diverged arm is no candidate
+    d = d[_finite(d).groupby([d.L, d.arm]).transform('all')]          # an arm that diverged at a depth is no candidate
+    loss = d.test_loss.astype(float).groupby([d.L, d.arm]).mean()
     return loss.groupby(level='L').idxmin().map(lambda La: La[1]).rename('best')
 
 # %% ../nbs/14_lm.ipynb #dddd3f10
