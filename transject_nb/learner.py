@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/learner.html.md"""
 
 # %% ../nbs/07_learner.ipynb #cb8a34ac
 from __future__ import annotations
-import dataclasses
+import dataclasses, warnings
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -244,14 +244,31 @@ class EpochLines(Callback):
         note = ' (replayed from the checkpoint)' if getattr(self.learn, 'replaying', False) else ''
         print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)   # numbered from 0, as in `history`
 
+# %% ../nbs/07_learner.ipynb #6db62cfd
+def _goes_on(st:dict, epochs:int, tcfg:TrainConfig, file)->bool:
+    "Whether a finished run trains on to `epochs`: it ran out of epochs before early stopping was due."
+    last = st['epoch']
+    if st['early_stopped'] or epochs <= last + 1: return False
+    best = int(np.argmin([v[1] for v in st['values']]))        # each row: train_loss, valid_loss, ...
+    if last - best >= tcfg.patience: return False              # early stopping was due at its last epoch
+    if tcfg.sched == '1cycle':
+        raise ValueError(f"{file}: a finished '1cycle' run cannot go on to {epochs} epochs, because its rates follow "
+                         f"its length ({last + 1} epochs); pass resume=False to train it afresh")
+    if best != last:
+        warnings.warn(f"{file}: the run ran out of epochs at epoch {last}, but a finished run's checkpoint keeps its "
+                      f"best weights (epoch {best}'s); it goes on from those, with epoch {last}'s optimiser state",
+                      UserWarning, stacklevel=3)
+    return True
+
 # %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
-    epochs:int|None=None,  # most epochs (default: the config's)
+    # most epochs (default: the config's); more than a finished run ran, without stopping early, trains it on
+    epochs:int|None=None,
     progress:bool|str=True, # True: bars and table in a notebook or terminal, else lines; or 'bars', 'lines', False
 )->TaskLearner:            # the same learner, holding the best weights
-    "Train with the configured schedule, early stopping and checkpoints; resume an interrupted run."
+    "Train with the configured schedule, early stopping and checkpoints; resume or extend a run from its checkpoint."
     mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
     if mode not in (False, 'bars', 'lines'):
         raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
@@ -261,7 +278,7 @@ def train_learner(
     if resume and tcb.file.exists():
         st = load_checkpoint(tcb.file)
         check_resumable(learn, st, tcb.file)
-        if st['done']:                                 # a finished run: its best weights and its history
+        if st['done'] and not _goes_on(st, epochs, tcfg, tcb.file):   # finished: best weights, history
             best = learn.save_best.file
             load_weights(learn, best if best.exists() else tcb.file)
             restore_history(learn, st)

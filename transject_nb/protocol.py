@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import math, operator, sqlite3, time, warnings
+import math, operator, os, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,12 +33,12 @@ from .finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'LM_STUDIES', 'GATE',
-           'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan', 'next_trials',
-           'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs', 'requeue_failed',
-           'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms',
-           'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage',
-           'export_study', 'run_workers', 'add_study_args', 'study_command']
+           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'MLM_DEPTH',
+           'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan',
+           'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs',
+           'requeue_failed', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status',
+           'settled_arms', 'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs',
+           'snapshot_storage', 'export_study', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -152,6 +152,21 @@ def _check_lm_plan(plan, arms):
         raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; "
                          f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
+# %% ../nbs/13_protocol.ipynb #61326c92
+def _check_extends(plan):
+    "A plan that extends another differs from it only in its name, its arms, its note and a larger epoch budget."
+    b = plan.extends
+    if not isinstance(b, StudyPlan):
+        raise TypeError(f"plan {plan.name!r}: extends must be a StudyPlan, got {type(b).__name__}")
+    if b.name == plan.name: raise ValueError(f"plan {plan.name!r} extends a plan of its own name")
+    diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device') if getattr(plan, k) != getattr(b, k)]
+    diff += ['protocol beyond epochs'] * (replace(b.protocol, epochs=plan.protocol.epochs) != plan.protocol)
+    if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in {', '.join(diff)}: "
+                              "an extension changes only the epoch budget")
+    if plan.protocol.epochs <= b.protocol.epochs:
+        raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs ({plan.protocol.epochs}) must be more "
+                         f"than {b.name!r}'s ({b.protocol.epochs})")
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-4
 _ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))   # a field some variant's model has
 
@@ -171,6 +186,9 @@ class StudyPlan:
     objective:str|None = None
     # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU, refused without one
     device:str|None = None
+    # a plan whose runs this one's continue: the same runs but for a larger epoch budget (`_check_extends`); a run
+    # this plan has not begun starts from that plan's run of the same arm, phase, rate and seed, where there is one
+    extends:StudyPlan|None = None
 
     def __post_init__(self):
         check_choice(self.task, TASKS, 'task')
@@ -191,6 +209,7 @@ class StudyPlan:
             raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', "
                              f"got {self.protocol.metric!r}")
         object.__setattr__(self, 'arms', arms)
+        if self.extends is not None: _check_extends(self)
 
     def arm(self, label:str)->Arm:
         "The arm of that label."
@@ -418,6 +437,21 @@ def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
     return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
             else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
 
+# %% ../nbs/13_protocol.ipynb #39f01d2e
+def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
+    ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same arm, phase, rate "
+     "and seed, if it has one; its folder, else None.")
+    dest, base = plan.run_dir(out, arm, lr, seed, phase), plan.extends
+    if base is None or (dest/'models'/'checkpoint.pth').exists() or arm.label not in {a.label for a in base.arms}:
+        return None
+    src = base.run_dir(out, arm, lr, seed, phase)
+    if not (src/'models'/'checkpoint.pth').is_file(): return None
+    tmp = dest.with_name(dest.name + '.copying')                       # copied whole, then renamed: never half a run
+    shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(src, tmp)
+    shutil.rmtree(dest, ignore_errors=True)                            # a folder without a checkpoint: nothing trained
+    os.replace(tmp, dest)
+    return src
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-12
 def make_objective(
     plan:StudyPlan,        # the plan
@@ -438,6 +472,8 @@ def make_objective(
         if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
             raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
         path = plan.run_dir(out, arm, lr, seed, phase)
+        if (src := _start_from_base(plan, arm, lr, seed, phase, out)) is not None:
+            trial.set_user_attr('started_from', str(src))              # its epochs so far are the extended plan's
         cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
         learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
                              **({} if source is None else dict(source=source)))
@@ -668,6 +704,10 @@ NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' langua
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
 _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
 
+MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED,
+                      protocol=LM_PROTOCOL2, objective='masked',
+                      note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
+                           f"at L = {' and '.join(map(str, MLM_DEPTHS))}")
 LM_STUDIES = (
     StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
               note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
@@ -678,10 +718,10 @@ LM_STUDIES = (
     StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
               objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
-    StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
-              objective='masked',
-              note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
-                   f"at L = {' and '.join(map(str, MLM_DEPTHS))}"),
+    MLM_DEPTH,
+    StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=100),
+              objective='masked', extends=MLM_DEPTH,
+              note="mlm-depth's runs trained on to 100 epochs: at 30, most were still improving"),
     StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
               protocol=LM_PROTOCOL2, objective='causal', device='cuda',
               note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
