@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import math, operator, os, shutil, sqlite3, time, warnings
+import json, math, operator, os, shutil, sqlite3, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -440,14 +440,17 @@ def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
 # %% ../nbs/13_protocol.ipynb #39f01d2e
 def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
     ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same arm, phase, rate "
-     "and seed, if it has one; its folder, else None.")
+     "and seed, if it has one, marked with `started_from.json` (what it reused); its folder, else None.")
     dest, base = plan.run_dir(out, arm, lr, seed, phase), plan.extends
     if base is None or (dest/'models'/'checkpoint.pth').exists() or arm.label not in {a.label for a in base.arms}:
         return None
     src = base.run_dir(out, arm, lr, seed, phase)
     if not (src/'models'/'checkpoint.pth').is_file(): return None
+    st = load_checkpoint(src/'models'/'checkpoint.pth')
     tmp = dest.with_name(dest.name + '.copying')                       # copied whole, then renamed: never half a run
     shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(src, tmp)
+    (tmp/'started_from.json').write_text(json.dumps(dict(plan=base.name, run=str(src), epochs=st['epoch'] + 1,
+                                                         secs=round(sum(st['times']), 1))))
     shutil.rmtree(dest, ignore_errors=True)                            # a folder without a checkpoint: nothing trained
     os.replace(tmp, dest)
     return src
@@ -472,8 +475,9 @@ def make_objective(
         if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
             raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
         path = plan.run_dir(out, arm, lr, seed, phase)
-        if (src := _start_from_base(plan, arm, lr, seed, phase, out)) is not None:
-            trial.set_user_attr('started_from', str(src))              # its epochs so far are the extended plan's
+        _start_from_base(plan, arm, lr, seed, phase, out)
+        if (m := path/'started_from.json').is_file():                  # its first epochs are the extended plan's
+            trial.set_user_attr('reused_secs', json.loads(m.read_text())['secs'])
         cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
         learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
                              **({} if source is None else dict(source=source)))
@@ -569,8 +573,9 @@ def _say_trial(t, secs, metric='accuracy')->str:
             f"{u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s")
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-14
+# `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it extends
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
-                 'train_secs', 'params', 'data_key', 'number', 'retry_of')
+                 'train_secs', 'params', 'data_key', 'number', 'retry_of', 'reused_secs')
 # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy; `train_loss` is its kept
 # weights' loss on training text (`lm.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
@@ -775,6 +780,7 @@ def plan_cost(
     ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
     e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'), epochs or (p.patience + 2, p.patience + 3)))
     fam = lambda a: variant_spec(a.variant).family
+    _reused = lambda g: g.reused_secs.astype(float).fillna(0).sum() if 'reused_secs' in g else 0.  # the extended plan's
     per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
@@ -796,7 +802,7 @@ def plan_cost(
         r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0   # run to their end
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
-                             hours_done=round(float(g.train_secs.sum()) / 3600, 2),
+                             hours_done=round(float(g.train_secs.sum() - _reused(g)) / 3600, 2),
                              hours_left=round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
