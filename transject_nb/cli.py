@@ -370,7 +370,8 @@ def _common(p):
                    help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), "
                         "or auto (CPU unless CUDA)")
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
-    p.add_argument('--resume', action='store_true', help='continue the run(s) in --out')
+    p.add_argument('--resume', action='store_true',
+                   help='continue the run(s) in --out: interrupted, or cut short by its epochs and given more')
     p.add_argument('--cache-dir', default=None,
                    help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
     p.add_argument('--quiet', action='store_true',
