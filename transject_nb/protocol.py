@@ -580,6 +580,10 @@ TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'valu
 # weights' loss on training text (`lm.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
 
+def _own_secs(t:pd.DataFrame)->pd.Series:
+    "Each trial's seconds of its own training: `train_secs` less those its run took over from the plan it extends."
+    return t.train_secs.astype(float) - (t.reused_secs.astype(float).fillna(0) if 'reused_secs' in t else 0.)
+
 def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
@@ -623,7 +627,7 @@ def arm_status(
                             failed=len(failed_runs(rows)),
                             lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
                             epochs=int(t.epochs.fillna(0).sum()),
-                            hours=round(float(t.train_secs.fillna(0).sum()) / 3600, 2))
+                            hours=round(float(_own_secs(t).fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
 
 def settled_arms(
@@ -780,7 +784,6 @@ def plan_cost(
     ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
     e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'), epochs or (p.patience + 2, p.patience + 3)))
     fam = lambda a: variant_spec(a.variant).family
-    _reused = lambda g: g.reused_secs.astype(float).fillna(0).sum() if 'reused_secs' in g else 0.  # the extended plan's
     per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
     measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
     family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
@@ -802,7 +805,7 @@ def plan_cost(
         r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0   # run to their end
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
-                             hours_done=round(float(g.train_secs.sum() - _reused(g)) / 3600, 2),
+                             hours_done=round(float(_own_secs(g).sum()) / 3600, 2),
                              hours_left=round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
