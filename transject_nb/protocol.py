@@ -773,7 +773,7 @@ def plan_cost(
     # (None: the fewest the protocol allows, patience + 2 and patience + 3)
     epochs:tuple|None=None,
 # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
-# (a lower bound: steps past an edge are not foreseen)
+# (a lower bound: steps past an edge are not foreseen; an extending plan's hours left are not foreseen at all)
 )->pd.DataFrame:
     ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the "
      "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, else "
@@ -806,7 +806,8 @@ def plan_cost(
         d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
         rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
                              hours_done=round(float(_own_secs(g).sum()) / 3600, 2),
-                             hours_left=round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
+                             hours_left=np.nan if plan.extends is not None   # its runs go on while they improve
+                             else round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
 # %% ../nbs/13_protocol.ipynb #5fd7e0ce
