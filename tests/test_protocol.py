@@ -287,3 +287,29 @@ def test_a_storage_started_from_a_snapshot_appears_whole(tmp_path, monkeypatch, 
     again = capsys.readouterr().out
     assert seen == [False] and 'started from' not in again and again in first
     assert sorted(p.name for p in url.parent.iterdir()) == ['lm.db']           # no temporary left
+
+
+def test_an_extension_copies_its_base_run_and_never_touches_a_saved_one(tmp_path):
+    "An extending plan's run starts from a copy of its base's: the base run is left as it was, and a run of its own is never copied over."
+    from transject_nb.checkpoint import CKPT_VERSION
+    from transject_nb.protocol import _start_from_base
+    base = StudyPlan('b', 'listops', ('transformer',), preset='cpu', fixed=TINY, protocol=Protocol(epochs=3, patience=1))
+    ext = replace(base, name='e', protocol=replace(base.protocol, epochs=6), extends=base)
+    arm = base.arms[0]
+    src = base.run_dir(tmp_path, arm, 1e-3, 0)
+    (src/'models').mkdir(parents=True)
+    torch.save(dict(version=CKPT_VERSION, epoch=2, times=[1.0, 2.0, 3.5]), src/'models'/'checkpoint.pth')
+    (src/'history.csv').write_text('epoch\n0\n1\n2\n')
+    files = lambda d: {p.relative_to(d): p.read_bytes() for p in d.rglob('*') if p.is_file()}
+    before = files(src)
+    assert _start_from_base(ext, arm, 1e-3, 0, 'search', tmp_path) == src
+    dest = ext.run_dir(tmp_path, arm, 1e-3, 0)
+    assert json.loads((dest/'started_from.json').read_text()) == dict(plan='b', run=str(src), epochs=3, secs=6.5)
+    assert files(src) == before and {k: v for k, v in files(dest).items() if k.name != 'started_from.json'} == before
+    (dest/'models'/'checkpoint.pth').write_bytes(b'its own progress')                 # the extension trained on
+    assert _start_from_base(ext, arm, 1e-3, 0, 'search', tmp_path) is None            # ... so it is never copied over
+    assert (dest/'models'/'checkpoint.pth').read_bytes() == b'its own progress'
+    assert _start_from_base(ext, arm, 1e-2, 0, 'search', tmp_path) is None            # no base run: it starts afresh
+    assert _start_from_base(ext, arm, 1e-3, 0, 'recheck', tmp_path) is None           # another phase's folder
+    assert _start_from_base(base, arm, 1e-3, 0, 'search', tmp_path) is None           # a plan that extends nothing
+    assert not [p for p in tmp_path.rglob('*.copying')]
