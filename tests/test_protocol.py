@@ -166,6 +166,46 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     assert set(st.state) == {'done'} and st.retried.sum() == 1 and st.failed.sum() == 0   # retried, not failed for good
 
 
+@pytest.mark.filterwarnings('ignore::optuna.exceptions.ExperimentalWarning')
+def test_a_worker_whose_trial_was_taken_over_leaves_it_to_the_retry(tmp_path):
+    "A live worker whose heartbeat went stale (a paused machine): another fails its trial; it stops, before saving."
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from transject_nb.protocol import arm_study
+    plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2,), seeds=(1,), epochs=8, patience=7)
+    script = plan_src + textwrap.dedent("""
+        import sys
+        from transject_nb.protocol import open_storage, work
+        work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2, name='w1')
+        """)
+    p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
+    ns = {}; exec(plan_src, ns); plan = ns['plan']
+    def saved_epoch():
+        for f in (tmp_path/'runs').rglob('checkpoint.pth'):
+            try: return load_checkpoint(f)['epoch']
+            except (EOFError, RuntimeError, FileNotFoundError): pass
+        return -1
+    t0 = time.time()
+    while saved_epoch() < 1 and time.time() - t0 < 300 and p.poll() is None: time.sleep(0.1)
+    assert p.poll() is None, p.communicate()[0]
+    st = open_storage(tmp_path/'s.db', heartbeat=1, grace=3)
+    study = arm_study(plan, plan.arms[0], st)
+    [tr] = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    st.set_trial_state_values(tr._trial_id, optuna.trial.TrialState.FAIL)          # what `fail_stale_trials` does
+    RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)(study, st.get_trial(tr._trial_id))
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, log
+    assert f'trial {tr.number} was taken over by another worker' in log
+    t = study_trials(plan, tmp_path/'s.db').set_index('number')
+    assert t.loc[tr.number, 'state'] == 'FAIL' and pd.isna(t.loc[tr.number, 'epochs'])   # it recorded nothing after
+    retry = t[t.retry_of == tr.number]
+    assert len(retry) == 1 and retry.state.iloc[0] == 'COMPLETE' and retry.epochs.iloc[0] == 8
+    [rt] = [x for x in arm_study(plan, plan.arms[0], st).trials if x.number == int(retry.index[0])]
+    assert rt.user_attrs['resumed_at'] >= 2                                  # went on from the run's saved epochs
+    ck = load_checkpoint(Path(rt.user_attrs['run_dir'])/'models'/'checkpoint.pth')
+    assert len(ck['values']) == len(ck['times']) == 8                       # each epoch once: none trained twice
+    assert set(arm_status(study_trials(plan, tmp_path/'s.db'), plan).state) == {'done'}
+
+
 def test_the_dashboard_serves_the_studies(tmp_path):
     pytest.importorskip('optuna_dashboard')
     from optuna_dashboard import wsgi

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
+from fastai.callback.core import Callback
 from sqlalchemy.exc import SQLAlchemyError
 from .core import TASKS, check_choice, check_fields, config_fields, copy_new, preset_section, variant_spec
 from .models import VARIANTS
@@ -36,9 +37,10 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
            'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'MLM_DEPTH',
            'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan',
            'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs',
-           'requeue_failed', 'plan_data', 'NotQueued', 'make_objective', 'work', 'study_trials', 'arm_status',
-           'settled_arms', 'study_runs', 'load_study_run', 'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs',
-           'snapshot_storage', 'export_study', 'run_workers', 'add_study_args', 'study_command']
+           'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard', 'make_objective', 'work',
+           'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'load_study_run', 'study_plan', 'plan_cost',
+           'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
+           'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -421,6 +423,22 @@ def plan_data(
 class NotQueued(Exception):
     "A trial the protocol did not queue (another worker took the last queued one first)."
 
+class TrialTakenOver(Exception):
+    "Another worker found this trial's heartbeat stale, failed it and queued its retry: this worker leaves the run."
+
+def _taken_over(trial)->bool:
+    "Whether the trial has stopped running in its storage: another worker failed it as stale."
+    return trial.storage.get_trial(trial._trial_id).state != TrialState.RUNNING   # a running trial is never cached
+
+class TrialGuard(Callback):
+    "Stop a run whose trial was taken over, at its epoch's end and before anything of that epoch is saved."
+    order = 55   # after Recorder (50); before the pruner and progress (60), SaveBest (61), TrainCheckpoint (65)
+    def __init__(self, trial): self.trial = trial
+    def after_epoch(self):
+        if _taken_over(self.trial):
+            raise TrialTakenOver(f"trial {self.trial.number} was taken over by another worker (its heartbeat went "
+                                 "stale); its retry resumes the run from the last saved epoch")
+
 def _duplicate(study, trial, lr, seed):
     ("An earlier trial of the same phase, rate and seed that is running or finished well: "
      "this one must not train it again.")
@@ -478,7 +496,8 @@ def make_objective(
         _start_from_base(plan, arm, lr, seed, phase, out)
         if (m := path/'started_from.json').is_file():                  # its first epochs are the extended plan's
             trial.set_user_attr('reused_secs', json.loads(m.read_text())['secs'])
-        cbs = [FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)] if phase == 'search' else []
+        cbs = [TrialGuard(trial)] + ([FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)]
+                                     if phase == 'search' else [])
         learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
                              **({} if source is None else dict(source=source)))
         trial.set_user_attr('run_dir', str(path))
@@ -496,9 +515,9 @@ def make_objective(
 
 # %% ../nbs/13_protocol.ipynb #4a93cdfb
 def _record(trial, learn):
-    "What a run did, kept on its trial: epochs, the kept epoch, seconds, the data's key."
+    "What a run did, kept on its trial (unless another worker has taken it over): epochs, kept epoch, seconds, data."
     h = history(learn) if learn.recorder.values else None
-    if h is None or not len(h): return
+    if h is None or not len(h) or _taken_over(trial): return
     trial.set_user_attr('epochs', len(h)); trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
     trial.set_user_attr('train_secs', round(float(h['seconds'].sum()), 1) if 'seconds' in h else None)
     trial.set_user_attr('data_key', learn.config['data_key'])
@@ -548,9 +567,14 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
             if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
                 continue
-            t0, done = time.perf_counter(), []
-            study.optimize(make_objective(plan, arm, out, cache_dir, source), n_trials=1, catch=(NotQueued,),
-                           gc_after_trial=True, callbacks=[lambda s, t: done.append(t)])
+            t0, done, taken, obj = time.perf_counter(), [], [], make_objective(plan, arm, out, cache_dir, source)
+            def run(trial): taken.append(trial.number); return obj(trial)
+            try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
+                                callbacks=[lambda s, t: done.append(t)])
+            except Exception:
+                if not (taken and _retried(study, taken[0])): raise
+                if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken[0]} was taken over by another "
+                                   "worker (its heartbeat went stale); its retry resumes the run", flush=True)
             ran, busy = ran + 1, True
             if progress and done and 'phase' in done[0].user_attrs:
                 said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
@@ -560,6 +584,10 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
             if not busy: return ran                                     # every arm is done
             time.sleep(poll)              # others hold the last trials; stale ones are retried on the next pass
     return ran
+
+def _retried(study, number)->bool:
+    "Whether a stale-trial retry of trial `number` was queued: another worker found it stale and failed it."
+    return any(t.system_attrs.get('failed_trial') == number for t in study.get_trials(deepcopy=False))
 
 # %% ../nbs/13_protocol.ipynb #81c039d2
 def _say_trial(t, secs, metric='accuracy')->str:
