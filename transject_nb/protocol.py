@@ -38,9 +38,9 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
            'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan',
            'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs',
            'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard', 'make_objective', 'work',
-           'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'load_study_run', 'study_plan', 'plan_cost',
-           'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
-           'study_command']
+           'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'load_study_run', 'settled_budget', 'study_plan',
+           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
+           'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -556,38 +556,57 @@ def work(
                      progress)
 
 # %% ../nbs/13_protocol.ipynb #5d5ba762
+STORAGE_RETRIES = 5   # storage errors in a row a worker rides out (a locked SQLite file, a dropped connection)
+
 def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
-    "`work`'s loop: queue each arm's next step, run one waiting trial, wait while others hold the last ones."
-    ran = 0
+    "`work`'s loop: passes over the arms until every one is done, riding out a few storage errors in a row."
+    ran, errors = 0, 0
     while max_trials is None or ran < max_trials:
-        busy = False
-        for arm in arms:
-            queue_next(plan, arm, storage)
-            study = arm_study(plan, arm, storage)
-            if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-                continue
-            t0, done, taken, obj = time.perf_counter(), [], [], make_objective(plan, arm, out, cache_dir, source)
-            def run(trial): taken.append(trial.number); return obj(trial)
-            try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
-                                callbacks=[lambda s, t: done.append(t)])
-            except Exception:
-                if not (taken and _retried(study, taken[0])): raise
-                if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken[0]} was taken over by another "
-                                   "worker (its heartbeat went stale); its retry resumes the run", flush=True)
-            ran, busy = ran + 1, True
-            if progress and done and 'phase' in done[0].user_attrs:
-                said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
-                print(f"[{name}] {plan.study_name(arm)} {said}", flush=True)
-            break
-        else:
+        try: took, busy = _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)
+        except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as e:
+            if (errors := errors + 1) > STORAGE_RETRIES: raise
+            wait = min(60., poll * 2 ** errors)
+            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                               f"trying again in {wait:g} s ({errors} of {STORAGE_RETRIES})", flush=True)
+            time.sleep(wait); continue
+        ran, errors = ran + took, 0
+        if not took:
             if not busy: return ran                                     # every arm is done
             time.sleep(poll)              # others hold the last trials; stale ones are retried on the next pass
     return ran
 
-def _retried(study, number)->bool:
-    "Whether a stale-trial retry of trial `number` was queued: another worker found it stale and failed it."
-    return any(t.system_attrs.get('failed_trial') == number for t in study.get_trials(deepcopy=False))
+def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
+    "Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a trial runs elsewhere)."
+    busy = False
+    for arm in arms:
+        queue_next(plan, arm, storage)
+        study = arm_study(plan, arm, storage)
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            _run_one(plan, arm, study, out, cache_dir, source, name, progress)
+            return 1, True
+        busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    return 0, busy
+
+def _run_one(plan, arm, study, out, cache_dir, source, name, progress):
+    "Run one waiting trial of an arm; a trial another worker took over (stale heartbeat) is left to its retry."
+    t0, done, taken, obj = time.perf_counter(), [], {}, make_objective(plan, arm, out, cache_dir, source)
+    def run(trial):
+        taken['trial'] = trial
+        try: return obj(trial)
+        except Exception:
+            taken['raised'] = not _taken_over(trial)                    # its own error, not a takeover
+            raise
+    try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
+                        callbacks=[lambda s, t: done.append(t)])
+    except Exception:
+        # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed trial)
+        if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
+        if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was taken over by another "
+                           "worker (its heartbeat went stale); its retry resumes the run", flush=True)
+        return
+    if progress and done and 'phase' in done[0].user_attrs:
+        said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
+        print(f"[{name}] {plan.study_name(arm)} {said}", flush=True)
 
 # %% ../nbs/13_protocol.ipynb #81c039d2
 def _say_trial(t, secs, metric='accuracy')->str:
@@ -725,6 +744,25 @@ def load_study_run(
     learn = _run_learner(plan, a, lr, seed, out, device=device, **given)
     train_learner(learn, resume=True, progress=False)              # finished: the best weights back, nothing trained
     return learn
+
+# %% ../nbs/13_protocol.ipynb #56bda22f
+def _extends(q:StudyPlan, plan:StudyPlan)->bool:
+    "Whether `q` extends `plan`, directly or through plans that extend it."
+    while (q := q.extends) is not None:
+        if q.name == plan.name: return True
+    return False
+
+def settled_budget(
+    plan:StudyPlan,   # a plan
+    trials:dict,      # plan name -> its `study_trials` (or their CSV); a plan missing from it has none
+    plans=None,       # the plans that may extend it (default: the declared ones, `STUDIES`)
+)->StudyPlan:         # `plan`, or the plan with the largest budget among those extending it whose every arm has settled
+    "The plan whose verdicts a page reads: the largest budget, among `plan` and those extending it, that has settled."
+    def settled(q):
+        t = trials.get(q.name)
+        return t is not None and len(t) > 0 and len(settled_arms(arm_status(t, q))) == len(q.arms)
+    ext = [q for q in (STUDIES.values() if plans is None else plans) if _extends(q, plan) and settled(q)]
+    return max(ext, key=lambda q: q.protocol.epochs, default=plan)
 
 # %% ../nbs/13_protocol.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
