@@ -190,6 +190,35 @@ def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
         work(plan, st2, out=tmp_path/'runs2', cache_dir=False, poll=0.01)
 
 
+def test_a_run_that_a_storage_error_cut_short_is_queued_again_and_resumes(tmp_path, capsys):
+    "A storage error inside the run (the pruner's report) fails its trial, not the run: its retry resumes the epochs."
+    from optuna.storages import RDBStorage
+    from transject_nb.protocol import arm_study
+    class Flaky(RDBStorage):
+        "A storage that refuses the run's second report, as a locked SQLite file refuses a write."
+        reports = 0
+        def set_trial_intermediate_value(self, *a, **k):
+            self.reports += 1
+            if self.reports == 2: raise optuna.exceptions.StorageInternalError('database is locked')
+            return super().set_trial_intermediate_value(*a, **k)
+    plan = StudyPlan('tiny', 'listops', ('transject',), preset='cpu', fixed=TINY,
+                     protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=3, patience=2))
+    st = Flaky(f"sqlite:///{tmp_path/'s.db'}")
+    work(plan, st, out=tmp_path/'runs', cache_dir=False, poll=0.01)
+    out = capsys.readouterr().out
+    assert 'the storage failed (StorageInternalError: Exception occured in `FastAIV2PruningCallback` when calling event `after_epoch`: database is locked)' in out
+    assert "failed on the storage's error; queued again, its retry resumes the run" in out
+    t = study_trials(plan, st)
+    assert set(arm_status(t, plan).state) == {'done'}                       # no run left for --retry-failed
+    [cut] = t[t.state == 'FAIL'].number
+    retry = t[t.retry_of == cut]
+    assert len(retry) == 1 and retry.state.iloc[0] == 'COMPLETE' and retry.epochs.iloc[0] == 3
+    [rt] = [x for x in arm_study(plan, plan.arms[0], st).trials if x.number == retry.number.iloc[0]]
+    assert rt.user_attrs['resumed_at'] == 1                                  # the epoch saved before the error
+    ck = load_checkpoint(Path(rt.user_attrs['run_dir'])/'models'/'checkpoint.pth')
+    assert len(ck['values']) == 3                                            # each epoch once
+
+
 @pytest.mark.filterwarnings('ignore::optuna.exceptions.ExperimentalWarning')
 def test_a_worker_whose_trial_was_taken_over_leaves_it_to_the_retry(tmp_path):
     "A live worker whose heartbeat went stale (a paused machine): another fails its trial; it stops, before saving."

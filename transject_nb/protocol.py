@@ -556,17 +556,21 @@ def work(
                      progress)
 
 # %% ../nbs/13_protocol.ipynb #5d5ba762
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, SQLAlchemyError)   # what a failing storage raises
 STORAGE_RETRIES = 5   # storage errors in a row a worker rides out (a locked SQLite file, a dropped connection)
 
 def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
     "`work`'s loop: passes over the arms until every one is done, riding out a few storage errors in a row."
-    ran, errors = 0, 0
+    ran, errors, cut = 0, 0, []                     # cut: trials a storage error failed mid-run, to be queued again
     while max_trials is None or ran < max_trials:
-        try: took, busy = _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)
-        except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as e:
+        try:
+            while cut: _retry_cut(storage, *cut[-1], name, progress); cut.pop()
+            took, busy = _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)
+        except STORAGE_ERRORS as e:
+            if (t := getattr(e, 'cut_trial', None)) is not None: cut.append(t)
             if (errors := errors + 1) > STORAGE_RETRIES: raise
             wait = min(60., poll * 2 ** errors)
-            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
                                f"trying again in {wait:g} s ({errors} of {STORAGE_RETRIES})", flush=True)
             time.sleep(wait); continue
         ran, errors = ran + took, 0
@@ -574,6 +578,18 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
             if not busy: return ran                                     # every arm is done
             time.sleep(poll)              # others hold the last trials; stale ones are retried on the next pass
     return ran
+
+def _retry_cut(storage, study, trial_id, name, progress):
+    "Queue again, as a stale trial is, a run that a storage error failed mid-run: its retry resumes it."
+    t = storage.get_trial(trial_id)
+    if t.state != TrialState.FAIL: return   # its failure was never told: it goes stale, and the heartbeat retries it
+    retry = (storage.get_heartbeat_stale_trial_callback() if isinstance(storage, RDBStorage) else None
+             ) or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)
+    n = len(study.get_trials(deepcopy=False))
+    retry(study, t)                                                     # the same rate, seed and phase; at most max_retry
+    if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's error; "
+                       + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
+                          else "retried too often already: `--retry-failed` queues it again"), flush=True)
 
 def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
     "Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a trial runs elsewhere)."
@@ -593,12 +609,14 @@ def _run_one(plan, arm, study, out, cache_dir, source, name, progress):
     def run(trial):
         taken['trial'] = trial
         try: return obj(trial)
-        except Exception:
-            taken['raised'] = not _taken_over(trial)                    # its own error, not a takeover
+        except Exception as e:
+            taken['raised'] = isinstance(e, STORAGE_ERRORS) or not _taken_over(trial)   # its own error, not a takeover
             raise
     try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
                         callbacks=[lambda s, t: done.append(t)])
-    except Exception:
+    except Exception as e:
+        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:           # `_work` queues it again once the storage is back
+            e.cut_trial = (study, taken['trial']._trial_id); raise
         # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed trial)
         if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
         if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was taken over by another "
