@@ -586,7 +586,7 @@ def _retry_cut(storage, study, trial_id, name, progress):
     retry = (storage.get_heartbeat_stale_trial_callback() if isinstance(storage, RDBStorage) else None
              ) or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)
     n = len(study.get_trials(deepcopy=False))
-    retry(study, t)                                                     # the same rate, seed and phase; at most max_retry
+    retry(study, t)                                                     # the same rate, seed and phase; max_retry
     if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's error; "
                        + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
                           else "retried too often already: `--retry-failed` queues it again"), flush=True)
@@ -615,7 +615,7 @@ def _run_one(plan, arm, study, out, cache_dir, source, name, progress):
     try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
                         callbacks=[lambda s, t: done.append(t)])
     except Exception as e:
-        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:           # `_work` queues it again once the storage is back
+        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:      # `_work` queues it again when the storage is back
             e.cut_trial = (study, taken['trial']._trial_id); raise
         # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed trial)
         if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
