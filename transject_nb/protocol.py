@@ -26,21 +26,22 @@ from .config import model_fields, resolve_config
 from .checkpoint import load_checkpoint
 from .learner import get_learner, train_learner, evaluate, history
 from .fastai_fixes import FixedLearner
-from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
+from .lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, arm_depth, evaluate_lm, get_lm_learner, load_lm_corpus
 from .experiments import RESULT_COLUMNS
 from .finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, export_pretrain,
                                    pretrain_progress, pretrain_rates, pretrain_results, run_controls, run_pretrain_plan,
                                    snapshot_pretrain, superseded_runs)
 
 # %% auto #0
-__all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'LM_FIXED', 'LM_PROTOCOL',
-           'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM', 'MLM_DEPTH',
-           'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'Protocol', 'Arm', 'StudyPlan',
-           'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows', 'queue_next', 'failed_runs',
-           'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard', 'make_objective', 'work',
-           'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'load_study_run', 'settled_budget', 'study_plan',
-           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
-           'add_study_args', 'study_command']
+__all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CURVE_COLUMNS',
+           'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE',
+           'NEUTRENO_LM', 'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
+           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
+           'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard',
+           'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'seed_agreement',
+           'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget', 'study_plan', 'plan_cost',
+           'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
+           'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -735,6 +736,99 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
                            train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
                            lr=d.lr))
     return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
+
+# %% ../nbs/13_protocol.ipynb #967ec4a9
+def seed_agreement(
+    trials:pd.DataFrame,   # from `study_trials` (or its CSV)
+    plan:StudyPlan,        # the plan
+)->pd.DataFrame:           # per settled arm: lr, search, seeds (their mean), ratio, lo, hi, apart (hi / lo)
+    "Each settled arm's runs at its chosen rate, the search run's and the seeds': how far apart their metrics ended."
+    st, rows = arm_status(trials, plan), []
+    for a in settled_arms(st):
+        g = trials[(trials.arm == a) & (trials.lr == st.lr[a]) & (trials.state == 'COMPLETE')]
+        s, d = g[g.phase == 'search'].value.astype(float), g[g.phase == 'seed'].value.astype(float)
+        if len(s) and len(d):
+            v = pd.concat([s.iloc[-1:], d])                                    # every run at that rate: one per seed
+            rows.append(dict(arm=a, lr=st.lr[a], search=s.iloc[-1], seeds=d.mean(), ratio=s.iloc[-1] / d.mean(),
+                             lo=v.min(), hi=v.max(), apart=v.max() / v.min()))
+    return pd.DataFrame(rows, columns=['arm', 'lr', 'search', 'seeds', 'ratio', 'lo', 'hi', 'apart']).set_index('arm')
+
+# %% ../nbs/13_protocol.ipynb #8543ff01
+SEARCH_CURVE_COLUMNS = ('arm', 'lr', 'seed', 'number', 'state', 'epoch', 'value', 'kept', 'metric')
+
+def _reports(plan, arm, trial, storage, names)->dict:
+    ("A finished search trial's reports, epoch -> value; a run copied already finished from the plan this one extends "
+     "reported nothing here (it did not train), so that plan's trial of the same run.")
+    q, found = plan, trial.intermediate_values
+    while not found and (q := q.extends) is not None and q.study_name(arm) in names:
+        same = [u for u in optuna.load_study(study_name=q.study_name(arm), storage=storage).get_trials(
+                    deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                if u.user_attrs.get('phase') == 'search' and u.params == trial.params]
+        found = same[-1].intermediate_values if same else {}
+    return found
+
+def search_curves(
+    plan:StudyPlan,   # the plan
+    storage,          # `open_storage`'s URL or path, or a storage (a committed snapshot will do)
+)->pd.DataFrame:      # one row per epoch of each finished search run, columns `SEARCH_CURVE_COLUMNS`
+    "The validation metric of every finished search run of a plan, epoch by epoch, as its trial received it."
+    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    names, m = {s.study_name for s in storage.get_all_studies()}, plan.protocol.metric
+    rows = []
+    for a in plan.arms:
+        if plan.study_name(a) not in names: continue
+        study = optuna.load_study(study_name=plan.study_name(a), storage=storage)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.user_attrs.get('phase') != 'search': continue           # seeds and rechecks run without the pruner
+            rows += [dict(arm=a.label, lr=t.params['lr'], seed=t.params['seed'], number=t.number, state=t.state.name,
+                          epoch=e, value=v, kept=e == t.user_attrs.get('best_epoch'), metric=m)
+                     for e, v in sorted(_reports(plan, a, t, storage, names).items())]
+    return pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
+
+# %% ../nbs/13_protocol.ipynb #7521183c
+def plot_search_curves(
+    curves:pd.DataFrame,    # from `search_curves`
+    rates=None,             # arm label -> the rate of its run to draw (`arm_status(...).lr`); None: every rate
+    cap:int|None=None,      # a budget's epochs to mark with a line (e.g. those of the plan this one extends)
+    title:str='',           # over the panels
+):                          # the figure
+    ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at `rates`, a panel per "
+     "depth; or every rate, a panel per arm.")
+    import matplotlib.pyplot as plt
+    if missing := set(SEARCH_CURVE_COLUMNS) - set(curves.columns):
+        raise ValueError(f"curves lacks columns {sorted(missing)}: pass `search_curves`'s table")
+    if not len(curves): raise ValueError("curves has no search run to draw: search_curves found none")
+    c, metric = curves, curves.metric.iloc[0]
+    if rates is None:                                                   # a panel per arm, a colour per rate
+        c = c.assign(panel=c.arm, order=0, line=c.lr.map(lambda r: f"lr={r:g}"))
+        keys = [f"lr={r:g}" for r in sorted(c.lr.unique())]
+        colour = dict(zip(keys, plt.cm.viridis(np.linspace(0, 0.9, len(keys)))))
+    else:                                                               # a panel per depth, a colour per arm
+        rates = {a: r for a, r in dict(rates).items() if r is not None and not pd.isna(r)}
+        if miss := [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]:
+            raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
+        c = c[c.arm.map(rates).eq(c.lr)]
+        deep = c.arm.str.contains('+n_layers=', regex=False).all()
+        L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
+        c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
+                     line=c.arm.map(lambda a: arm_depth(a)[0]) if deep else c.arm)
+        keys = list(dict.fromkeys(c.line))
+        colour = dict(zip(keys, plt.cm.tab10.colors * (len(keys) // 10 + 1)))   # an arm's colour in every panel
+    panels = c.sort_values('order', kind='stable').panel.unique()       # the plan's order, or by depth
+    fig, axs = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 3.4), sharey=True, squeeze=False)
+    for ax, panel in zip(axs[0], panels):
+        here = c[c.panel == panel]
+        for (line, _), g in sorted(here.groupby(['line', 'number']), key=lambda x: keys.index(x[0][0])):
+            ax.plot(g.epoch, g.value, color=colour[line], lw=1, ls='--' if g.state.iloc[0] == 'PRUNED' else '-',
+                    label=line)
+            ax.plot(g.epoch[g.kept], g.value[g.kept], 'o', color=colour[line], ms=3)
+        if cap is not None: ax.axvline(cap - 1, color='grey', ls=':', lw=1, label=f'{cap} epochs')
+        if metric == 'perplexity': ax.set_yscale('log')
+        ax.set(xlabel='epoch', title=panel); ax.legend(fontsize=6)
+    axs[0, 0].set_ylabel(f"validation {metric}")
+    if title: fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/13_protocol.ipynb #14358ccc
 def load_study_run(
