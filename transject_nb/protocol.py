@@ -791,6 +791,7 @@ def plot_search_curves(
     rates=None,             # arm label -> the rate of its run to draw (`arm_status(...).lr`); None: every rate
     cap:int|None=None,      # a budget's epochs to mark with a line (e.g. those of the plan this one extends)
     title:str='',           # over the panels
+    ncols:int=4,            # panels a row, at most
 ):                          # the figure
     ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at `rates`, a panel per "
      "depth; or every rate, a panel per arm.")
@@ -808,6 +809,7 @@ def plot_search_curves(
         if miss := [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]:
             raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
         c = c[c.arm.map(rates).eq(c.lr)]
+        if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's (`arm_status(...).lr`), or None")
         deep = c.arm.str.contains('+n_layers=', regex=False).all()
         L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
         c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
@@ -815,8 +817,10 @@ def plot_search_curves(
         keys = list(dict.fromkeys(c.line))
         colour = dict(zip(keys, plt.cm.tab10.colors * (len(keys) // 10 + 1)))   # an arm's colour in every panel
     panels = c.sort_values('order', kind='stable').panel.unique()       # the plan's order, or by depth
-    fig, axs = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 3.4), sharey=True, squeeze=False)
-    for ax, panel in zip(axs[0], panels):
+    nc = min(len(panels), ncols); nr = -(-len(panels) // nc)
+    fig, axs = plt.subplots(nr, nc, figsize=(4.2 * nc + 0.6, 3.4 * nr), sharey=True, squeeze=False)
+    for ax in axs.flat[len(panels):]: ax.set_visible(False)             # the last row's empty places
+    for ax, panel in zip(axs.flat, panels):
         here = c[c.panel == panel]
         for (line, _), g in sorted(here.groupby(['line', 'number']), key=lambda x: keys.index(x[0][0])):
             ax.plot(g.epoch, g.value, color=colour[line], lw=1, ls='--' if g.state.iloc[0] == 'PRUNED' else '-',
@@ -825,7 +829,7 @@ def plot_search_curves(
         if cap is not None: ax.axvline(cap - 1, color='grey', ls=':', lw=1, label=f'{cap} epochs')
         if metric == 'perplexity': ax.set_yscale('log')
         ax.set(xlabel='epoch', title=panel); ax.legend(fontsize=6)
-    axs[0, 0].set_ylabel(f"validation {metric}")
+    for ax in axs[:, 0]: ax.set_ylabel(f"validation {metric}")
     if title: fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
