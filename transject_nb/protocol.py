@@ -913,6 +913,11 @@ LM_STUDIES = (
     StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=100),
               objective='masked', extends=MLM_DEPTH,
               note="mlm-depth's runs trained on to 100 epochs: at 30, most were still improving"),
+    # its masked runs stopped at the first small rise while still falling: the same cells, a patience of 10
+    StudyPlan('mlm-patience', 'imdb', _at((Arm('transject'), Arm('transformer')), 2), fixed=LM_FIXED,
+              protocol=replace(LM_PROTOCOL2, epochs=150, patience=10), objective='masked',
+              note="mlm-depth-100's TransJect and post-norm cells at L = 2, trained afresh with a patience of 10 "
+                   "epochs, not 2: at 2, one arm's runs at one rate ended up to 3 times apart"),
     StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
               protocol=LM_PROTOCOL2, objective='causal', device='cuda',
               note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
