@@ -663,7 +663,7 @@ def study_trials(
             for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
     cols = TRIAL_COLUMNS if plan.objective is None else LM_TRIAL_COLUMNS
     t = pd.DataFrame([{k: r.get(k) for k in cols} for r in rows], columns=list(cols))
-    return t.astype({c: float for c in t if t[c].isna().all()})   # a column no trial fills yet: NaN, as its CSV reads back
+    return t.astype({c: float for c in t if t[c].isna().all()})   # a column no trial fills yet: NaN, as in its CSV
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-15
 def arm_status(
