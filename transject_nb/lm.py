@@ -35,7 +35,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
            'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
            'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words',
+           'lm_fixes', 'versus_said', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words',
            'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth',
            'similarity_link']
 
@@ -810,6 +810,16 @@ def lm_fixes(
                                        n_better=len(loss[a]), n_worse=len(loss[b]))]))
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
+
+
+# %% ../nbs/14_lm.ipynb #e3b393f0
+def versus_said(
+    r,   # one row of `lm_fixes` or `lm_versus` (a namedtuple from `itertuples`, or a Series)
+)->str:  # e.g. '-6.6% (p=0.009, holds)'
+    "One comparison in words: the better side's change in perplexity against the worse, the test's p and verdict."
+    if r.verdict == 'diverged': return 'diverged, no test'
+    change = f"{100 * (r.ratio - 1):+.1f}%"
+    return f"{change} ({r.verdict})" if r.verdict == 'one seed' else f"{change} (p={r.p:.2g}, {r.verdict})"
 
 
 # %% ../nbs/14_lm.ipynb #c1057738

@@ -38,10 +38,10 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
            'NEUTRENO_LM', 'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
            'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
            'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard',
-           'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'seed_agreement',
-           'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget', 'study_plan', 'plan_cost',
-           'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers', 'add_study_args',
-           'study_command']
+           'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'settled_runs',
+           'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget', 'study_plan',
+           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
+           'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -737,6 +737,16 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
                            train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
                            lr=d.lr))
     return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
+
+# %% ../nbs/13_protocol.ipynb #31fbbb08
+def settled_runs(
+    runs:pd.DataFrame,     # the plan's seed runs, from `study_runs` (or its CSV); `variant` holds the arm's label
+    trials:pd.DataFrame,   # the plan's `study_trials` (or its CSV)
+    plan:StudyPlan,        # the plan
+)->pd.DataFrame:           # the rows of `runs` whose arm has settled
+    "The seed runs a table may show: those of the arms done with no failed run (`settled_arms`)."
+    return runs[runs.variant.isin(settled_arms(arm_status(trials, plan)))] if len(runs) else runs
+
 
 # %% ../nbs/13_protocol.ipynb #967ec4a9
 def seed_agreement(
