@@ -35,9 +35,9 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
            'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
            'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'versus_said', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short', 'lm_trend_words',
-           'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth',
-           'similarity_link']
+           'lm_fixes', 'versus_said', 'versus_change', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short',
+           'lm_trend_words', 'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates',
+           'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
@@ -820,6 +820,25 @@ def versus_said(
     if r.verdict == 'diverged': return 'diverged, no test'
     change = f"{100 * (r.ratio - 1):+.1f}%"
     return f"{change} ({r.verdict})" if r.verdict == 'one seed' else f"{change} (p={r.p:.2g}, {r.verdict})"
+
+
+# %% ../nbs/14_lm.ipynb #d7cd8053
+_STANDS = {'fails': 'worse beyond noise', 'holds': 'better beyond noise', 'within noise': 'within noise of it',
+           'one seed': 'untested (one seed a side)', 'diverged': 'untested (a run diverged)'}
+
+def versus_change(
+    before,   # one row of `lm_fixes` or `lm_versus` under the first setting
+    after,    # the same comparison under the second
+)->str:       # e.g. "`a` 415.9 → 394.6, `b` 79.7 → 73.5 in test perplexity; ...: still worse beyond noise"
+    "One comparison under two settings, in words: each side's perplexity, both verdicts, where the better side stands."
+    if (before.better, before.worse) != (after.better, after.worse):
+        raise ValueError(f"before and after must compare the same arms; got {before.better} against {before.worse}, "
+                         f"then {after.better} against {after.worse}")
+    a, b = arm_depth(after.better)[0], arm_depth(after.worse)[0]
+    now = 'still ' if before.verdict == after.verdict else 'now '
+    return (f"`{a}` {before.ppl_better:.1f} → {after.ppl_better:.1f}, `{b}` {before.ppl_worse:.1f} → "
+            f"{after.ppl_worse:.1f} in test perplexity; `{a}` against `{b}` went from {versus_said(before)} to "
+            f"{versus_said(after)}: {now}{_STANDS[after.verdict]}")
 
 
 # %% ../nbs/14_lm.ipynb #c1057738
