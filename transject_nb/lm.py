@@ -829,7 +829,7 @@ _STANDS = {'fails': 'worse beyond noise', 'holds': 'better beyond noise', 'withi
 def versus_change(
     before,   # one row of `lm_fixes` or `lm_versus` under the first setting
     after,    # the same comparison under the second
-)->str:       # e.g. "`a` 415.9 → 394.6, `b` 79.7 → 73.5 in test perplexity; ...: still worse beyond noise"
+)->str:       # e.g. "`a` 415.9 → 394.6, `b` 80.8 → 73.5 in test perplexity; ...: still worse beyond noise"
     "One comparison under two settings, in words: each side's perplexity, both verdicts, where the better side stands."
     if (before.better, before.worse) != (after.better, after.worse):
         raise ValueError(f"before and after must compare the same arms; got {before.better} against {before.worse}, "
