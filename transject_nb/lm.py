@@ -704,7 +704,7 @@ def lm_versus(
      "for each claim whose arms both have runs.")
     check_choice(loss, ('test_loss', 'train_loss'), 'loss')
     rows = []
-    for a, b in claims:
+    for a, b in claims if len(runs) else ():                  # no runs (a plan's empty table has no columns): no claim
         la, lb = (runs.loc[runs.variant == x, loss].astype(float).to_numpy() for x in (a, b))
         if not len(la) or not len(lb): continue
         r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
