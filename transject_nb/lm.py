@@ -35,9 +35,9 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
            'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
            'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'lm_fixes', 'versus_said', 'versus_change', 'lm_best', 'lm_depth_trend', 'lm_trend_said', 'lm_trend_short',
-           'lm_trend_words', 'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid', 'learned_rates',
-           'plot_rate_depth', 'similarity_link']
+           'chance_said', 'lm_fixes', 'versus_said', 'versus_change', 'lm_best', 'lm_depth_trend', 'lm_trend_said',
+           'lm_trend_short', 'lm_trend_words', 'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid',
+           'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
@@ -777,14 +777,28 @@ def lm_depth_answer(
         else:
             fits = {'holds': 'its training-text perplexity still falls (it overfits)',
                     'fails': 'its training-text perplexity rises too (it trains worse)',
-                    'within noise': 'nor does its training-text perplexity fall'
+                    'within noise': 'its training-text perplexity is no lower (it trains no better)'
                     }.get(r.train_verdict, 'one seed on training text')
-            what = 'is worse' if r.test_verdict == 'fails' else 'is no better on held-out text'
+            what = 'is worse on held-out text' if r.test_verdict == 'fails' else 'is no better on held-out text'
             why = f"at L={r.deeper} it {what} than at L={r.shallower}: {fits}"
         later = [f"{'better' if s.test_verdict == 'holds' else 'worse'} from L={s.shallower} to L={s.deeper}"
                  for s in up[k + 1:] if s.test_verdict in ('holds', 'fails')]          # after the stop, beyond noise
         out[arm] = (f"{said}; then {why}" if said else why) + (f"; later {', '.join(later)}" if later else '')
     return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
+
+# %% ../nbs/14_lm.ipynb #86f65327
+def chance_said(
+    steps:pd.DataFrame,   # from `lm_depth_steps`
+    alpha:float=ALPHA,    # the level its tests were run at
+)->str:                   # '' when no step came out beyond noise
+    "How many of a family of depth steps' tests would come out beyond noise by chance alone at `alpha`, and which did."
+    tested = steps[steps.test_verdict.isin(['holds', 'fails', 'within noise'])]   # diverged or one seed: no test
+    hit = tested[tested.test_verdict != 'within noise']
+    if not len(hit): return ''
+    which = ', '.join(f"`{r.arm}` L={r.shallower}→{r.deeper}, p = {r.test_p:.2g}"
+                      for r in hit.itertuples())
+    return (f"Of these {len(tested)} tests at {100 * alpha:g}%, about {alpha * len(tested):.1f} would come out "
+            f"beyond noise by chance alone, and {len(hit)} did ({which}).")
 
 # %% ../nbs/14_lm.ipynb #534b0c02
 def lm_fixes(
