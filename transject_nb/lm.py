@@ -787,16 +787,24 @@ def lm_depth_answer(
     return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
 
 # %% ../nbs/14_lm.ipynb #86f65327
+def _tests(t:pd.DataFrame)->pd.DataFrame:
+    "One test per row, as `label`, `verdict` and `p`, from a table of `lm_depth_steps` or of `lm_fixes`."
+    if 'test_verdict' in t:                                                 # depth steps: the held-out test
+        return pd.DataFrame(dict(label=[f"`{r.arm}` L={r.shallower}→{r.deeper}" for r in t.itertuples()],
+                                 verdict=t.test_verdict.to_numpy(), p=t.test_p.to_numpy()))
+    return pd.DataFrame(dict(label=[f"`{arm_depth(b)[0]}` at L={L}" for b, L in zip(t.better, t.L)],
+                             verdict=t.verdict.to_numpy(), p=t.p.to_numpy()))
+
 def chance_said(
-    steps:pd.DataFrame,   # from `lm_depth_steps`
-    alpha:float=ALPHA,    # the level its tests were run at
-)->str:                   # '' when no step came out beyond noise
-    "How many of a family of depth steps' tests would come out beyond noise by chance alone at `alpha`, and which did."
-    tested = steps[steps.test_verdict.isin(['holds', 'fails', 'within noise'])]   # diverged or one seed: no test
-    hit = tested[tested.test_verdict != 'within noise']
+    *tables:pd.DataFrame,   # from `lm_depth_steps` or `lm_fixes`, counted as one family of tests
+    alpha:float=ALPHA,      # the level the tests were run at
+)->str:                     # '' when no test came out beyond noise
+    "How many of a family of tests would come out beyond noise by chance alone at `alpha`, and which did."
+    t = pd.concat([_tests(x) for x in tables if len(x)] or [pd.DataFrame(columns=['label', 'verdict', 'p'])])
+    tested = t[t.verdict.isin(['holds', 'fails', 'within noise'])]       # diverged or one seed: no test
+    hit = tested[tested.verdict != 'within noise']
     if not len(hit): return ''
-    which = ', '.join(f"`{r.arm}` L={r.shallower}→{r.deeper}, p = {r.test_p:.2g}"
-                      for r in hit.itertuples())
+    which = ', '.join(f"{r.label}, p = {r.p:.2g}" for r in hit.itertuples())
     return (f"Of these {len(tested)} tests at {100 * alpha:g}%, about {alpha * len(tested):.1f} would come out "
             f"beyond noise by chance alone, and {len(hit)} did ({which}).")
 
