@@ -126,7 +126,7 @@ def test_results_table_from_files(runs_tree):
     assert wide.loc['transject', 'imdb'] == '82.0 ± 2.0' and wide.loc['neutreno', 'agnews'] == '60.0 (n=1)'
     o = check_orderings(t).set_index(['task', 'better', 'worse'])
     r = o.loc[('imdb', 'transject', 'transformer')]
-    assert r.verdict == 'holds' and (r.n_better, r.n_worse) == (3, 3)
+    assert r.verdict == 'reproduced' and (r.n_better, r.n_worse) == (3, 3)
     assert r.p == pytest.approx(welch([0.80, 0.82, 0.84], [0.70, 0.74, 0.72])['p']) and r.df == pytest.approx(4.0)   # Welch on the runs' own values
     miss = missing_runs(runs, tasks=('imdb',), variants=('transject', 'transformer'), seeds=(1, 2, 3, 4))
     assert miss.values.tolist() == [['imdb', 'transject', 4], ['imdb', 'transformer', 4]]
@@ -169,12 +169,13 @@ def test_check_orderings_uses_welch_not_two_standard_errors():
     keys = [('imdb', 'transject'), ('imdb', 'transformer'), ('imdb', 'transformer-rezero')]
     t = _fake([0.80, 0.76, 0.70], [0.02, 0.02, np.nan], [3, 3, 1], keys)
     o = check_orderings(t)
-    assert list(o.columns) == ['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse', 'diff', 'se', 'df', 'p', 'verdict', 'claim']
+    assert list(o.columns) == ['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse', 'diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'claim']
     first = o.iloc[0]
-    assert first['diff'] > 2 * first.se and first.verdict == 'within noise' and first.p == pytest.approx(0.0705, abs=1e-4)   # 2 SE said holds
-    assert o.verdict.tolist() == ['within noise', 'one seed']
-    assert check_orderings(t.assign(test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['holds', 'one seed']
-    assert check_orderings(t.assign(test_acc=[0.70, 0.80, 0.7], test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['fails', 'one seed']
+    assert first.lo < 0 < first.hi                                                                   # its interval holds 0
+    assert first['diff'] > 2 * first.se and first.verdict == 'not shown' and first.p == pytest.approx(0.0705, abs=1e-4)   # 2 SE said holds
+    assert o.verdict.tolist() == ['not shown', 'not tested']
+    assert check_orderings(t.assign(test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['reproduced', 'not tested']
+    assert check_orderings(t.assign(test_acc=[0.70, 0.80, 0.7], test_std=[0.01, 0.01, np.nan])).verdict.tolist() == ['contradicted', 'not tested']
 
 
 def test_check_orderings_restricts_a_claim_to_its_tasks():
@@ -182,8 +183,8 @@ def test_check_orderings_restricts_a_claim_to_its_tasks():
     t = _fake([0.80, 0.70, 0.70, 0.80], 0.01, 3, keys)
     claims = [('random-transject', 'transject', 'random beats approximated on AG News', ('agnews',))]
     o = check_orderings(t, claims)
-    assert o.task.tolist() == ['agnews'] and o.verdict.tolist() == ['holds']
-    assert check_orderings(t, [c[:3] for c in claims]).verdict.tolist() == ['fails', 'holds']     # a triple: every task
+    assert o.task.tolist() == ['agnews'] and o.verdict.tolist() == ['reproduced']
+    assert check_orderings(t, [c[:3] for c in claims]).verdict.tolist() == ['contradicted', 'reproduced']     # a triple: every task
     with pytest.raises(ValueError, match="tasks must be a tuple of task names"): check_orderings(t, [('a', 'b', 'c', 'agnews')])
     with pytest.raises(ValueError, match='a claim is'): check_orderings(t, [('a', 'b')])
 
@@ -229,9 +230,9 @@ def test_spread_claim_on_synthetic_tables():
     keys = [(t, v) for t in ('imdb', 'agnews', 'listops') for v in vs]
     t = _fake(0.8, [0.02, 0.001, 0.02, 0.002] + [0.01] * 4 + [0.001, 0.03, 0.002, 0.03], 3, keys)
     sc = spread_claim(t, tasks=None)
-    assert sc.verdict.tolist() == ['holds', 'within noise', 'fails']
+    assert sc.verdict.tolist() == ['reproduced', 'not shown', 'contradicted']
     assert sc.df_entropic.tolist() == [4.0] * 3 and sc.std_plain[0] == pytest.approx(0.02)
     assert spread_claim(t).task.tolist() == ['imdb', 'agnews']                  # by default where the paper makes the claim
-    assert spread_claim(t.assign(n=1), tasks=None).verdict.eq('one seed').all()
+    assert spread_claim(t.assign(n=1), tasks=None).verdict.eq('not tested').all()
     assert spread_claim(t.drop(index=[('agnews', 'entropic-transject'), ('agnews', 'random-entropic-transject')]), tasks=None).task.tolist() == ['imdb', 'listops']
     with pytest.raises(ValueError, match='no finite test_std'): spread_claim(t.assign(test_std=np.nan))

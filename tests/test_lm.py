@@ -283,8 +283,8 @@ def test_the_depth_trend_judges_slopes_both_ways():
                               train_loss=4.5 + rng.normal(0, .01))
                          for a, b in (('fix', -.02), ('base', .02)) for L in (2, 4, 8, 16) for s in (1, 2)])
     one, other = (lm_depth_trend(runs, base=b).set_index('arm') for b in ('base', 'fix'))
-    assert one.loc['fix', 'test_verdict'] == 'holds' and one.loc['base', 'test_verdict'] == 'fails'
-    assert one.loc['fix', 'vs_verdict'] == 'holds' and other.loc['base', 'vs_verdict'] == 'fails'
+    assert one.loc['fix', 'test_verdict'] == 'reproduced' and one.loc['base', 'test_verdict'] == 'contradicted'
+    assert one.loc['fix', 'vs_verdict'] == 'reproduced' and other.loc['base', 'vs_verdict'] == 'contradicted'
     assert math.isclose(one.loc['fix', 'vs_p'], other.loc['base', 'vs_p'])
     assert math.isclose(math.log1p(one.loc['fix', 'vs_change']), -math.log1p(other.loc['base', 'vs_change']))
-    assert one.loc['fix', 'train_verdict'] == 'within noise'                  # training text: no trend was put in
+    assert one.loc['fix', 'train_verdict'] == 'not shown'                  # training text: no trend was put in

@@ -9,15 +9,15 @@ from transject_nb.stats import ALPHA, VERDICTS, spread_test, verdict_of, welch, 
 
 
 def test_constants():
-    assert ALPHA == 0.05 and VERDICTS == ('holds', 'fails', 'within noise', 'one seed')
+    assert ALPHA == 0.05 and VERDICTS == ('reproduced', 'contradicted', 'not shown', 'not tested')
 
 
 def test_verdicts():
     assert [verdict_of(0.01, 0.02, 3, 3), verdict_of(0.01, -0.02, 3, 3), verdict_of(0.3, 0.02, 3, 3), verdict_of(0.01, 0.02, 3, 1)] == list(VERDICTS)
-    assert welch([0.80, 0.81, 0.82], [0.70, 0.71, 0.72])['verdict'] == 'holds'
-    assert welch([0.70, 0.71, 0.72], [0.80, 0.81, 0.82])['verdict'] == 'fails'
-    assert welch([0.80, 0.70, 0.75], [0.76, 0.71, 0.74])['verdict'] == 'within noise'
-    assert welch([0.9], [0.70, 0.71])['verdict'] == 'one seed' and math.isnan(welch([0.9], [0.70, 0.71])['p'])
+    assert welch([0.80, 0.81, 0.82], [0.70, 0.71, 0.72])['verdict'] == 'reproduced'
+    assert welch([0.70, 0.71, 0.72], [0.80, 0.81, 0.82])['verdict'] == 'contradicted'
+    assert welch([0.80, 0.70, 0.75], [0.76, 0.71, 0.74])['verdict'] == 'not shown'
+    assert welch([0.9], [0.70, 0.71])['verdict'] == 'not tested' and math.isnan(welch([0.9], [0.70, 0.71])['p'])
 
 
 def test_welch_matches_scipy():
@@ -36,22 +36,22 @@ def test_pooled_degrees_of_freedom():
     r, pooled = welch_from_var(0.03, 1e-4, 2, 1e-4, 2), welch_from_var(0.03, 1e-4, 2, 1e-4, 2, df_a=10, df_b=10)
     assert r['df'] == pytest.approx(2.0) and pooled['df'] == pytest.approx(20.0) and pooled['se'] == pytest.approx(r['se'])
     assert pooled['p'] < ALPHA < r['p']
-    assert welch_from_var(0.03, float('nan'), 2, 1e-4, 2, df_a=0)['verdict'] == 'one seed'
-    assert welch_from_var(0.06, 1e-4, 1, 1e-4, 2, df_a=4)['verdict'] == 'holds'     # one value behind the mean, a spread pooled from elsewhere
+    assert welch_from_var(0.03, float('nan'), 2, 1e-4, 2, df_a=0)['verdict'] == 'not tested'
+    assert welch_from_var(0.06, 1e-4, 1, 1e-4, 2, df_a=4)['verdict'] == 'reproduced'     # one value behind the mean, a spread pooled from elsewhere
 
 
 def test_zero_spread_on_both_sides():
-    assert welch([0.8, 0.8, 0.8], [0.8, 0.8])['verdict'] == 'within noise' and welch([0.8, 0.8, 0.8], [0.8, 0.8])['p'] == 1.0
+    assert welch([0.8, 0.8, 0.8], [0.8, 0.8])['verdict'] == 'not shown' and welch([0.8, 0.8, 0.8], [0.8, 0.8])['p'] == 1.0
     r = welch([0.8, 0.8, 0.8], [0.7, 0.7, 0.7])
-    assert (r['verdict'], r['p'], r['t'], r['lo'], r['hi']) == ('holds', 0.0, math.inf, pytest.approx(0.1), pytest.approx(0.1)) and math.isnan(r['df'])
-    assert welch([0.7, 0.7], [0.8, 0.8])['verdict'] == 'fails'
+    assert (r['verdict'], r['p'], r['t'], r['lo'], r['hi']) == ('reproduced', 0.0, math.inf, pytest.approx(0.1), pytest.approx(0.1)) and math.isnan(r['df'])
+    assert welch([0.7, 0.7], [0.8, 0.8])['verdict'] == 'contradicted'
     assert welch_from_stats(0.8, 0.0, 3, 0.7, 0.01, 3)['df'] == pytest.approx(2.0)   # one side without spread: the other's df
 
 
 def test_two_standard_errors_holds_where_welch_is_within_noise():
     a, b = [0.80, 0.82, 0.84], [0.76, 0.78, 0.80]
     r = welch(a, b)
-    assert r['diff'] > 2 * r['se'] and r['verdict'] == 'within noise' and r['p'] == pytest.approx(0.0705, abs=1e-4)
+    assert r['diff'] > 2 * r['se'] and r['verdict'] == 'not shown' and r['p'] == pytest.approx(0.0705, abs=1e-4)
 
 
 def test_two_standard_errors_is_anti_conservative_at_three_seeds():
@@ -65,20 +65,20 @@ def test_two_standard_errors_is_anti_conservative_at_three_seeds():
 def test_large_samples_agree():
     rng = np.random.default_rng(1)
     rs = [welch(rng.normal(d, 1, 300), rng.normal(0, 1, 300)) for d in rng.uniform(-0.4, 0.4, 200)]
-    two_se = ['within noise' if abs(r['diff']) <= 2 * r['se'] else 'holds' if r['diff'] > 0 else 'fails' for r in rs]
+    two_se = ['not shown' if abs(r['diff']) <= 2 * r['se'] else 'reproduced' if r['diff'] > 0 else 'contradicted' for r in rs]
     assert np.mean([a == r['verdict'] for a, r in zip(two_se, rs)]) > 0.97
 
 
 def test_vectorised_from_stats():
     r = welch_from_stats([0.80, 0.80, 0.80], [0.01, 0.05, np.nan], [3, 3, 1], 0.77, 0.01, 3)
-    assert r['verdict'].tolist() == ['holds', 'within noise', 'one seed'] and r['n_a'].tolist() == [3, 3, 1]
+    assert r['verdict'].tolist() == ['reproduced', 'not shown', 'not tested'] and r['n_a'].tolist() == [3, 3, 1]
 
 
 def test_spread_test():
-    assert spread_test(0.002, 4, 0.02, 4)['verdict'] == 'holds'
-    assert spread_test(0.02, 4, 0.002, 4)['verdict'] == 'fails'
-    assert spread_test(0.01, 4, 0.02, 4)['verdict'] == 'within noise'
-    assert spread_test(0.0, 4, 0.0, 4)['verdict'] == 'within noise' and spread_test(0.01, 0, 0.02, 4)['verdict'] == 'one seed'
+    assert spread_test(0.002, 4, 0.02, 4)['verdict'] == 'reproduced'
+    assert spread_test(0.02, 4, 0.002, 4)['verdict'] == 'contradicted'
+    assert spread_test(0.01, 4, 0.02, 4)['verdict'] == 'not shown'
+    assert spread_test(0.0, 4, 0.0, 4)['verdict'] == 'not shown' and spread_test(0.01, 0, 0.02, 4)['verdict'] == 'not tested'
     assert spread_test(0.01, 4, 0.02, 4)['p'] == pytest.approx(2 * st.f.cdf(0.25, 4, 4))
 
 

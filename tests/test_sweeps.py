@@ -180,15 +180,14 @@ def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkey
     assert len(json.loads((tmp_path/'grid.json').read_text())) == 3                                       # and the unfinished unit is written too
 
 
-def test_versus_pools_the_seed_spread_and_says_where_a_variant_is_ahead():
-    from transject_nb.sweeps import versus, say_versus
+def test_versus_pools_the_seed_spread_and_marks_where_a_variant_is_ahead():
+    from transject_nb.sweeps import versus
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['neutreno'] * 4, n_layers=[1, 1, 8, 8] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.75, 0.75, 0.50, 0.52, 0.70, 0.72, 0.70, 0.70]))
     gain, sure = versus(df, 'transformer', 'n_layers')
     assert list(gain.index) == ['neutreno'] and gain.loc['neutreno', 8] == pytest.approx(19.0)
     assert sure.loc['neutreno'].tolist() == [True, True]
-    assert say_versus(gain, sure, 'neutreno') == "ahead at L=8 (+19.0), behind at L=1 (-4.0)"
-    assert say_versus(gain, sure, 'transject') == "not run yet"
+    assert gain.loc['neutreno', 1] == pytest.approx(-4.0)                     # behind at L=1, ahead at L=8, both sure
 
 
 def test_versus_table_tests_with_pooled_variances():
@@ -197,36 +196,45 @@ def test_versus_table_tests_with_pooled_variances():
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['transject'] * 4, n_layers=[1, 1, 2, 2] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.63, 0.65]))
     t = versus_table(df, 'transformer', 'n_layers').set_index('n_layers')
-    assert list(t.columns) == ['variant', 'gain', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
+    assert list(t.columns) == ['variant', 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
     ref = welch_from_var(0.03, 1e-4, 2, 2e-4, 2, df_a=2, df_b=2)          # pooled: transject 1e-4 on 2 df, transformer 2e-4 on 2 df
     assert t.loc[2, 'p'] == pytest.approx(ref['p']) and t.loc[2, 'df'] == pytest.approx(3.6) and t.loc[2, 'se'] == pytest.approx(100 * ref['se'])
-    assert t.loc[2, 'gain'] > 2 * t.loc[2, 'se'] and t.loc[2, 'verdict'] == 'within noise'             # beyond two SEs, not significant
+    assert t.loc[2, 'gain'] > 2 * t.loc[2, 'se'] and t.loc[2, 'verdict'] == 'not shown'                # beyond two SEs, not significant
+    assert t.loc[2, 'lo'] < 0 < t.loc[2, 'hi'] and t.loc[2, 'hi'] - t.loc[2, 'gain'] == pytest.approx(100 * (ref['hi'] - ref['diff']))
     gain, sure = versus(df.assign(test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.70, 0.72]), 'transformer', 'n_layers')
     assert sure.loc['transject'].tolist() == [False, True] and sure.dtypes.eq(bool).all()
     one = versus(df[df.seed == 1], 'transformer', 'n_layers')[1]                                        # one seed everywhere: no spread, nothing sure
     assert not one.values.any()
 
 
-def test_depth_answer_verdicts():
+def test_depth_answer_outcomes():
     acc = {'transject': [0.75, 0.76, 0.76, 0.75, 0.75, 0.74], 'transformer': [0.75, 0.75, 0.70, 0.71, 0.50, 0.50], 'neutreno': [0.76, 0.76, 0.72, 0.72, 0.65, 0.66]}
-    df = pd.DataFrame([dict(variant=v, n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a)
+    df = pd.DataFrame([dict(variant=v, n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a, valid_acc=a)
                        for v, accs in acc.items() for (L, s), a in zip([(1, 1), (1, 2), (4, 1), (4, 2), (16, 1), (16, 2)], accs)])
     ans = depth_answer(df, [1, 4, 16])
-    assert ans.verdict.to_dict() == {'transject': 'keeps training', 'transformer': 'collapses', 'neutreno': 'degrades'}
-    assert ans.loc['transject', 'preference'] == 'flat within noise' and ans.loc['neutreno', 'preference'] == 'prefers shallow'
-    assert depth_answer(df, [1, 4, 16, 32]).verdict.eq('incomplete').all()           # a planned depth with no run
-    assert depth_answer(df, [1, 4, 16], keep_within=0.0).loc['transject', 'verdict'] == 'degrades'
+    assert ans.outcome.to_dict() == {'transject': 'within 3 points of its best', 'transformer': 'at chance',
+                                     'neutreno': 'more than 3 points below its best'}
+    assert ans.loc['transject', 'verdict'] == 'not shown' and ans.loc['neutreno', 'verdict'] == 'reproduced'
+    assert depth_answer(df, [1, 4, 16, 32]).outcome.eq('incomplete').all()           # a planned depth with no run
+    assert depth_answer(df, [1, 4, 16], keep_within=0.0).loc['transject', 'outcome'] == 'more than 3 points below its best'
 
 
-def test_depth_answer_prefers_shallow_only_when_the_test_rejects():
+def test_depth_answer_chooses_the_best_depth_on_validation():
+    df = pd.DataFrame([dict(variant='transject', n_layers=L, seed=s, chosen=True, diverged=False, test_acc=t, valid_acc=v)
+                       for (L, s), t, v in zip([(1, 1), (1, 2), (4, 1), (4, 2)], [0.80, 0.80, 0.70, 0.70], [0.60, 0.60, 0.70, 0.70])])
+    a = depth_answer(df, [1, 4]).loc['transject']
+    assert a['best_L'] == 4 and a['best_acc'] == pytest.approx(0.70)         # the test's best, L = 1, is never looked at
+
+
+def test_depth_answer_reproduces_a_drop_only_when_the_test_rejects():
     from transject_nb.stats import welch
     acc = [0.7565, 0.7635, 0.7515, 0.7585, 0.7455, 0.7525]                  # a 1.1-point drop, seeds 0.7 points apart
-    df = pd.DataFrame([dict(variant='random-transject', n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a)
+    df = pd.DataFrame([dict(variant='random-transject', n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a, valid_acc=a)
                        for (L, s), a in zip([(1, 1), (1, 2), (4, 1), (4, 2), (16, 1), (16, 2)], acc)])
     a = depth_answer(df, [1, 4, 16]).loc['random-transject']
     assert a['drop'] > 2 * grid_summary(df, ['n_layers'])['std'].mean()     # the old rule: beyond twice the mean seed std, 'prefers shallow'
-    assert a['preference'] == 'flat within noise' and a['p'] == pytest.approx(welch(acc[:2], acc[4:])['p']) and a['drop'] < a['noise']
+    assert a['verdict'] == 'not shown' and a['p'] == pytest.approx(welch(acc[:2], acc[4:])['p']) and a['lo'] < 0
     tight = df.assign(test_acc=[0.760, 0.761, 0.755, 0.756, 0.740, 0.741])                              # a 2-point drop, seeds 0.1 points apart
-    assert depth_answer(tight, [1, 4, 16]).loc['random-transject', 'preference'] == 'prefers shallow'
-    assert depth_answer(tight.assign(n_layers=tight.n_layers.replace({1: 8})), [4, 8, 16]).loc['random-transject', 'preference'] == 'prefers a middle depth'
-    assert depth_answer(tight, [1, 4, 16], alpha=1e-6).loc['random-transject', 'preference'] == 'flat within noise'
+    tight = tight.assign(valid_acc=tight.test_acc)
+    assert depth_answer(tight, [1, 4, 16]).loc['random-transject', 'verdict'] == 'reproduced'
+    assert depth_answer(tight, [1, 4, 16], alpha=1e-6).loc['random-transject', 'verdict'] == 'not shown'

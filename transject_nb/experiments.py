@@ -350,7 +350,7 @@ def check_orderings(
     # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is made for (None: all)
     claims=PAPER_CLAIMS,
     alpha:float=ALPHA,      # the level of Welch's test
-# one row per (task, claim) with both sides present: accuracies, seeds, difference, standard error, df, p, verdict
+# one row per (task, claim) with both sides present: accuracies, seeds, difference, its interval, se, df, p, verdict
 )->pd.DataFrame:
     "Test claimed orderings on every task of a results table by Welch's t-test at level `alpha`."
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
@@ -363,9 +363,9 @@ def check_orderings(
             r = welch_from_stats(A.test_acc, A.test_std, A.n, B.test_acc, B.test_std, B.n, alpha)
             rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc, worse_acc=B.test_acc,
                              n_better=int(A.n), n_worse=int(B.n),
-                             **{k: r[k] for k in ('diff', 'se', 'df', 'p', 'verdict')}, claim=text))
+                             **{k: r[k] for k in ('diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict')}, claim=text))
     return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse',
-                                       'diff', 'se', 'df', 'p', 'verdict', 'claim'])
+                                       'diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'claim'])
 
 # %% ../nbs/11_experiments.ipynb #ead63afe
 # (better, worse, claim, tasks): TransJect's §3.6 orderings among its variants and against ReZero,

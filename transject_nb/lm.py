@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.stats import linregress, spearmanr
+from scipy import stats as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,11 +33,10 @@ from fastai.torch_core import default_device, set_seed
 # %% auto #0
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
            'lm_stream', 'EpochLMDataLoader', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens',
-           'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'lm_learner', 'generate', 'LMCorpus', 'save_vocab',
-           'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs', 'ShardedLoader', 'get_lm_learner',
-           'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth', 'lm_depth_steps', 'lm_depth_answer',
-           'chance_said', 'lm_fixes', 'versus_said', 'versus_change', 'lm_best', 'lm_depth_trend', 'lm_trend_said',
-           'lm_trend_short', 'lm_trend_words', 'plot_depth_trend', 'lm_sweep', 'capped_said', 'rate_depth_grid',
+           'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate',
+           'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs',
+           'ShardedLoader', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth',
+           'lm_depth_steps', 'lm_fixes', 'lm_best', 'lm_depth_trend', 'plot_depth_trend', 'lm_sweep', 'rate_depth_grid',
            'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
@@ -300,6 +300,24 @@ class MaskedAccuracy(Metric):
     def value(self): return self.hit / self.n if self.n else None
     @property
     def name(self): return 'accuracy'
+
+# %% ../nbs/14_lm.ipynb #650ec130
+def context_free_mlm(
+    train:torch.Tensor,    # the training stream `(N,)`: its counts are the predictor's
+    test:torch.Tensor,     # the stream scored `(M,)`
+    vocab_sz:int,          # number of token ids, padding included
+    first_word:int=5,      # `mask_tokens`' first id a random replacement may be
+)->float:                  # the expected perplexity over `mask_tokens`' corruption of `test`'s tokens
+    "Perplexity of the best predictor that sees only its own position's token, under BERT's 80/10/10 corruption."
+    c = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
+    c[PAD_ID] = -1
+    p = (c + 1) / (len(train) + vocab_sz - 1)                                        # (V,) as `unigram_perplexity`
+    q = torch.zeros(vocab_sz, dtype=torch.float64); q[first_word:] = 1 / (vocab_sz - first_word)   # (V,)
+    r = torch.where(q > 0, ((q + p) / q).log(), torch.zeros_like(q))                 # (V,) log((q(t)+p(t))/q(t))
+    keep = -(p * (q + 1) / (q + p)).log()                                            # (V,) -log P(s | s)
+    rand = (1 - q) * -p.log() + (q * r).sum() - q * r + q * keep                    # (V,) E_t -log P(s | t)
+    loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                                  # (V,) at a chosen s
+    return math.exp(loss[test.reshape(-1)].mean().item())
 
 # %% ../nbs/14_lm.ipynb #2ce19911
 def lm_learner(
@@ -698,7 +716,7 @@ def lm_versus(
     claims,              # (better, worse) arm labels: the claim that `better` has the lower loss
     alpha:float=ALPHA,   # the test's level
     loss:str='test_loss', # the per-seed loss judged: 'test_loss', or 'train_loss' (how well a model fits its text)
-# per claim: mean perplexities, their ratio, the loss difference (nats), p, verdict, seeds a side
+# per claim: mean perplexities, their ratio and its 1-alpha interval, the loss difference (nats), p, verdict, seeds
 )->pd.DataFrame:
     ("Welch's t-test at `alpha` of 'a has the lower loss than b' on the per-seed losses (`loss`), "
      "for each claim whose arms both have runs.")
@@ -709,8 +727,10 @@ def lm_versus(
         if not len(la) or not len(lb): continue
         r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
         rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()),
-                         ratio=math.exp(la.mean() - lb.mean()), diff_nats=lb.mean() - la.mean(), p=r['p'],
-                         verdict=r['verdict'], n_better=len(la), n_worse=len(lb)))
+                         ratio=math.exp(la.mean() - lb.mean()), ratio_lo=math.exp(-r['hi']),
+                         ratio_hi=math.exp(-r['lo']),
+                         diff_nats=lb.mean() - la.mean(), p=r['p'], verdict=r['verdict'], n_better=len(la),
+                         n_worse=len(lb)))
     return pd.DataFrame(rows)
 
 # %% ../nbs/14_lm.ipynb #13b8aefa
@@ -731,7 +751,6 @@ def with_arm_depth(
     ad = d[col].map(arm_depth)
     return d.assign(arm=ad.str[0], L=ad.str[1])
 
-
 # %% ../nbs/14_lm.ipynb #534b0b1c
 def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
     "Per run: whether its losses `cols` are finite (a run that is not has diverged and gets no test)."
@@ -740,7 +759,8 @@ def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
 def lm_depth_steps(
     runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol.LM_RESULT_COLUMNS`
     alpha:float=ALPHA,   # the test's level
-# per arm and step: the depths, then ratio, p and verdict of 'the deeper has the lower loss' on test and training text
+# per arm and step: the depths, then the ratio, its interval, p and verdict of 'the deeper has the lower loss',
+# on test and training text
 )->pd.DataFrame:
     ("Each arm's depths in order, each against the next shallower one with runs, "
      "judged on the test and on the training-text losses.")
@@ -755,60 +775,14 @@ def lm_depth_steps(
             row = dict(arm=arm, shallower=lo, deeper=hi, diverged=not ok[pair.L == hi].all())
             for k in ('test', 'train'):                                 # a diverged depth has no verdict, only its flag
                 v = lm_versus(pair, [(str(hi), str(lo))], alpha, f'{k}_loss') if finite else None
-                row |= {f'{k}_{c}': v[c][0] if finite else np.nan for c in ('ratio', 'p')}
+                row |= {f'{k}_{c}': v[f'ratio_{c}' if c in ('lo', 'hi') else c][0] if finite else np.nan
+                        for c in ('ratio', 'lo', 'hi', 'p')}
                 row[f'{k}_verdict'] = v.verdict[0] if finite else 'diverged'
             rows.append(row)
     return pd.DataFrame(rows, columns=['arm', 'shallower', 'deeper', 'diverged'] + [
-        f'{k}_{c}' for k in ('test', 'train') for c in ('ratio', 'p', 'verdict')])
-
-def lm_depth_answer(
-    steps:pd.DataFrame,   # from `lm_depth_steps`
-)->pd.Series:             # per arm, a phrase
-    "Each arm's depth steps in words: how far it improves on held-out text, why it stops, later steps beyond noise."
-    out = {}
-    for arm, g in steps.groupby('arm', sort=False):
-        up = list(g.itertuples())
-        k = next((i for i, r in enumerate(up) if r.test_verdict != 'holds'), len(up))
-        said = f"improves from L={up[0].shallower} to L={up[k - 1].deeper}" if k else ''
-        if k == len(up): out[arm] = said + ', at every step'; continue
-        r = up[k]
-        if r.test_verdict == 'diverged': why = f"diverges at L={r.deeper if r.diverged else r.shallower}"
-        elif r.test_verdict == 'one seed': why = f"L={r.deeper} has one seed, no verdict"
-        else:
-            fits = {'holds': 'its training-text perplexity still falls (it overfits)',
-                    'fails': 'its training-text perplexity rises too (it trains worse)',
-                    'within noise': 'its training-text perplexity is no lower (it trains no better)'
-                    }.get(r.train_verdict, 'one seed on training text')
-            what = 'is worse on held-out text' if r.test_verdict == 'fails' else 'is no better on held-out text'
-            why = f"at L={r.deeper} it {what} than at L={r.shallower}: {fits}"
-        later = [f"{'better' if s.test_verdict == 'holds' else 'worse'} from L={s.shallower} to L={s.deeper}"
-                 for s in up[k + 1:] if s.test_verdict in ('holds', 'fails')]          # after the stop, beyond noise
-        out[arm] = (f"{said}; then {why}" if said else why) + (f"; later {', '.join(later)}" if later else '')
-    return pd.Series(out, name='depth', dtype=object).rename_axis('arm')
+        f'{k}_{c}' for k in ('test', 'train') for c in ('ratio', 'lo', 'hi', 'p', 'verdict')])
 
 # %% ../nbs/14_lm.ipynb #86f65327
-def _tests(t:pd.DataFrame)->pd.DataFrame:
-    "One test per row, as `label`, `verdict` and `p`, from a table of `lm_depth_steps` or of `lm_fixes`."
-    if 'test_verdict' in t:                                                 # depth steps: the held-out test
-        return pd.DataFrame(dict(label=[f"`{r.arm}` L={r.shallower}→{r.deeper}" for r in t.itertuples()],
-                                 verdict=t.test_verdict.to_numpy(), p=t.test_p.to_numpy()))
-    return pd.DataFrame(dict(label=[f"`{arm_depth(b)[0]}` at L={L}" for b, L in zip(t.better, t.L)],
-                             verdict=t.verdict.to_numpy(), p=t.p.to_numpy()))
-
-def chance_said(
-    *tables:pd.DataFrame,   # from `lm_depth_steps` or `lm_fixes`, counted as one family of tests
-    alpha:float=ALPHA,      # the level the tests were run at
-)->str:                     # '' when no test came out beyond noise
-    "How many of a family of tests would come out beyond noise by chance alone at `alpha`, and which did."
-    t = pd.concat([_tests(x) for x in tables if len(x)] or [pd.DataFrame(columns=['label', 'verdict', 'p'])])
-    tested = t[t.verdict.isin(['holds', 'fails', 'within noise'])]       # diverged or one seed: no test
-    hit = tested[tested.verdict != 'within noise']
-    if not len(hit): return ''
-    which = ', '.join(f"{r.label}, p = {r.p:.2g}" for r in hit.itertuples())
-    return (f"Of these {len(tested)} tests at {100 * alpha:g}%, about {alpha * len(tested):.1f} would come out "
-            f"beyond noise by chance alone, and {len(hit)} did ({which}).")
-
-# %% ../nbs/14_lm.ipynb #534b0c02
 def lm_fixes(
     runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
     base='transformer',         # the arm every other is judged against at the same depth, or per depth L an arm
@@ -816,8 +790,8 @@ def lm_fixes(
     alpha:float=ALPHA,          # the test's level
 )->pd.DataFrame:                # `lm_versus`'s columns and the depth `L`, by depth, arms in order
     "Each arm against `base` at the same depth: the claim that the arm has the lower test loss ('diverged': no test)."
-    cols = ['L', 'better', 'worse', 'ppl_better', 'ppl_worse', 'ratio', 'diff_nats', 'p', 'verdict', 'n_better',
-            'n_worse']
+    cols = ['L', 'better', 'worse', 'ppl_better', 'ppl_worse', 'ratio', 'ratio_lo', 'ratio_hi', 'diff_nats', 'p',
+            'verdict', 'n_better', 'n_worse']
     arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
     for a in arms:
         L = arm_depth(a)[1]
@@ -832,36 +806,6 @@ def lm_fixes(
                                        n_better=len(loss[a]), n_worse=len(loss[b]))]))
     if not rows: return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
-
-
-# %% ../nbs/14_lm.ipynb #e3b393f0
-def versus_said(
-    r,   # one row of `lm_fixes` or `lm_versus` (a namedtuple from `itertuples`, or a Series)
-)->str:  # e.g. '-6.6% (p=0.009, holds)'
-    "One comparison in words: the better side's change in perplexity against the worse, the test's p and verdict."
-    if r.verdict == 'diverged': return 'diverged, no test'
-    change = f"{100 * (r.ratio - 1):+.1f}%"
-    return f"{change} ({r.verdict})" if r.verdict == 'one seed' else f"{change} (p={r.p:.2g}, {r.verdict})"
-
-
-# %% ../nbs/14_lm.ipynb #d7cd8053
-_STANDS = {'fails': 'worse beyond noise', 'holds': 'better beyond noise', 'within noise': 'within noise of it',
-           'one seed': 'untested (one seed a side)', 'diverged': 'untested (a run diverged)'}
-
-def versus_change(
-    before,   # one row of `lm_fixes` or `lm_versus` under the first setting
-    after,    # the same comparison under the second
-)->str:       # e.g. "`a` 415.9 → 394.6, `b` 80.8 → 73.5 in test perplexity; ...: still worse beyond noise"
-    "One comparison under two settings, in words: each side's perplexity, both verdicts, where the better side stands."
-    if (before.better, before.worse) != (after.better, after.worse):
-        raise ValueError(f"before and after must compare the same arms; got {before.better} against {before.worse}, "
-                         f"then {after.better} against {after.worse}")
-    a, b = arm_depth(after.better)[0], arm_depth(after.worse)[0]
-    now = 'still ' if before.verdict == after.verdict else 'now '
-    return (f"`{a}` {before.ppl_better:.1f} → {after.ppl_better:.1f}, `{b}` {before.ppl_worse:.1f} → "
-            f"{after.ppl_worse:.1f} in test perplexity; `{a}` against `{b}` went from {versus_said(before)} to "
-            f"{versus_said(after)}: {now}{_STANDS[after.verdict]}")
-
 
 # %% ../nbs/14_lm.ipynb #c1057738
 def lm_best(
@@ -886,16 +830,24 @@ def _slope(g:pd.DataFrame, col:str)->tuple:
     p = fit.pvalue if fit.stderr > 0 else exact
     return fit.slope, fit.stderr ** 2 * len(g), p, len(g)
 
+def _own(g:pd.DataFrame, col:str, alpha:float)->dict:
+    "An arm's slope on log2 L as a perplexity change per doubling: change, its interval, p, se and df (n - 2)."
+    b, v, p, n = _slope(g, col)
+    se, df = math.sqrt(v / n), n - 2
+    half = st.t.ppf(1 - alpha / 2, df) * se
+    return dict(change=math.expm1(b), lo=math.expm1(b - half), hi=math.expm1(b + half), p=p, se=se, df=df,
+                verdict=verdict_of(p, -b, n, n, alpha))
+
 def lm_depth_trend(
     runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
     base:str='transformer',     # the arm whose slope every other arm's is judged against
     alpha:float=ALPHA,          # the tests' level
-# per arm: depths fitted, runs, the depth it diverged at, per doubling of L the perplexity change, p and verdict
-# on test and training text, then against `base`'s slope on the test loss
+# per arm: depths fitted, runs, the depth it diverged at; per doubling of L the perplexity change, its 1-alpha
+# interval, p, se and df of the slope (log scale), verdict, on test and training text, then against `base`'s slope
 )->pd.DataFrame:
     "Each arm's trend of loss with depth (slope on log2 L over every run), and its slope against `base`'s."
     d = with_arm_depth(runs)
-    fits, rows = {}, []
+    fits, rows, parts = {}, [], ('change', 'lo', 'hi', 'p', 'se', 'df', 'verdict')
     for arm, g in d.groupby('arm', sort=False):
         bad = g.L[~_finite(g, ('test_loss', 'train_loss'))]                      # depths where a run diverged
         at = bad.min() if len(bad) else np.nan
@@ -904,9 +856,8 @@ def lm_depth_trend(
         row = dict(arm=arm, L_from=g.L.min(), L_to=g.L.max(), runs=len(g), diverged_at=at)
         enough = len(g) >= 3 and g.L.nunique() >= 2
         for k in ('test', 'train'):
-            b, _, p, n = _slope(g, f'{k}_loss') if enough else (np.nan, np.nan, np.nan, len(g))
-            row |= {f'{k}_change': math.expm1(b), f'{k}_p': p,
-                    f'{k}_verdict': verdict_of(p, -b, n, n, alpha) if enough else 'too few runs'}
+            o = _own(g, f'{k}_loss', alpha) if enough else dict.fromkeys(parts, np.nan) | dict(verdict='too few runs')
+            row |= {f'{k}_{c}': o[c] for c in parts}
         rows.append(row)
     for r in rows:                                                              # each slope against base's
         a, g = r['arm'], fits[r['arm']]
@@ -914,62 +865,15 @@ def lm_depth_trend(
         Ls = set(g.L) & set(gb.L)
         g, gb = g[g.L.isin(Ls)], gb[gb.L.isin(Ls)]
         if a == base or len(Ls) < 2 or min(len(g), len(gb)) < 3:
-            r |= dict(vs_change=np.nan, vs_p=np.nan, vs_verdict=''); continue
+            r |= {f'vs_{c}': np.nan for c in parts} | dict(vs_verdict=''); continue
         (ba, va, _, na), (bb, vb, _, nb) = _slope(g, 'test_loss'), _slope(gb, 'test_loss')
         w = welch_from_var(bb - ba, va, na, vb, nb, df_a=na - 2, df_b=nb - 2, alpha=alpha)   # lower slope: the claim
-        r |= dict(vs_change=math.expm1(ba - bb), vs_p=w['p'], vs_verdict=w['verdict'])
+        r |= dict(vs_change=math.expm1(ba - bb), vs_lo=math.expm1(-w['hi']), vs_hi=math.expm1(-w['lo']),
+                  vs_p=w['p'], vs_se=w['se'], vs_df=w['df'], vs_verdict=w['verdict'])
     return pd.DataFrame(rows, columns=['arm', 'L_from', 'L_to', 'runs', 'diverged_at'] + [
-        f'{k}_{c}' for k in ('test', 'train', 'vs') for c in ('change', 'p', 'verdict')])
-
+        f'{k}_{c}' for k in ('test', 'train', 'vs') for c in parts])
 
 # %% ../nbs/14_lm.ipynb #5dd8426c
-def lm_trend_said(
-    trend:pd.DataFrame,   # from `lm_depth_trend`
-)->tuple:                 # two phrases: every arm's own trend; every other arm's against the base's ('' if none)
-    "A trend table in words: each arm's perplexity change per doubling of L, then each against the base's."
-    word = {'holds': 'falls', 'fails': 'rises', 'within noise': 'within noise'}
-    def own(r):
-        cut = f", before it diverges at L={r.diverged_at:g}" if pd.notna(r.diverged_at) else ''
-        if r.test_verdict == 'too few runs': return 'too few runs for a trend' + cut
-        return (f"{100 * r.test_change:+.1f}% per doubling over L={r.L_from}–{r.L_to}{cut} "
-                f"(p={r.test_p:.2g}, {word[r.test_verdict]})")
-    rows = list(trend.itertuples())
-    versus = (f"`{r.arm}` {100 * r.vs_change:+.1f}% (p={r.vs_p:.2g}, {r.vs_verdict})" for r in rows if r.vs_verdict)
-    return '; '.join(f"`{r.arm}` {own(r)}" for r in rows), '; '.join(versus)
-
-
-# %% ../nbs/14_lm.ipynb #316cd667
-def lm_trend_short(
-    trend:pd.DataFrame,   # from `lm_depth_trend`
-    base:str='post-norm', # how the sentence names the base arm
-)->str:                   # one sentence
-    "A trend table in one sentence: where perplexity falls, stays level, rises or diverges with depth; against base."
-    gone = trend.diverged_at.notna()                                   # named for diverging, whatever came before
-    def group(col, words, rows):
-        "'falls for `a`, `b`' per verdict in `col` that some of `rows` have."
-        return [f"{w} for {', '.join(f'`{a}`' for a in rows.arm[rows[col] == v])}" for v, w in words.items()
-                if (rows[col] == v).any()]
-    own = group('test_verdict', {'holds': 'falls', 'within noise': 'stays level', 'fails': 'rises',
-                                 'too few runs': 'has too few runs to tell'}, trend[~gone])
-    if gone.any():
-        own.append("diverges for " + ', '.join(f"`{r.arm}` (at L={r.diverged_at:g})" for r in trend[gone].itertuples()))
-    vs = group('vs_verdict', {'holds': 'lower', 'within noise': 'alike', 'fails': 'higher'}, trend)
-    return ("Perplexity " + '; '.join(own) + " as the depth grows"
-            + (f"; its slope against {base}'s is " + '; '.join(vs) if vs else '') + '.')
-
-
-# %% ../nbs/14_lm.ipynb #fb97f9c2
-def lm_trend_words(
-    runs:pd.DataFrame,            # finished seed runs of a depth study (`lm_depth_trend`); may be empty
-    base:str='transformer',       # the arm every other arm's slope is judged against
-    base_name:str='post-norm',    # how the sentence names it
-)->tuple:                         # `lm_trend_short`'s sentence, then `lm_trend_said`'s two phrases ('' each if no runs)
-    "A depth study's trend in words, from its runs: the one-sentence answer, each arm's slope, each against the base's."
-    if not len(runs): return '', '', ''
-    t = lm_depth_trend(runs, base=base)
-    return (lm_trend_short(t, base=base_name), *lm_trend_said(t))
-
-# %% ../nbs/14_lm.ipynb #3bdb8ac4
 def plot_depth_trend(
     runs:pd.DataFrame,        # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
     ax=None,                  # axes to draw on
@@ -980,23 +884,21 @@ def plot_depth_trend(
     from matplotlib.ticker import StrMethodFormatter
     ax = ax or plt.subplots(figsize=(5.5, 3.4))[1]
     trend, d = lm_depth_trend(runs).set_index('arm'), with_arm_depth(runs)
-    word = {'holds': 'falls', 'fails': 'rises', 'within noise': 'level'}
     for arm, g in d.groupby('arm', sort=False):
         t, g = trend.loc[arm], g[_finite(g)]
         dots = ax.scatter(g.L, np.exp(g.test_loss.astype(float)), s=10, alpha=.6)
-        if t.test_verdict not in word: continue                             # too few runs: the dots alone
+        if t.test_verdict == 'too few runs': continue                       # the dots alone
         fit = g[g.L <= t.L_to]                                              # the runs the trend was fitted on
         x0, y0, b = np.log2(fit.L).mean(), fit.test_loss.astype(float).mean(), math.log1p(t.test_change)
         Ls = np.array([t.L_from, t.L_to], dtype=float)
         ax.plot(Ls, np.exp(y0 + b * (np.log2(Ls) - x0)), color=dots.get_facecolors()[0][:3], lw=1.2,
-                label=f"{arm}: {100 * t.test_change:+.1f}% a doubling ({word[t.test_verdict]})")
+                label=f"{arm}: {100 * t.test_change:+.1f}% [{100 * t.test_lo:+.1f}, {100 * t.test_hi:+.1f}] a doubling")
     ax.set_xscale('log', base=2); ax.set_yscale('log')
     plain = StrMethodFormatter('{x:.0f}')                                   # 160, not 1.6 × 10²
     ax.yaxis.set_major_formatter(plain); ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel('L'); ax.set_ylabel('test perplexity'); ax.legend(fontsize=6)
     ax.set_title(title or 'test perplexity against depth, and each arm\'s trend', fontsize=9)
     return ax
-
 
 # %% ../nbs/14_lm.ipynb #3f1cc14b
 def lm_sweep(
@@ -1015,17 +917,6 @@ def lm_sweep(
     v = lm_fixes(runs, base, alpha)
     v = v.assign(**{field: v.better.map(value)}).dropna(subset=[field])
     return v.sort_values([field, 'L'], kind='stable', ignore_index=True)
-
-# %% ../nbs/14_lm.ipynb #19ed6711
-def capped_said(
-    runs:pd.DataFrame,   # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    cap:int,             # the protocol's most epochs
-)->str:                  # e.g. "`transformer` at L = 32 (2 of 2 seeds)"; '' where the cap ended no seed
-    "The arms and depths whose seed runs ran all `cap` epochs (the cap, not early stopping, ended them), in words."
-    if not len(runs): return ''
-    t = lm_table(runs, epochs_cap=cap).query('capped > 0')
-    said = lambda v, x: f"`{arm_depth(v)[0]}` at L = {arm_depth(v)[1]} ({int(x.capped)} of {int(x.n)} seeds)"
-    return ', '.join(said(v, x) for v, x in t.iterrows())
 
 # %% ../nbs/14_lm.ipynb #76048cde
 def rate_depth_grid(
@@ -1100,7 +991,7 @@ def similarity_link(
     if len(j) < 3: raise ValueError(f"need at least 3 measured models with a seed-{seed} run to rank, got {len(j)}")
     r, at = spearmanr(j.similarity, j.test_ppl), s.loc[s.similarity.idxmax()]
     link = (f"a higher share goes with a {'higher' if r.statistic > 0 else 'lower'} perplexity" if r.pvalue < alpha
-            else 'no monotone link beyond noise')
+            else 'not shown')
     return dict(last=top.pivot(index='arm', columns='L', values='similarity'), rho=float(r.statistic),
                 p=float(r.pvalue), n=len(j), link=link, peak=float(at.similarity),
                 peak_at=(at.arm, int(at.L), int(at.layer)))

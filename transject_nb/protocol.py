@@ -670,7 +670,7 @@ def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
 # per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good, the chosen rate
-# and whether it is the last allowed, seeds done, epochs, hours
+# and whether it is the last allowed, seeds done and those the epoch cap stopped, epochs, hours
 )->pd.DataFrame:
     "Where each arm of a plan stands."
     out = {}
@@ -693,6 +693,7 @@ def arm_status(
                             retried=int(t.retry_of.notna().sum()),
                             failed=len(failed_runs(rows)),
                             lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
+                            capped=int((d.epochs >= p.epochs).sum()),
                             epochs=int(t.epochs.fillna(0).sum()),
                             hours=round(float(_own_secs(t).fillna(0).sum()) / 3600, 2))
     return pd.DataFrame(out).T.rename_axis('arm')
@@ -701,8 +702,10 @@ def settled_arms(
     status:pd.DataFrame,   # from `arm_status`
 )->list:                   # the arm labels
     ("The arms a table may show: done, with no failed run (a failed search run would leave the rate choice "
-     "unchecked).")
-    return status.index[(status.state == 'done') & (status.failed == 0)].tolist()
+     "unchecked), and not at the last rate allowed with every seed stopped by the epoch cap.")
+    seeds = status.seeds.str.split('/').str[1].astype(int)
+    edge = status.at_limit.astype(bool) & (status.capped >= seeds)     # neither the rate nor the budget explored
+    return status.index[(status.state == 'done') & (status.failed == 0) & ~edge].tolist()
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-16
 def study_runs(
@@ -746,7 +749,6 @@ def settled_runs(
 )->pd.DataFrame:           # the rows of `runs` whose arm has settled
     "The seed runs a table may show: those of the arms done with no failed run (`settled_arms`)."
     return runs[runs.variant.isin(settled_arms(arm_status(trials, plan)))] if len(runs) else runs
-
 
 # %% ../nbs/13_protocol.ipynb #967ec4a9
 def seed_agreement(

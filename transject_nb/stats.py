@@ -1,4 +1,4 @@
-"""Welch's t-test at 5% for "is variant A better than variant B over seeds": the verdicts *holds*, *fails*, *within noise* and *one seed* that every table of the package states.
+"""Welch's test and its 95% interval for "is variant A better than variant B over seeds", Holm's adjustment within a family of tests, and the verdicts *reproduced*, *contradicted*, *not shown* and *not tested* that every table of the package states.
 
 Docs: https://transject-nb.github.io/transject_nb/stats.html.md"""
 
@@ -9,15 +9,17 @@ from __future__ import annotations
 import math
 
 # %% auto #0
-__all__ = ['ALPHA', 'VERDICTS', 'verdict_of', 'welch_from_var', 'welch_from_stats', 'welch', 'spread_test']
+__all__ = ['ALPHA', 'VERDICTS', 'judge', 'verdict_of', 'welch_from_var', 'welch_from_stats', 'welch', 'spread_test', 'holm',
+           'detectable']
 
 # %% ../nbs/11a_stats.ipynb #1825efcf
 import numpy as np
 from scipy import stats as st
+from statsmodels.stats.multitest import multipletests
 
 # %% ../nbs/11a_stats.ipynb #792c3fc8
-ALPHA = 0.05                                                 # the level of every test in the package
-VERDICTS = ('holds', 'fails', 'within noise', 'one seed')    # what a claim can come to
+ALPHA = 0.05                                                         # the level of every test in the package
+VERDICTS = ('reproduced', 'contradicted', 'not shown', 'not tested')  # what a claim can come to
 
 # %% ../nbs/11a_stats.ipynb #be38e48b
 def _check_alpha(alpha):
@@ -25,6 +27,26 @@ def _check_alpha(alpha):
         raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; got {alpha!r}")
 
 # %% ../nbs/11a_stats.ipynb #d6d5646f
+def _is_p(p)->bool: return isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1
+
+def judge(
+    p:float,                   # the (family-adjusted) two-sided p-value of 'no effect'
+    effect:float,              # the measured effect
+    direction:int=1,           # the claim's sign: +1, the effect is claimed positive; -1, negative
+    p_source:float=math.nan,   # the p-value of 'the effect is the source's own' (NaN: the source printed none)
+    alpha:float=ALPHA,         # the level
+)->str:                        # 'reproduced', 'contradicted' or 'not shown'
+    "The verdict on a claim with a direction, from its test of no effect and its test of the source's effect."
+    _check_alpha(alpha)
+    if direction not in (1, -1): raise ValueError(f"direction must be +1 or -1, got {direction!r}")
+    if not _is_p(p): raise ValueError(f"p must be a p-value in [0, 1], got {p!r}")
+    if not (_is_p(p_source) or p_source != p_source):
+        raise ValueError(f"p_source must be a p-value in [0, 1] or NaN, got {p_source!r}")
+    if not math.isfinite(effect): raise ValueError(f"effect must be a finite number, got {effect!r}")
+    if p < alpha and effect * direction > 0: return 'reproduced'
+    return 'contradicted' if p < alpha and effect * direction < 0 or p_source < alpha else 'not shown'
+
+# %% ../nbs/11a_stats.ipynb #edc9e350
 def verdict_of(
     p:float,            # the test's two-sided p-value (unused with a single value on a side)
     diff:float,         # mean of the claimed better side minus mean of the claimed worse
@@ -37,12 +59,12 @@ def verdict_of(
     for k, n in (('n_a', n_a), ('n_b', n_b)):
         if not (isinstance(n, (int, float, np.integer, np.floating)) and float(n).is_integer() and n >= 1):
             raise ValueError(f"{k} must be a whole number of values, at least 1; got {n!r}")
-    if n_a < 2 or n_b < 2: return 'one seed'
-    if not (isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1):
+    if n_a < 2 or n_b < 2: return 'not tested'
+    if not _is_p(p):
         why = " (NaN: with zero spread on both sides, let welch or welch_from_stats decide)" if p != p else ''
         raise ValueError(f"p must be a p-value in [0, 1], got {p!r}" + why)
     if not math.isfinite(diff): raise ValueError(f"diff must be a finite difference of means, got {diff!r}")
-    return 'within noise' if p >= alpha or diff == 0 else 'holds' if diff > 0 else 'fails'
+    return judge(p, diff, alpha=alpha) if diff != 0 else 'not shown'
 
 # %% ../nbs/11a_stats.ipynb #74576af8
 def _arrays(**kw)->tuple:
@@ -191,7 +213,8 @@ def spread_test(
     std_b:float,        # sample standard deviation of the other side
     df_b:float,         # its degrees of freedom
     alpha:float=ALPHA,  # the test's level
-# ratio (std_a / std_b), F (its square), df_a, df_b, p (two-sided), diff (std_b - std_a), verdict
+# ratio (std_a / std_b), lo and hi (its 1-alpha interval), F (its square), df_a, df_b, p (two-sided),
+# diff (std_b - std_a), verdict
 )->dict:
     "Two-sided F test of the claim that side a's spread is smaller than side b's, with its verdict."
     _check_alpha(alpha)
@@ -199,8 +222,8 @@ def spread_test(
         if not (isinstance(d, (int, float, np.integer, np.floating)) and math.isfinite(d) and d >= 0):
             raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
     nan = float('nan')
-    out = dict(ratio=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan, diff=nan)
-    if df_a < 1 or df_b < 1: return out | dict(verdict='one seed')
+    out = dict(ratio=nan, lo=nan, hi=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan, diff=nan)
+    if df_a < 1 or df_b < 1: return out | dict(verdict='not tested')
     for k, s in (('std_a', std_a), ('std_b', std_b)):
         if not (isinstance(s, (int, float, np.integer, np.floating)) and math.isfinite(s) and s >= 0):
             raise ValueError(f"{k} must be a finite standard deviation, at least 0; got {s!r}")
@@ -211,5 +234,36 @@ def spread_test(
         p = min(1.0, 2 * min(float(st.f.cdf(F, df_a, df_b)), float(st.f.sf(F, df_a, df_b))))
     diff = float(std_b) - float(std_a)
     ratio = float(std_a) / float(std_b) if std_b > 0 else (math.inf if std_a > 0 else float('nan'))
-    return out | dict(ratio=ratio, F=F, p=p, diff=diff,
+    q = [float(st.f.ppf(x, df_a, df_b)) for x in (1 - alpha / 2, alpha / 2)]        # F's quantiles, high then low
+    lo, hi = (ratio / math.sqrt(x) for x in q) if math.isfinite(ratio) else (nan, nan)
+    return out | dict(ratio=ratio, lo=lo, hi=hi, F=F, p=p, diff=diff,
                       verdict=verdict_of(p, diff, int(df_a) + 1, int(df_b) + 1, alpha))
+
+# %% ../nbs/11a_stats.ipynb #622a8ab3
+def holm(
+    p,                  # a family's p-values, one per test (NaN: no test was made)
+)->np.ndarray:          # the Holm-adjusted p-values, NaN where `p` is
+    "Holm's step-down adjustment of one family's p-values (statsmodels), NaN left out of the family."
+    try: p = np.asarray(p, dtype=float)
+    except (TypeError, ValueError): raise TypeError(f"p must be a 1-D array of p-values, got {p!r}") from None
+    if p.ndim != 1: raise ValueError(f"p must be a 1-D array of p-values, got shape {p.shape}")
+    ok = ~np.isnan(p)
+    if ((p[ok] < 0) | (p[ok] > 1)).any(): raise ValueError(f"p must hold p-values in [0, 1], got {p.tolist()}")
+    out = np.full(p.shape, np.nan)
+    if ok.any(): out[ok] = multipletests(p[ok], method='holm')[1]
+    return out
+
+# %% ../nbs/11a_stats.ipynb #aeeeb4ec
+def detectable(
+    se,                 # the test's standard error (a number or an array)
+    df,                 # its degrees of freedom
+    alpha:float=ALPHA,  # its level (two-sided)
+    power:float=0.8,    # the chance of detecting an effect of the returned size
+):                      # the smallest true effect the test detects with probability `power`, in `se`'s unit
+    "The smallest effect a two-sided t test with standard error `se` and `df` degrees of freedom would detect."
+    _check_alpha(alpha)
+    if not 0 < power < 1: raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
+    se, df = np.asarray(se, dtype=float), np.asarray(df, dtype=float)
+    with np.errstate(invalid='ignore'):
+        out = (st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * se
+    return out.item() if out.ndim == 0 else out

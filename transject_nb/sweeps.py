@@ -24,7 +24,7 @@ from .stats import ALPHA, welch, welch_from_var
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
            'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus',
-           'say_versus', 'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
+           'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -439,7 +439,7 @@ def versus_table(
     value:str='test_acc',   # the column compared
     alpha:float=ALPHA,      # the test's level
 # one row per (variant in `VARIANTS` order, value of `field`) where both ran:
-# gain and se in points, df, p, verdict, sure, seeds of each side
+# gain, its 1-alpha interval (lo, hi) and se in points, df, p, verdict, sure, seeds of each side
 )->pd.DataFrame:
     ("Every variant against `ref`, cell by cell, by Welch's t-test "
      "with each variant's seed variance pooled over its cells.")
@@ -453,14 +453,15 @@ def versus_table(
     m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
     cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
              if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
-    cols = ['variant', field, 'gain', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
+    cols = ['variant', field, 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
     if not cells: return pd.DataFrame(columns=cols)
     vs, xs = [v for v, _ in cells], [x for _, x in cells]
     r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells],
                        var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
-    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'se': 100 * r['se'], 'df': r['df'],
-                         'p': r['p'], 'verdict': r['verdict'], 'sure': np.isin(r['verdict'], ('holds', 'fails')),
-                         'seeds': r['n_a'], 'seeds_ref': r['n_b']}, columns=cols)
+    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'], 'hi': 100 * r['hi'],
+                         'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
+                         'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')), 'seeds': r['n_a'],
+                         'seeds_ref': r['n_b']}, columns=cols)
 
 # %% ../nbs/12_sweeps.ipynb #24ddbe9f
 def versus(
@@ -483,56 +484,36 @@ def versus(
             if len(t) else gain * np.nan)
     return gain, sure.fillna(False).astype(bool)
 
-# %% ../nbs/12_sweeps.ipynb #b0948fa0
-def say_versus(
-    gain:pd.DataFrame,      # from `versus`
-    sure:pd.DataFrame,      # from `versus`
-    v:str,                  # the variant to describe
-    field:str='L',          # how the columns are named in the text
-)->str:                     # e.g. "ahead at L=16 (+9.8), level within noise elsewhere"
-    ("Where `v` is ahead of or behind the reference by Welch's test at 5% (`versus`), in words; "
-     "says how far `v` has run if not to every column.")
-    if v not in gain.index: return "not run yet"
-    pts = lambda xs: ', '.join(f"{field}={x} ({gain.loc[v, x]:+.1f})" for x in xs)
-    done = [x for x in gain.columns if pd.notna(gain.loc[v, x])]
-    up, down = ([x for x in done if sure.loc[v, x] and sign * gain.loc[v, x] > 0] for sign in (1, -1))
-    said = [f"ahead at {pts(up)}"] * bool(up) + [f"behind at {pts(down)}"] * bool(down)
-    text = (', '.join(said) + (", level within noise elsewhere" if len(up) + len(down) < len(done) else "") if said
-            else "level within noise wherever both ran")
-    return text + ("" if not done or len(done) == len(gain.columns) else f" (run to {field}={max(done)} so far)")
-
 # %% ../nbs/12_sweeps.ipynb #52310c50
 def depth_answer(
     df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
     depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
     field:str='n_layers',   # the depth field
-    collapse_at:float=0.55, # a deepest cell at or below this accuracy collapsed (5 points above chance of 2 classes)
-    keep_within:float=0.03, # a deepest cell within this of the best kept training
-    shallow_at:int=2,       # a best depth at or below this is shallow
+    collapse_at:float=0.55, # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
+    keep_within:float=0.03, # a deepest cell within this of the best is 'within 3 points of its best'
     alpha:float=ALPHA,      # the level of the test of best depth against deepest
-# per variant: best and deepest depth and accuracy, diverged runs, similarity shares, verdict, drop,
-# noise (the test's interval half-width), p, preference
+# per variant: best depth (on validation) and deepest, their test accuracies, diverged runs, similarity shares,
+# outcome, drop, its interval (lo, hi), p, verdict
 )->pd.DataFrame:
-    ("Per variant of a depth sweep: whether it keeps training, degrades or collapses as depth grows, "
-     "and whether it prefers shallow models by Welch's test at `alpha`.")
+    ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, and the test of "
+     "'the best depth beats the deepest'.")
     s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
+    val = grid_summary(df, [field], 'valid_acc')['mean']
     rows = {}
     for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
         g, k = s[s.variant == v].set_index(field), kept[kept.variant == v]
-        best, deep = g['mean'].idxmax(), g.index.max()
+        best, deep = val.loc[v].idxmax(), g.index.max()
         sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
         r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep,
                  acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['verdict'] = ('incomplete' if set(g.index) != set(depths)
-                        else 'collapses' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'keeps training' if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged']
-                        else 'degrades')
-        # best depth's seeds against the deepest's
+        r['outcome'] = ('incomplete' if set(g.index) != set(depths)
+                        else 'at chance' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
+                        else 'within 3 points of its best' if r['best_acc'] - r['acc_deepest'] <= keep_within
+                        and not r['diverged'] else 'more than 3 points below its best')
         t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
-        r['drop'], r['noise'], r['p'] = t['diff'], t['hi'] - t['diff'], t['p']
-        r['preference'] = (('prefers shallow' if best <= shallow_at else 'prefers a middle depth')
-                           if t['verdict'] == 'holds' else 'flat within noise')
+        r |= dict(drop=t['diff'], lo=t['lo'], hi=t['hi'], p=t['p'],
+                  verdict=t['verdict'] if best != deep else 'not tested')
         rows[v] = r
     return pd.DataFrame(rows).T.infer_objects()
 
