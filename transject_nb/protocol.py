@@ -899,7 +899,7 @@ _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
 LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
 LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2,
                        metric='perplexity', warmup=100, prune_patience=0)
-LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the masked and the GPU grids: two seeds a cell (their budget)
+LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
 LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 LM_GPU_DEPTHS = (2, 4, 8, 16, 32)                # the GPU depth table's L
 MLM_DEPTHS = (2, 8)                              # the masked grids' L, on the CPU and on a GPU
@@ -917,9 +917,9 @@ LM_STUDIES = (
               note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
                    "the repro preset's width (d 64)"),
     StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
-              fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
+              fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
               note="NeuTRENO's λ ablation (its Table 13) around lm-neutreno's λ = 0.4"),
-    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL,
+    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
               objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
     MLM_DEPTH,
