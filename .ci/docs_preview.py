@@ -131,6 +131,18 @@ class Page:
         return '\n\n'.join(b for b in blocks if b) + '\n'
 
 
+LOCAL_IMAGE = re.compile(r'!\[[^\]]*\]\((?!https?:|/)([^)\s]+)\)')
+
+def copy_images(nb:dict, nbs:Path, out:Path)->list:
+    "Copy the local images the markdown cells show (e.g. `results/claims.png`) next to the pages, as Quarto does."
+    refs = [r for c in nb['cells'] if c['cell_type'] == 'markdown' for r in LOCAL_IMAGE.findall(_text(c['source']))]
+    for r in refs:
+        if not (nbs/r).is_file(): raise SystemExit(f"a markdown cell shows {r}, which is not in {nbs}")
+        (out/r).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(nbs/r, out/r)
+    return refs
+
+
 def sidebar_items(sidebar_yml:Path)->list:
     "The `website.sidebar.contents` of Quarto's sidebar file."
     d = yaml.safe_load(sidebar_yml.read_text())
@@ -227,7 +239,7 @@ def build(out:Path, katex:Path=KATEX_DIST, force:bool=False, proc:Path|None=None
         pg = Page(nb, out, Path(page).stem)
         md = out/'_src'/(Path(page).stem + '.md')
         md.write_text(pg.markdown())
-        manifest[page] = dict(notebook=f'{nbs.name}/{name}', title=title, figures=pg.figures)
+        manifest[page] = dict(notebook=f'{nbs.name}/{name}', title=title, figures=pg.figures + copy_images(nb, nbs, out))
         jobs.append((name, md, out/page, sidebar_html(items, pages, page)))
     with ThreadPoolExecutor(min(2, os.cpu_count() or 1)) as ex:
         results = list(ex.map(lambda j: (j[0], render(j[1], j[2], meta, j[3], opts)), jobs))

@@ -178,8 +178,9 @@ def effect_text(
     effect:float, lo:float=math.nan, hi:float=math.nan,  # an effect and its interval
     digits:int=1,                                        # decimals
 )->str:                                                  # e.g. '+0.3 [-0.1, +0.7]'; '' for NaN
-    "An effect with its interval, signed, in a fixed number of decimals."
+    "An effect with its interval, signed, in `digits` decimals, or more where it is below 1 (two figures)."
     if not np.isfinite(effect): return ''
+    if 0 < abs(effect) < 1: digits = max(digits, 1 - math.floor(math.log10(abs(effect))))
     f = lambda x: f"{x:+.{digits}f}".replace('-', '−')
     return f(effect) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else '')
 
@@ -190,7 +191,7 @@ def answer_table(
     "The rows as a reader's table: the paper's effect beside ours and its interval, the adjusted p and the verdict."
     c = claims
     f = lambda x: '' if not np.isfinite(x) else f"{x:.2g}"
-    return pd.DataFrame({'claim': c.claim, 'test': c.test, 'n': c.n, 'unit': c.unit,
+    return pd.DataFrame({'claim': c.claim, 'test': c.test, 'n': c.n.where(c.n.notna(), ''), 'unit': c.unit,
                          'paper': [effect_text(x, digits=digits) for x in c.paper_effect],
                          'ours [95% CI]': [effect_text(*r, digits=digits) for r in zip(c.effect, c.ci_low, c.ci_high)],
                          'p (Holm)': c.p_adj.map(f), 'verdict': c.verdict,
