@@ -226,7 +226,8 @@ def plot_forest(
         ax.tick_params(axis='x', labelsize=7)
     handles = [plt.Line2D([], [], color=c, marker='o', lw=2, label=v) for v, c in VERDICT_COLOURS.items()
                if v in set(d.verdict)] + [plt.Line2D([], [], marker='D', mfc='none', mec='k', ls='', label='paper')]
-    axs[0, 0].legend(handles=handles, fontsize=7, loc='best')
+    axs[0, 0].legend(handles=handles, fontsize=7, loc='lower left', bbox_to_anchor=(0, 1.01),
+                     ncol=len(handles), frameon=False)          # above the panels, never over a row
     if title: fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
