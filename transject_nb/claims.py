@@ -131,7 +131,7 @@ def robustness_claims(
     "Fig. 3 (§3.7): TransJect's accuracy spreads less than the Transformer's along each axis, by the F test."
     s = axis_spreads(results)
     return [claim_row('TransJect', f"Fig. 3, {f}: TransJect spreads less", 'fig-3',
-                      f"IMDb subset, {r.settings} settings of {f}, 2 epochs, 2 seeds a cell",
+                      f"IMDb subset, {int(r.settings)} settings of {f}, 2 epochs, 2 seeds a cell",
                       spread_effect(r.transject, r.settings - 1, r.transformer, r.settings - 1),
                       '21_transject_paper.ipynb#fig.-3-robustness-to-width-sequence-length-training-data-and-depth',
                       unit='% of the s.d.', direction=-1,
