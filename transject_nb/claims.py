@@ -118,15 +118,11 @@ def axis_spreads(
     rob, _ = load_grid(Path(results)/'robustness')
     dep, _ = load_grid(Path(results)/'depth')
     centre = ROBUSTNESS_STUDY.grid[0]                                    # `axis_cells` puts the centre first
-    means = {f: grid_summary(rob, [f])['mean'].unstack(0) for f in centre}
+    on = lambda f: rob[np.logical_and.reduce([rob[k] == v for k, v in centre.items() if k != f])]
+    means = {f: grid_summary(on(f), [f])['mean'].unstack(0) for f in centre}   # the centre and the axis's cells only
     means['n_layers'] = grid_summary(dep[dep.variant.isin(models)], ['n_layers'])['mean'].unstack(0)
-    rows = {}
-    for f, m in means.items():
-        if f != 'n_layers':                                              # the axis: the centre and its own settings
-            on = rob[np.logical_and.reduce([rob[k] == v for k, v in centre.items() if k != f])]
-            m = m.loc[sorted(set(on[f]))]
-        rows[f] = dict(settings=len(m), **{v: float(m[v].std(ddof=1)) for v in models})
-    return pd.DataFrame(rows).T.astype({'settings': int})
+    return pd.DataFrame({f: dict(settings=len(m), **{v: float(m[v].std(ddof=1)) for v in models})
+                         for f, m in means.items()}).T.astype({'settings': int})
 
 # %% ../nbs/11d_claims.ipynb #d4835c1b
 def robustness_claims(
@@ -135,7 +131,7 @@ def robustness_claims(
     "Fig. 3 (§3.7): TransJect's accuracy spreads less than the Transformer's along each axis, by the F test."
     s = axis_spreads(results)
     return [claim_row('TransJect', f"Fig. 3, {f}: TransJect spreads less", 'fig-3',
-                      f"IMDb subset, {r.settings} settings of {f}, 2 epochs, 2 seeds a cell",
+                      f"IMDb subset, {int(r.settings)} settings of {f}, 2 epochs, 2 seeds a cell",
                       spread_effect(r.transject, r.settings - 1, r.transformer, r.settings - 1),
                       '21_transject_paper.ipynb#fig.-3-robustness-to-width-sequence-length-training-data-and-depth',
                       unit='% of the s.d.', direction=-1,
