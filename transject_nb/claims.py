@@ -190,7 +190,8 @@ def init_claims(
     "Similarity at initialisation: its escalation with depth, and how much the fixes slow it."
     d = pd.read_csv(Path(results)/'depth'/'init.csv')
     at = lambda v, n, col='share': d[(d.variant == v) & (d.n_layers == n)][col].to_numpy(float)
-    test, sec = "16 IMDb reviews, d 64, untrained, 2 init seeds", '24_depth.ipynb#at-initialisation-only-to-128-layers'
+    test = f"16 IMDb reviews, d 64, untrained, {d.seed.nunique()} init seeds"
+    sec = '24_depth.ipynb#at-initialisation-only-to-128-layers'
     row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'init', test, eff, sec, unit='share', **kw)
     rows = [row('Yu & Zhang', f"§1: similarity escalates with depth (post-norm, L {L} > 1)",
                 diff_effect(at('transformer', L), at('transformer', 1), scale=1.)),

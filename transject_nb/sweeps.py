@@ -24,7 +24,7 @@ from .stats import ALPHA, welch, welch_from_var
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
            'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus',
-           'depth_answer', 'plot_grid', 'plot_layers', 'init_sweep']
+           'depth_answer', 'plot_grid', 'plot_layers', 'fix_tables', 'plot_depth_panels', 'init_sweep']
 
 # %% ../nbs/12_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -561,6 +561,84 @@ def plot_layers(
     ax.set_title(f"{'similarity share' if key == 'share' else 'mean pairwise cosine'} per layer, "
                  f"{'at initialisation' if when == 'init' else 'after training'}", fontsize=9)
     return ax
+
+# %% ../nbs/12_sweeps.ipynb #253c38da
+def _tests_table(o:pd.DataFrame)->pd.DataFrame:
+    "`experiments.check_orderings` as a reader's table: the claim, n, the difference with its interval, p, verdict."
+    from transject_nb.ledger import effect_text
+    return pd.DataFrame({'task': o.task, 'claim': o.better + ' > ' + o.worse,
+                         'n': [f"{a}+{b}" for a, b in zip(o.n_better, o.n_worse)],
+                         'points [95% CI]': [effect_text(*r) for r in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
+                         'p': o.p.round(3), 'verdict': o.verdict}).set_index('task')
+
+def _fix_accuracy(R:Path, models:list, claims:list)->dict:
+    "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
+    from transject_nb.core import TASKS
+    from transject_nb.experiments import check_orderings, format_table, results_table, RESULT_COLUMNS
+    from transject_nb.protocol import CLASSIFICATION_STUDIES, arm_status
+    fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
+    status = pd.concat({p.task: arm_status(pd.read_csv(fair/p.task/'trials.csv'), p)
+                        for p in CLASSIFICATION_STUDIES.values() if p.task in tasks}, names=['task', 'arm'])
+    runs = pd.concat([pd.read_csv(fair/t/'runs.csv') for t in tasks], ignore_index=True)
+    base = pd.read_csv(fair/'baselines.csv')
+    ftable = results_table(runs[list(RESULT_COLUMNS)], base[base.task.isin(tasks)])
+    stable = results_table(*(pd.read_csv(R/'repro'/f) for f in ('runs.csv', 'baselines.csv')))
+    rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class') or r.startswith('tfidf')]]
+    fo = check_orderings(ftable, claims)
+    ft, st = _tests_table(fo), _tests_table(check_orderings(stable, claims))
+    for side in ('better', 'worse'):                             # each arm's chosen rate, and whether it is the last
+        ft[f'rate of {side}'] = [status.lr[t, a] for t, a in zip(fo.task, fo[side])]
+        ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a]) for t, a in zip(fo.task, fo[side])]
+    ft['finished'] = [bool((status.loc[t].state == 'done').all()) for t in fo.task]
+    st['at own rates'] = ft.verdict.reindex(st.index)
+    return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)), single_tests=st)
+
+# %% ../nbs/12_sweeps.ipynb #066eff15
+def fix_tables(
+    results:Path,               # the committed results folder (`nbs/results`)
+    models:list,                # the page's models, e.g. ['transformer', 'neutreno']
+    fix:str,                    # the model whose claims `experiments.PAPER_CLAIMS` holds, e.g. 'neutreno'
+    measure:str='share',        # the depth study's similarity measure: 'share' or 'cosine'
+    ref:str='transformer',      # the model the depth study compares the others with
+)->dict:                        # name -> DataFrame (see the text above)
+    "The tables of a fix's page: its accuracy at own and single rates, similarity per layer, and against depth."
+    from transject_nb.experiments import PAPER_CLAIMS, load_figure_data
+    from transject_nb.ledger import effect_text
+    check_choice(measure, ('share', 'cosine'), 'measure')
+    if not (claims := [c for c in PAPER_CLAIMS if c[0] == fix]):
+        raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of {sorted({c[0] for c in PAPER_CLAIMS})}")
+    R = Path(results)
+    frames, _ = load_figure_data(R/'fair'/'figures_imdb_seed1.json')
+    sim = frames['similarity'][frames['similarity'].variant.isin(models)]
+    last = sim[sim.layer == sim.layer.max()].set_index('variant')[['cosine', 'similarity']]
+    depth, _ = load_grid(R/'depth')
+    depth = depth[depth.variant.isin(models)]
+    cols = {f'{measure}_init': f'{measure} at init', f'{measure}_final': f'{measure} trained', 'test_acc': 'test acc'}
+    means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()}, axis=1).unstack(0)
+    vt = versus_table(depth, ref, 'n_layers')
+    dt = pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
+                       'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
+                       f'points above {ref} [95% CI]': [effect_text(*r) for r in zip(vt.gain, vt.lo, vt.hi)],
+                       'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
+    return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means, depth_tests=dt,
+                last_layer=last.reindex([v for v in models if v in last.index]))
+
+# %% ../nbs/12_sweeps.ipynb #d304c216
+def plot_depth_panels(
+    df:pd.DataFrame,            # a depth grid (`load_grid`), e.g. a page's models
+    measure:str='share',        # the final layer's similarity measure: 'share' or 'cosine'
+    field:str='n_layers',       # the depth field
+):                              # the figure
+    "Three panels against depth: the final layer's `measure` at initialisation and after training, and test accuracy."
+    import matplotlib.pyplot as plt
+    check_choice(measure, ('share', 'cosine'), 'measure')
+    name = {'share': 'similarity share', 'cosine': 'mean pairwise cosine'}[measure]
+    after = f"after {int(df.epochs.max())} epochs" if 'epochs' in df else 'after training'
+    fig, axs = plt.subplots(1, 3, figsize=(15, 3.8))
+    plot_grid(df, field, f'{measure}_init', ax=axs[0], title=f'{name} at initialisation')
+    plot_grid(df, field, f'{measure}_final', ax=axs[1], title=f'{name} {after}')
+    plot_grid(df, field, ax=axs[2], title=f'test accuracy {after}')
+    return fig
 
 # %% ../nbs/12_sweeps.ipynb #b752500a
 def init_sweep(
