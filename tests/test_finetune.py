@@ -217,3 +217,24 @@ def test_two_workers_share_a_pretraining_plan_an_arm_each(tmp_path):
     assert r.returncode != 0 and "unknown arm 'nope'" in r.stderr
     r = subprocess.run(cli + ['--controls', '--arms', plan.arms[0]], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and 'takes no --arms' in r.stderr
+
+
+def test_the_controls_table_judges_each_step_across_seeds():
+    "Each step of the controls is a change in points with Welch's interval once the four classifiers share two seeds."
+    import pandas as pd
+    from scipy.stats import ttest_ind
+    from transject_nb.finetune import CONTROL_STEPS, PRETRAIN_CONTROLS, controls_table
+    acc = {'scratch': [.85, .86], 'ulmfit': [.80, .82]}
+    runs = pd.DataFrame([dict(arm='t', kind=k, phase='seed', seed=s, lr=1e-3, valid_acc=a, test_acc=a)
+                         for k, v in acc.items() for s, a in zip((1, 2), v)])
+    c = list(PRETRAIN_CONTROLS)
+    ctl = pd.DataFrame([dict(arm='t', control=k, seed=s, test_acc=a)
+                        for k, v in zip(c, ([.83, .84], [.78, .79])) for s, a in zip((1, 2), v)])
+    t = controls_table(ctl, runs).loc['t']
+    assert list(t.index) == list(CONTROL_STEPS)
+    mask = t.loc[CONTROL_STEPS[0]]
+    assert abs(mask['change (points)'] - (83.5 - 85.5)) < 1e-9
+    assert abs(mask.p - ttest_ind([.83, .84], [.85, .86], equal_var=False).pvalue) < 1e-9
+    assert (t.lo <= t['change (points)']).all() and (t['change (points)'] <= t.hi).all()
+    one = controls_table(ctl[ctl.seed == 1], runs).loc['t']           # one seed in common: no test
+    assert one.p.isna().all() and one['change (points)'].notna().all()

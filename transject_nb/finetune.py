@@ -19,13 +19,13 @@ import torch.nn as nn
 from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'layer_groups', 'load_pretrained',
-           'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
-           'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge', 'next_clf_rate',
-           'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped_said', 'pretrain_table',
-           'pretrain_verdicts', 'pretrain_said', 'accuracies_said', 'lengths_said', 'pass_said', 'pretrained_lm',
-           'control_learner', 'control_results', 'control_progress', 'control_seeds', 'run_controls', 'controls_said',
-           'superseded_runs', 'superseded_said', 'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
+__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'CONTROL_STEPS', 'layer_groups',
+           'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates',
+           'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge',
+           'next_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table',
+           'pretrain_verdicts', 'lengths_table', 'pass_table', 'pretrained_lm', 'control_learner', 'control_results',
+           'control_progress', 'control_seeds', 'run_controls', 'controls_table', 'superseded_runs', 'superseded_table',
+           'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
 from .core import EncoderClassifier, atomic_write, check_choice, copy_new, unwrap
@@ -180,6 +180,7 @@ def fine_tune(
     return pd.DataFrame(rows)
 
 
+
 # %% ../nbs/14a_finetune.ipynb #c0c8362e
 KIND_NAMES = dict(ulmfit='fine-tuned', scratch='from scratch')   # a plan's classifiers, and their names in words
 CLF_KINDS = tuple(KIND_NAMES)      # fine-tuned from the plan's language model, and from scratch
@@ -255,6 +256,7 @@ def _history_of(run)->pd.DataFrame:
     return pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
 
 
+
 # %% ../nbs/14a_finetune.ipynb #39b2afa1
 def pretrain_rates(
     plan:PretrainPlan,      # the plan
@@ -282,6 +284,7 @@ def best_pretrain_rate(
     r = r[np.isfinite(r.valid_loss.astype(float))]
     if not len(r): raise ValueError(f"{arm}: the first part diverged at every rate tried")
     return float(r.lr[r.valid_loss.astype(float).idxmin()])
+
 
 
 # %% ../nbs/14a_finetune.ipynb #39b2afb6
@@ -375,6 +378,7 @@ def _arm_claim(folder:Path):
             f.seek(0); yield f.read().strip() or '?'; return
         f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
         yield None
+
 
 
 # %% ../nbs/14a_finetune.ipynb #8faeab17
@@ -605,17 +609,17 @@ def clf_progress(
     return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', 'lr', 'stage', 'epochs', 'valid_acc', 'minutes'])
 
 # %% ../nbs/14a_finetune.ipynb #cd972560
-def clf_capped_said(
+def clf_capped(
     results:pd.DataFrame,   # `pretrain_results` (or its CSV)
     phase:str='seed',       # 'seed' or 'search' (`clf_runs`)
-)->str:                     # e.g. "`transformer-prenorm` fine-tuned at 0.003 (20 epochs)"; '' where the cap ended none
-    "The classifier runs of a phase that used every epoch of their cap, in words: searches by rate, seeds by seed."
+)->pd.DataFrame:            # arm, kind (in words), seed, lr, epochs, max_epochs; no row where the cap ended none
+    "The classifier runs of a phase that used every epoch of their cap."
     if 'max_epochs' not in results:
         raise ValueError("results lack the column max_epochs (each run's cap): pass `pretrain_results`")
     r = clf_runs(results, phase)
     r = r[r.epochs.astype(float) >= r.max_epochs.astype(float)]      # a run of unknown cap (NaN) is not counted
-    which = (lambda x: f"at {x.lr:g}") if phase == 'search' else (lambda x: f"seed {x.seed:.0f}")
-    return ', '.join(f"`{x.arm}` {KIND_NAMES[x.kind]} {which(x)} ({x.max_epochs:.0f} epochs)" for x in r.itertuples())
+    return (r.assign(kind=r.kind.map(KIND_NAMES), lr=r.lr if 'lr' in r else np.nan)
+            [['arm', 'kind', 'seed', 'lr', 'epochs', 'max_epochs']].reset_index(drop=True))
 
 # %% ../nbs/14a_finetune.ipynb #01238365
 def pretrain_table(
@@ -642,7 +646,7 @@ def pretrain_verdicts(
     results:pd.DataFrame,   # `pretrain_results`: one row per finished run
     baseline:float,         # the accuracy to beat, one deterministic fit (TF-IDF's on IMDb)
     alpha:float=ALPHA,      # the tests' level
-)->pd.DataFrame:            # per arm and claim: the difference of accuracies, p, verdict, seeds
+)->pd.DataFrame:            # per arm and claim: the difference of accuracies, its 1-alpha interval, p, verdict, seeds
     "Per arm: is the fine-tuned classifier better than the one from scratch, and than `baseline` (a fixed number)?"
     if not (isinstance(baseline, (int, float)) and 0 < baseline < 1):
         raise ValueError(f"baseline must be an accuracy in (0, 1), got {baseline!r}")
@@ -651,77 +655,51 @@ def pretrain_verdicts(
         ft, sc = (g[g.kind == k].test_acc.astype(float).to_numpy() for k in ('ulmfit', 'scratch'))
         if len(ft) and len(sc):
             r = welch(ft, sc, alpha)
-            rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], p=r['p'], verdict=r['verdict'],
-                             seeds=len(ft)))
+            rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], lo=r['lo'], hi=r['hi'],
+                             p=r['p'], verdict=r['verdict'], seeds=len(ft)))
         if len(ft):                               # the baseline is a number without spread: the one-sample t-test
-            diff = ft.mean() - baseline
-            p = np.nan if len(ft) < 2 else ttest_1samp(ft, baseline).pvalue if ft.std() > 0 else float(diff == 0)
-            rows.append(dict(arm=arm, claim='fine-tuned > baseline', diff=diff, p=p, seeds=len(ft),
-                             verdict='one seed' if len(ft) < 2                 # only the network's seeds have a spread
+            diff, spread = ft.mean() - baseline, len(ft) > 1 and ft.std() > 0
+            t = ttest_1samp(ft, baseline) if spread else None
+            lo, hi = ((np.array(t.confidence_interval(1 - alpha)) - baseline) if spread
+                      else (diff, diff) if len(ft) > 1 else (np.nan, np.nan))
+            p = np.nan if len(ft) < 2 else t.pvalue if spread else float(diff == 0)
+            rows.append(dict(arm=arm, claim='fine-tuned > baseline', diff=diff, lo=lo, hi=hi, p=p, seeds=len(ft),
+                             verdict='not tested' if len(ft) < 2                # only the network's seeds have a spread
                              else verdict_of(p, diff, n_a=len(ft), n_b=len(ft), alpha=alpha)))
-    return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'p', 'verdict', 'seeds'])
+    return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'lo', 'hi', 'p', 'verdict', 'seeds'])
 
 # %% ../nbs/14a_finetune.ipynb #0123836d
-def pretrain_said(
-    results:pd.DataFrame,            # `pretrain_results`: one row per finished run
-    baseline:float,                  # the accuracy to beat (TF-IDF's on IMDb)
-    rates:pd.DataFrame|None=None,    # `pretrain_rates`, counted as pretraining
-    name:str='TF-IDF',               # what the baseline is called
-)->str:                              # one sentence (or two)
-    "`pretrain_table` and `pretrain_verdicts` in words: each classifier's accuracy and cost, the baseline, verdicts."
-    base = f"{name}: {100 * baseline:.1f}%"
-    if not len(clf_runs(results)):                     # no seed yet: where the rate searches stand
-        tried = '; '.join(f"`{r.arm}` {KIND_NAMES[r.kind]} at {r.lr:g}: {100 * r.valid_acc:.1f}%"
-                          for r in clf_runs(results, 'search').itertuples())
-        return (f"No classifier of the plan has finished its seeds yet ({base})"
-                + (f"; its rate searches so far, by validation accuracy: {tried}." if tried else "."))
-    said = [f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}% ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''}, "
-            f"{r.minutes:.0f} CPU minutes a classifier{', pretraining included' if k == 'ulmfit' else ''}"
-            f"{', its rate search included' if r.search_minutes else ''})"
-            for (a, k), r in pretrain_table(results, rates).iterrows()]
-    verdicts = [f" `{r.arm}`, {r.claim.replace('baseline', name)}: {r.verdict} (p = {r.p:.2g})."
-                for r in pretrain_verdicts(results, baseline).itertuples() if r.verdict != 'one seed']
-    return f"{base}; " + '; '.join(said) + '.' + ''.join(verdicts)
-
-def accuracies_said(
-    results:pd.DataFrame,   # `pretrain_results`, or a record of runs in its columns
-)->str:                     # a clause
-    "Each classifier's mean test accuracy, fine-tuned and from scratch, in a clause."
-    return '; '.join(f"`{a}` {KIND_NAMES[k]} {100 * r.test_acc:.1f}%"
-                     for (a, k), r in pretrain_table(results).iterrows())
-
-# %% ../nbs/14a_finetune.ipynb #09bd9a8d
-def lengths_said(
+def lengths_table(
     lengths:pd.DataFrame,   # the baseline per reading length (`max_len`, `test_acc`, `test_cut`), the tables' first
-)->str:                     # a clause
-    "The baseline's test accuracy at each reading length past the first, in a clause ('whole reviews': nothing cut)."
+)->pd.DataFrame:            # per length read: test accuracy (%) and its gain over the first length (points)
+    "The baseline's test accuracy at each reading length, and its gain over the first ('whole reviews': nothing cut)."
     if missing := sorted({'max_len', 'test_acc', 'test_cut'} - set(lengths.columns)):
         raise ValueError(f"lengths lack columns {missing}")
     if len(lengths) < 2:
         raise ValueError(f"lengths needs the tables' length and a longer one: got {len(lengths)} row(s)")
-    at = [f"{100 * r.test_acc:.1f}% " + ('on whole reviews' if r.test_cut == 0 else f"at {r.max_len} tokens")
-          for r in lengths.iloc[1:].itertuples()]
-    return ' and '.join(filter(None, [', '.join(at[:-1]), at[-1]]))
+    read = ['whole reviews' if r.test_cut == 0 else f"{r.max_len} tokens" for r in lengths.itertuples()]
+    acc = 100 * lengths.test_acc.to_numpy(float)
+    return pd.DataFrame({'test accuracy %': acc, 'gain (points)': acc - acc[0]}, index=pd.Index(read, name='read'))
 
-# %% ../nbs/14a_finetune.ipynb #3bcb3724
-def pass_said(
+# %% ../nbs/14a_finetune.ipynb #09bd9a8d
+def pass_table(
     plan:PretrainPlan,          # the plan
     rates:pd.DataFrame,         # `pretrain_rates` (empty: the plan takes `lr_find`'s rate)
     progress:pd.DataFrame,      # `pretrain_progress`
-)->str:                         # a clause per arm with a part trained, '; '-joined ('' before any)
-    "Each arm's pretraining pass in words: parts trained, its rate among those tried, best validation perplexity, pace."
-    said, n = [], plan.parts
+)->pd.DataFrame:                # per arm with a part trained: parts, rate, rates tried, best perplexity, its part, pace
+    "Each arm's pretraining pass: parts trained, its rate among those tried, best validation perplexity, pace."
+    rows = []
     for a, g in progress.groupby('arm', sort=False):
         tried = rates[rates.arm == a]
-        among = ', '.join(f'{x:g}' for x in tried.lr)
-        rate = (f" at {best_pretrain_rate(tried, a):g} (chosen on its first part among {among})"
-                if len(tried) and tried.done.astype(bool).all() else '')
+        chosen = len(tried) and tried.done.astype(bool).all()                 # every rate's first part finished
         ppl, m = g.valid_ppl.to_numpy(float), g.secs.mean() / 60
-        best = (f"best validation perplexity {np.nanmin(ppl):.1f} (part {int(np.nanargmin(ppl)) + 1})"
-                if np.isfinite(ppl).any() else "no finite validation perplexity")
-        said.append(f"`{a}`'s pass: {len(g)} of {n} parts{rate}, {best}, {m:.0f} minutes a part, "
-                    f"so about {m * n / 60:.1f} hours for the pass")
-    return '; '.join(said)
+        ok = np.isfinite(ppl).any()
+        rows.append(dict(arm=a, parts=len(g), of=plan.parts, lr=best_pretrain_rate(tried, a) if chosen else np.nan,
+                         tried=', '.join(f'{x:g}' for x in tried.lr), best_valid_ppl=np.nanmin(ppl) if ok else np.nan,
+                         best_part=int(np.nanargmin(ppl)) + 1 if ok else np.nan, minutes_a_part=m,
+                         pass_hours=m * plan.parts / 60))
+    return pd.DataFrame(rows, columns=['arm', 'parts', 'of', 'lr', 'tried', 'best_valid_ppl', 'best_part',
+                                       'minutes_a_part', 'pass_hours']).set_index('arm')
 
 # %% ../nbs/14a_finetune.ipynb #01238371
 def _check_pretrained(plan, variant, out):
@@ -744,6 +722,7 @@ def pretrained_lm(
         raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
                          "(or $TRANSJECT_DATA)")
     return _lm_learner(plan, variant, out, source)
+
 
 
 # %% ../nbs/14a_finetune.ipynb #91add2b1
@@ -858,55 +837,53 @@ def run_controls(
     return control_results(plan, out)
 
 
+
 # %% ../nbs/14a_finetune.ipynb #ce6c407e
-_STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # from scratch -> causal -> pretrained -> fine-tuned
-_pct = lambda x: 'not finished' if x is None else f"{100 * x:.1f}%"
-_step = lambda i, n: n + ' changes it' * (i == 0)                # the first step named says what changes
-_pts = lambda x, y: f"{round(100 * (np.mean(y) - np.mean(x)), 1) + 0:+.1f} points"   # + 0: no "-0.0"
+CONTROL_STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # scratch -> causal -> pretrained -> fine-tuned
+_SIDES = ('from scratch', *PRETRAIN_CONTROLS, "fine-tuned, ULMFiT's stages")
 
-def _across_seeds(a, sides, on, alpha):
-    "The four classifiers' test accuracies at the plan's seeds `on`: each step's change, judged by Welch's test."
-    def step(n, x, y):
-        w = welch(y, x, alpha)
-        return f"{n} by {_pts(x, y)} (p={w['p']:.2g}, {'within' if w['verdict'] == 'within noise' else 'beyond'} noise)"
-    by = [step(_step(i, n), x, y) for i, (n, x, y) in enumerate(zip(_STEPS, sides, sides[1:]))]
-    means = [_pct(x.mean()) for x in sides]
-    return (f"`{a}`, test accuracy, the mean of seeds {', '.join(map(str, on))} (Welch at {alpha:g}): from scratch "
-            f"{means[0]}, causal from scratch {means[1]}, pretrained in one stage {means[2]}, fine-tuned in ULMFiT's "
-            f"stages {means[3]}. So {by[0]}, {by[1]} and {by[2]}.")
-
-def _one_seed(a, g, runs):
-    "One run each at the controls' first seed, beside the arm's classifiers (`runs`) of that seed: no test."
-    seed, got = int(g.seed.iloc[0]), g[g.seed == g.seed.iloc[0]].set_index('control').test_acc
-    runs = runs.query("seed == @seed")
+def _four(a, g, results, on=None):
+    "The arm's four classifiers' test accuracies: at the seeds `on`, or one run each at the controls' first seed."
+    sd = clf_runs(results).query("arm == @a")                                # the plan's seeds
+    four = [sd[sd.kind == 'scratch'], *(g[g.control == k] for k in PRETRAIN_CONTROLS), sd[sd.kind == 'ulmfit']]
+    if on is not None: return [d[d.seed.isin(on)].sort_values('seed').test_acc.to_numpy(float) for d in four]
+    seed = int(g.seed.iloc[0])
+    runs = pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a and seed == @seed")
     def best(k):                                     # test accuracy of the kind's run of highest validation accuracy
         r = runs[runs.kind == k]
-        return r.sort_values('valid_acc').test_acc.iloc[-1] if len(r) else None
-    acc = (best('scratch'), *(got.get(k) for k in PRETRAIN_CONTROLS), best('ulmfit'))
-    steps = [(n, x, y) for n, x, y in zip(_STEPS, acc, acc[1:]) if x is not None and y is not None]  # finished only
-    by = [f"{_step(i, n)} by {_pts(x, y)}" for i, (n, x, y) in enumerate(steps)]
-    later = int((g.seed != seed).sum())
-    return (f"`{a}`, one run each at seed {seed}, test accuracy: from scratch {_pct(acc[0])}, causal from scratch "
-            f"{_pct(acc[1])}, pretrained in one stage {_pct(acc[2])}, fine-tuned in ULMFiT's stages {_pct(acc[3])}."
-            + (f" So {', '.join(by[:-1])}{' and ' if len(by) > 1 else ''}{by[-1]}." if by else '')
-            + (f" Of the controls at the plan's seeds, {later} {'has' if later == 1 else 'have'} finished so far."
-               if later else ''))
+        return r.sort_values('valid_acc').test_acc.to_numpy(float)[-1:]
+    got = g[g.seed == seed]
+    return [best('scratch'), *(got[got.control == k].test_acc.to_numpy(float)[:1] for k in PRETRAIN_CONTROLS),
+            best('ulmfit')]
 
-def controls_said(
+# %% ../nbs/14a_finetune.ipynb #2ab37666
+def controls_table(
     controls:pd.DataFrame,  # `run_controls`
     results:pd.DataFrame,   # `pretrain_results`
-    alpha:float=ALPHA,      # the level of the test across seeds
-)->str:                     # a sentence per causal arm
-    "The controls in words: what the mask, the pretraining and ULMFiT's stages each cost or gave in test accuracy."
-    said = []
+    alpha:float=ALPHA,      # the level of the interval and test across seeds
+# per causal arm and step: the seeds, the two sides' mean test accuracy (%), the change (points), its interval, p
+)->pd.DataFrame:
+    "What the mask, the pretraining and ULMFiT's stages each change in test accuracy, with Welch's interval."
+    rows, nan = [], np.nan
     for a, g in controls.groupby('arm', sort=False):
-        sd = clf_runs(results).query("arm == @a")                            # the plan's seeds
-        four = [sd[sd.kind == 'scratch'], *(g[g.control == k] for k in PRETRAIN_CONTROLS), sd[sd.kind == 'ulmfit']]
-        on = sorted(set.intersection(*(set(d.seed) for d in four)))        # the plan's seeds all four have run at
-        sides = [d[d.seed.isin(on)].sort_values('seed').test_acc.to_numpy() for d in four]
-        said.append(_across_seeds(a, sides, on, alpha) if len(on) >= 2 else
-                    _one_seed(a, g, pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a")))
-    return ' '.join(said)
+        sd = clf_runs(results).query("arm == @a")
+        kinds = [set(sd[sd.kind == 'scratch'].seed), *(set(g[g.control == k].seed) for k in PRETRAIN_CONTROLS),
+                 set(sd[sd.kind == 'ulmfit'].seed)]
+        on = sorted(set.intersection(*kinds))              # the plan's seeds all four have run at
+        tested = len(on) >= 2
+        acc = _four(a, g, results, on if tested else None)
+        seeds = ', '.join(map(str, on)) if tested else f"{int(g.seed.iloc[0])} (one run each)"
+        for i, step in enumerate(CONTROL_STEPS):
+            x, y = acc[i], acc[i + 1]
+            w = welch(y, x, alpha) if tested else None
+            diff = 100 * (y.mean() - x.mean()) if len(x) and len(y) else nan
+            rows.append({'arm': a, 'step': step, 'from': _SIDES[i], 'to': _SIDES[i + 1], 'seeds': seeds,
+                         'from %': 100 * x.mean() if len(x) else nan, 'to %': 100 * y.mean() if len(y) else nan,
+                         'change (points)': diff + 0, 'lo': 100 * w['lo'] if w else nan,
+                         'hi': 100 * w['hi'] if w else nan, 'p': w['p'] if w else nan})
+    return pd.DataFrame(rows, columns=['arm', 'step', 'from', 'to', 'seeds', 'from %', 'to %', 'change (points)',
+                                       'lo', 'hi', 'p']).set_index(['arm', 'step'])
+
 
 
 # %% ../nbs/14a_finetune.ipynb #48b62c93
@@ -926,20 +903,17 @@ def superseded_runs(
                              secs=r.get('secs', r.get('train_secs'))))      # a control's seconds: `train_secs`
     return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'lr', 'valid_acc', 'test_acc', 'secs'])
 
-def superseded_said(
+def superseded_table(
     superseded:pd.DataFrame,   # `superseded_runs`
     results:pd.DataFrame,      # `pretrain_results`: the searches whose choice moved
-)->str:                        # a sentence ('' when no run was set aside)
+)->pd.DataFrame:               # per arm and kind: seeds trained again, old rate, new rate, test accuracy at the old
     "Which seeds trained again because a step past an edge moved their search's choice: from which rate to which."
-    def one(a, k, g):
-        new = best_clf_rate(results, a, k if k in CLF_KINDS else 'scratch')     # a control trains at the scratch choice
-        old = ' and '.join(f'{x:g}' for x in g.lr.unique())
-        name, seeds = KIND_NAMES.get(k, f'the control {k!r}'), ', '.join(map(str, g.seed))
-        return (f"`{a}` {name}, seed{'s' * (len(g) > 1)} {seeds}, "
-                f"from {old} to {new:g} (test {', '.join(map(_pct, g.test_acc))} at {old}, kept in `superseded/`)")
-    said = [one(a, k, g) for (a, k), g in superseded.groupby(['arm', 'kind'], sort=False)]
-    if not said: return ''
-    return "Trained again after a step past its grid's edge moved a search's choice: " + '; '.join(said) + '.'
+    rows = [dict(arm=a, kind=KIND_NAMES.get(k, f'the control {k!r}'), seeds=', '.join(map(str, g.seed)),
+                 old_lr=', '.join(f'{x:g}' for x in g.lr.unique()),
+                 new_lr=best_clf_rate(results, a, k if k in CLF_KINDS else 'scratch'),   # a control: the scratch choice
+                 old_test_acc=', '.join(f'{100 * x:.1f}%' for x in g.test_acc))
+            for (a, k), g in superseded.groupby(['arm', 'kind'], sort=False)]
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'seeds', 'old_lr', 'new_lr', 'old_test_acc'])
 
 # %% ../nbs/14a_finetune.ipynb #5f5250c1
 def _slim(st:dict)->dict:
@@ -992,6 +966,7 @@ def snapshot_pretrain(
                         columns=['file', 'bytes'])
 
 
+
 # %% ../nbs/14a_finetune.ipynb #021dbcbb
 def export_pretrain(
     plan:PretrainPlan,      # the plan
@@ -1030,4 +1005,5 @@ def plot_pretrain_progress(
     ax.set(yscale='log', xlabel='parts of the pass trained', ylabel='validation perplexity', title=title)
     ax.legend(fontsize=7); fig.tight_layout()
     return fig
+
 

@@ -36,8 +36,8 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate',
            'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs',
            'ShardedLoader', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth',
-           'lm_depth_steps', 'lm_fixes', 'lm_best', 'lm_depth_trend', 'plot_depth_trend', 'lm_sweep', 'rate_depth_grid',
-           'learned_rates', 'plot_rate_depth', 'similarity_link']
+           'lm_depth_steps', 'lm_fixes', 'lm_best', 'lm_depth_trend', 'plot_depth_trend', 'plot_depth_curves',
+           'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
 from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
@@ -898,6 +898,29 @@ def plot_depth_trend(
     ax.yaxis.set_major_formatter(plain); ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel('L'); ax.set_ylabel('test perplexity'); ax.legend(fontsize=6)
     ax.set_title(title or 'test perplexity against depth, and each arm\'s trend', fontsize=9)
+    return ax
+
+# %% ../nbs/14_lm.ipynb #2c607f89
+def plot_depth_curves(
+    runs:pd.DataFrame,        # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
+    loss:str='test_loss',     # the per-seed loss drawn: 'test_loss' or 'train_loss'
+    ax=None,                  # axes to draw on
+    title:str|None=None,      # the axes' title
+):                            # the axes
+    "Each arm's perplexity against L: the seeds' mean loss, exponentiated, as a line, their range as a band."
+    import matplotlib.pyplot as plt
+    check_choice(loss, ('test_loss', 'train_loss'), 'loss')
+    ax = ax or plt.subplots(figsize=(5.5, 3.4))[1]
+    d = with_arm_depth(runs)
+    d = d[_finite(d, (loss,))]
+    for arm, g in d.groupby('arm', sort=False):
+        s = g[loss].astype(float).groupby(g.L).agg(['mean', 'min', 'max'])
+        ln, = ax.plot(s.index, np.exp(s['mean']), marker='o', ms=3, lw=1.2, label=f"{arm} ({g.seed.nunique()} seeds)")
+        ax.fill_between(s.index, np.exp(s['min']), np.exp(s['max']), color=ln.get_color(), alpha=.2, lw=0)
+    Ls = sorted(d.L.unique())
+    ax.set_xscale('log', base=2); ax.set_xticks(Ls, [str(x) for x in Ls])
+    ax.set_xlabel('L'); ax.set_ylabel(f"{loss.split('_')[0]} perplexity"); ax.legend(fontsize=6)
+    ax.set_title(title or f"{loss.split('_')[0]} perplexity against depth: seeds' mean, band their range", fontsize=9)
     return ax
 
 # %% ../nbs/14_lm.ipynb #3f1cc14b
