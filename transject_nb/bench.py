@@ -14,7 +14,7 @@ from pathlib import Path
 __all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_FIXED', 'BENCH_KERNELS', 'machine_info', 'time_fn',
            'matmul_peak', 'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
            'transject_flops', 'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops',
-           'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_device',
+           'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'bench_device', 'gc_collect',
            'bench_table', 'crossover', 'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step',
            'add_bench_args', 'bench_command', 'main']
 
@@ -342,6 +342,24 @@ def train_briefly(
         loss.backward(); opt.step(); losses.append(loss.item())
     return losses
 
+# %% ../nbs/10_bench.ipynb #567c2bed
+def bench_device(
+    device,   # 'cpu', 'cuda', 'cuda:N' or a `torch.device`
+)->torch.device:
+    "`device` as a `torch.device` this machine has (the CPU, or one of its CUDA devices); else a ValueError."
+    try: d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is no device torch knows ({error_line(e)[:120]}); "
+                         "use cpu or cuda") from None
+    if d.type == 'cpu': return d
+    if d.type != 'cuda': raise ValueError(f"device {device!r}: the benchmarks run on cpu or cuda, not {d.type}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not n: raise ValueError(f"device {device!r}: CUDA is not available on this machine; use cpu")
+    if (d.index or 0) >= n:
+        raise ValueError(f"device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    return d
+
+
 # %% ../nbs/10_bench.ipynb #775c6c6e
 def _oom(e): return any(s in str(e).lower() for s in ('out of memory', "can't allocate", 'not enough memory'))
 
@@ -364,24 +382,6 @@ def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->lis
         raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} "
                          f"(build them with max_len >= {max(ns)})")
     return ns
-
-# %% ../nbs/10_bench.ipynb #567c2bed
-def bench_device(
-    device,   # 'cpu', 'cuda', 'cuda:N' or a `torch.device`
-)->torch.device:
-    "`device` as a `torch.device` this machine has (the CPU, or one of its CUDA devices); else a ValueError."
-    try: d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {device!r} is no device torch knows ({error_line(e)[:120]}); "
-                         "use cpu or cuda") from None
-    if d.type == 'cpu': return d
-    if d.type != 'cuda': raise ValueError(f"device {device!r}: the benchmarks run on cpu or cuda, not {d.type}")
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not n: raise ValueError(f"device {device!r}: CUDA is not available on this machine; use cpu")
-    if (d.index or 0) >= n:
-        raise ValueError(f"device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
-    return d
-
 
 # %% ../nbs/10_bench.ipynb #775c6c70
 _PROBE = (8192, 256, 1024)   # (m, k, n) of the product timed beside the models in every round

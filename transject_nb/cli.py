@@ -24,7 +24,7 @@ import numpy as np
 from fastcore.docments import docments
 import pandas as pd
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import (DEBUG_ENV, PRESET_KINDS, TASKS, atomic_write, atomic_write_all, check_choice,
+from .core import (DEBUG_ENV, PRESET_KINDS, TASKS, Stopped, atomic_write, atomic_write_all, check_choice,
                                check_writable, convert_field, debug_mode, error_line, load_preset, preset_section,
                                remove_temporaries, settings_files, split_choices, split_fields, variant_spec)
 from .data import load_task
@@ -477,14 +477,15 @@ def make_parser()->argparse.ArgumentParser:
 
 # %% ../nbs/08_cli.ipynb #b5b81453
 _BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)   # argparse's error, status 2
+_STOPS = (KeyboardInterrupt, Stopped)                                                     # asked to stop: no error
 
 def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
     "End a failed command: one line on stderr and a non-zero status (bad input: argparse's error, status 2)."
     if isinstance(e, _BAD_INPUT): p.error(error_line(e))
-    if isinstance(e, KeyboardInterrupt): msg, code = error_line(e) if str(e) else 'stopped', getattr(e, 'status', 130)
+    if isinstance(e, _STOPS): msg, code = error_line(e) if str(e) else 'stopped', getattr(e, 'status', 130)
     else: msg, code = error_line(e, with_type=not isinstance(e, (OSError, RuntimeError))), 1
-    hint = '' if isinstance(e, (OSError, KeyboardInterrupt)) else '; run it again with --debug to see where it failed'
-    print(f"{p.prog} {cmd}: error: {msg}{hint}", file=sys.stderr, flush=True)
+    hint = '' if isinstance(e, (OSError, *_STOPS)) else '; run it again with --debug to see where it failed'
+    print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -498,7 +499,7 @@ def run_command(
     old = os.environ.get(DEBUG_ENV)
     if a.debug: os.environ[DEBUG_ENV] = '1'                   # for this process and the workers it starts
     try: return COMMANDS[a.cmd][2](a, words)
-    except (Exception, KeyboardInterrupt) as e:
+    except (Exception, *_STOPS) as e:
         if debug_mode(): raise
         _fail(p, a.cmd, e)
     finally:

@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, errno, importlib.resources, math, os, re, shutil, sys, tempfile, time, types, typing
+import configparser, errno, importlib.resources, io, math, os, re, shutil, signal, sys, tempfile, time, types, typing
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,7 +19,7 @@ __all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'DE
            'build_config', 'atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
            'check_writable', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
            'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
-           'interactive_output', 'progress_iter', 'debug_mode', 'error_line']
+           'interactive_output', 'progress_iter', 'debug_mode', 'error_line', 'Stopped']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -320,12 +320,16 @@ def _temporaries(paths:list):
         for t in tmps: Path(t).unlink(missing_ok=True)
         raise
 
-def _write_to(tmp:str, content):
+def _write_to(tmp:str, content, dest:Path):
     "Write `content` (text, bytes or a function `write(f)`) to the file `tmp`, and flush it to the disk."
     data = content.encode() if isinstance(content, str) else content
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), 'wb') as f:
-        content(f) if callable(content) else f.write(data)
-        f.flush(); os.fsync(f.fileno())                      # a full disk fails here, not after the rename
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), 'wb') as f:
+            content(f) if callable(content) else f.write(data)
+            f.flush(); os.fsync(f.fileno())                  # a full disk fails here at the latest
+    except OSError as e:                                      # a full disk: named by the file it failed to write
+        if e.filename is None and e.strerror: raise OSError(e.errno, e.strerror, str(dest)) from None
+        raise
 
 
 # %% ../nbs/00_core.ipynb #16f789d0
@@ -335,7 +339,7 @@ def atomic_write(
 )->Path:       # the path written
     "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`: never a partial file."
     path = Path(path)
-    with _temporaries([path]) as [tmp]: _write_to(tmp, content)
+    with _temporaries([path]) as [tmp]: _write_to(tmp, content, path)
     return path
 
 
@@ -346,7 +350,8 @@ def atomic_save(
 )->Path:            # the path written
     ("`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: "
      "readers see the old file or the new one, never a partial one.")
-    return atomic_write(path, lambda f: torch.save(obj, f))
+    buf = io.BytesIO(); torch.save(obj, buf)         # in memory first: a write that fails is then a plain OSError
+    return atomic_write(path, buf.getbuffer())
 
 # %% ../nbs/00_core.ipynb #9c207948
 def copy_new(
@@ -384,7 +389,7 @@ def atomic_write_all(
     "Write each file to a temporary beside it, then rename them all: none changes unless all are written."
     paths = [Path(p) for p in files]
     with _temporaries(paths) as tmps:
-        for t, content in zip(tmps, files.values()): _write_to(t, content)
+        for t, p, content in zip(tmps, paths, files.values()): _write_to(t, content, p)
     return paths
 
 
@@ -635,4 +640,15 @@ def error_line(
         return f"{e.strerror}{f': {files}' if files else ''}" + (f"; {advice}" if advice else '')
     msg = ' '.join(str(e).split()) or type(e).__name__
     return f"{type(e).__name__}: {msg}" if with_type and msg != type(e).__name__ else msg
+
+
+# %% ../nbs/00_core.ipynb #368d2822
+class Stopped(BaseException):
+    "A command, or a worker of one, stopped by a signal; not an error, so `except Exception` lets it through."
+    def __init__(self,
+        signum:int,      # the signal: SIGTERM, SIGINT, ...
+        what:str='',     # what the stop did, said after the signal
+    ):
+        self.signum, self.status = signum, 128 + signum                  # the status a shell expects
+        super().__init__(f"stopped by {signal.Signals(signum).name}{what}")
 

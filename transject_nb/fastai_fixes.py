@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/fastai_fixes.html.md"""
 
 # %% ../nbs/07c_fastai_fixes.ipynb #c7c0f004
 from __future__ import annotations
-import warnings
+import io, warnings
 from contextlib import contextmanager
 
 # %% auto #0
@@ -94,8 +94,8 @@ def export(self:FixedLearner,
     try:
         with warnings.catch_warnings():                       # fastai's: torch warns about the model's source
             warnings.simplefilter('ignore')
-            atomic_write(self.path/fname, lambda f: torch.save(self, f, pickle_module=pickle_module,
-                                                                pickle_protocol=pickle_protocol))
+            buf = io.BytesIO(); torch.save(self, buf, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        atomic_write(self.path/fname, buf.getbuffer())
     finally:
         self.create_opt()
         if state is not None: self.opt.load_state_dict(state)
