@@ -287,11 +287,12 @@ def chosen_rate(
 
 # %% ../nbs/13_protocol.ipynb #c61a0001
 def _no_driver(url:str, e:ImportError)->ValueError:
-    "The error for a database URL whose driver SQLAlchemy cannot import: one line that says what to install."
+    "The error for a database URL whose driver does not import: one line that says what to install."
     scheme = url.split('://')[0]
     fix = ('pip install "transject_nb[postgres]" (psycopg)' if scheme in ('postgresql', 'postgresql+psycopg')
            else f"install the driver that SQLAlchemy's {scheme} dialect imports")
-    return ValueError(f"a {scheme}:// storage needs its database driver ({e.__cause__ or e}): {fix}")
+    why = e.__cause__ or e                                  # Optuna's ImportError wraps SQLAlchemy's
+    return ValueError(f"a {scheme}:// storage needs its database driver ({why}): {fix}")
 
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
@@ -316,10 +317,10 @@ def open_storage(
                 retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
                 st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
                                 grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
-            # a server's table of `QueueLock`'s rows; a SQLite file (a snapshot is committed as it is) locks a file
+            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a file)
             if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
             return st
-        except ImportError as e: raise _no_driver(url, e) from None     # Optuna's own message names no driver
+        except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
         except SQLAlchemyError:
             if attempt == 5: raise
             time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
@@ -355,7 +356,7 @@ _QUEUE_LOCKS = sa.Table('transject_queue_locks', sa.MetaData(),
                         sa.Column('study_name', sa.String(512), primary_key=True))
 
 def _file_lock(path):
-    "`path` opened and locked (`flock`) until it is closed; None where there is no `fcntl` (not POSIX: no lock)."
+    "`path`, opened and locked (`flock`) until it is closed; None without `fcntl` (not POSIX)."
     try: import fcntl
     except ImportError: return None
     f = open(path, 'w')
@@ -363,25 +364,25 @@ def _file_lock(path):
     except BaseException: f.close(); raise
 
 def _row_lock(engine, name:str):
-    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) until it is closed."
+    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till closed."
     c = engine.connect()
     row = sa.select(_QUEUE_LOCKS).where(_QUEUE_LOCKS.c.study_name == name).with_for_update()
     try:
-        if c.execute(row).first() is None:        # the study's first turn: its row, made once (a second maker waits)
+        if c.execute(row).first() is None:        # the study's first turn: its row, made once
             c.rollback()
             try: c.execute(_QUEUE_LOCKS.insert().values(study_name=name)); c.commit()
-            except IntegrityError: c.rollback()                         # another worker made it first
+            except IntegrityError: c.rollback()               # another worker made it first
             c.execute(row)
         return c
     except BaseException: c.close(); raise
 
 # %% ../nbs/13_protocol.ipynb #c61a0004
 class QueueLock:
-    ("One worker at a time at a study's queue, on every machine: a row lock in the storage's own database "
-     "(beside a SQLite file, a file lock); `release` lets go before the block ends.")
+    ("One worker at a time at a study's queue, on every machine: a row lock in the storage's own "
+     "database (beside a SQLite file, a file lock); `release` lets go before the block ends.")
     def __init__(self,
                  storage,          # from `open_storage`
-                 study_name:str):  # the study whose queue it guards (a SQLite file has one lock for all its studies)
+                 study_name:str):  # the study whose queue it guards (a SQLite file: one lock for all)
         self.storage, self.study_name, self._held = storage, study_name, None
 
     def __enter__(self):
@@ -389,12 +390,12 @@ class QueueLock:
         if url.startswith('sqlite:///'): self._held = _file_lock(url[len('sqlite:///'):] + '.lock')
         elif isinstance(self.storage, RDBStorage) and not url.startswith('sqlite'):
             self._held = _row_lock(self.storage.engine, self.study_name)
-        return self                                # a storage in memory serves one process: nothing to lock
+        return self                       # a storage in memory serves one process: nothing to lock
 
     def __exit__(self, *exc): self.release()
 
     def release(self):
-        "Let go (a worker: once Optuna has made the waiting trial it saw its own); a second call does nothing."
+        "Let go (a worker: once Optuna has made the waiting trial it saw its own); again: nothing."
         held, self._held = self._held, None
         if held is not None: held.close()
 
@@ -646,9 +647,10 @@ def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tupl
     for arm in arms:
         queue_next(plan, arm, storage)
         study = arm_study(plan, arm, storage)
-        with QueueLock(storage, study.study_name) as lock:   # until Optuna has made the waiting trial seen here ours
+        # the queue's lock, held until Optuna has made the waiting trial seen here this worker's
+        with QueueLock(storage, study.study_name) as lock:
             if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=lock.release)
+                _run_one(plan, arm, study, out, cache_dir, source, name, progress, lock.release)
                 return 1, True
         busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     return 0, busy
