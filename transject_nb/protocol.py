@@ -7,7 +7,6 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
 import json, math, operator, os, shutil, sqlite3, time, warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
@@ -18,7 +17,8 @@ from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
 from fastai.callback.core import Callback
-from sqlalchemy.exc import SQLAlchemyError
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from .core import TASKS, check_choice, check_fields, config_fields, copy_new, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
@@ -37,11 +37,11 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
            'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE',
            'NEUTRENO_LM', 'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
            'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
-           'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard',
-           'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'settled_runs',
-           'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget', 'study_plan',
-           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'check_storage',
-           'requeue_orphans', 'run_workers', 'add_study_args', 'study_command']
+           'QueueLock', 'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver',
+           'TrialGuard', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs',
+           'settled_runs', 'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget',
+           'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study',
+           'check_storage', 'requeue_orphans', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../nbs/13_protocol.ipynb #4f0b8f46
 import contextlib, ctypes, ctypes.util, logging, signal, socket, sys, threading
@@ -289,6 +289,15 @@ def chosen_rate(
     search = sorted((r for r in done if r['phase'] in SEARCH_PHASES), key=lambda r: r['lr'])
     return best(search, key=lambda r: r['value'])['lr'] if search else None
 
+# %% ../nbs/13_protocol.ipynb #c61a0001
+def _no_driver(url:str, e:ImportError)->ValueError:
+    "The error for a database URL whose driver does not import: one line that says what to install."
+    scheme = url.split('://')[0]
+    fix = ('pip install "transject_nb[postgres]" (psycopg)' if scheme in ('postgresql', 'postgresql+psycopg')
+           else f"install the driver that SQLAlchemy's {scheme} dialect imports")
+    why = e.__cause__ or e                                  # Optuna's ImportError wraps SQLAlchemy's
+    return ValueError(f"a {scheme}:// storage needs its database driver ({why}): {fix}")
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
     # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
@@ -310,8 +319,12 @@ def open_storage(
             with warnings.catch_warnings():
                 warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
                 retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
-                return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
-                                  grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
+                st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
+                                grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
+            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a file)
+            if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
+            return st
+        except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
         except SQLAlchemyError:
             if attempt == 5: raise
             time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
@@ -341,20 +354,56 @@ def trial_rows(
                          seed=fixed.get('seed'), retry_of=t.system_attrs.get('failed_trial')))
     return rows
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-8
-@contextmanager
-def _plan_lock(storage):
-    ("Workers on one machine take turns at queueing (a file lock beside a SQLite file); "
-     "across machines, `skip_if_exists` and `_duplicate` guard.")
-    url = getattr(storage, 'url', '')
-    try: import fcntl                                                   # POSIX; elsewhere the two guards above suffice
-    except ImportError: fcntl = None
-    if fcntl is None or not url.startswith('sqlite:///'): yield; return
-    with open(url[len('sqlite:///'):] + '.lock', 'w') as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try: yield
-        finally: fcntl.flock(f, fcntl.LOCK_UN)
+# %% ../nbs/13_protocol.ipynb #c61a0003
+# `QueueLock`'s table on a database server: a row per study, locked by the worker whose turn it is
+_QUEUE_LOCKS = sa.Table('transject_queue_locks', sa.MetaData(),
+                        sa.Column('study_name', sa.String(512), primary_key=True))
 
+def _file_lock(path):
+    "`path`, opened and locked (`flock`) until it is closed; None without `fcntl` (not POSIX)."
+    try: import fcntl
+    except ImportError: return None
+    f = open(path, 'w')
+    try: fcntl.flock(f, fcntl.LOCK_EX); return f
+    except BaseException: f.close(); raise
+
+def _row_lock(engine, name:str):
+    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till closed."
+    c = engine.connect()
+    row = sa.select(_QUEUE_LOCKS).where(_QUEUE_LOCKS.c.study_name == name).with_for_update()
+    try:
+        if c.execute(row).first() is None:        # the study's first turn: its row, made once
+            c.rollback()
+            try: c.execute(_QUEUE_LOCKS.insert().values(study_name=name)); c.commit()
+            except IntegrityError: c.rollback()               # another worker made it first
+            c.execute(row)
+        return c
+    except BaseException: c.close(); raise
+
+# %% ../nbs/13_protocol.ipynb #c61a0004
+class QueueLock:
+    ("One worker at a time at a study's queue, on every machine: a row lock in the storage's own "
+     "database (beside a SQLite file, a file lock); `release` lets go before the block ends.")
+    def __init__(self,
+                 storage,          # from `open_storage`
+                 study_name:str):  # the study whose queue it guards (a SQLite file: one lock for all)
+        self.storage, self.study_name, self._held = storage, study_name, None
+
+    def __enter__(self):
+        url = getattr(self.storage, 'url', '')
+        if url.startswith('sqlite:///'): self._held = _file_lock(url[len('sqlite:///'):] + '.lock')
+        elif isinstance(self.storage, RDBStorage) and not url.startswith('sqlite'):
+            self._held = _row_lock(self.storage.engine, self.study_name)
+        return self                       # a storage in memory serves one process: nothing to lock
+
+    def __exit__(self, *exc): self.release()
+
+    def release(self):
+        "Let go (a worker: once Optuna has made the waiting trial it saw its own); again: nothing."
+        held, self._held = self._held, None
+        if held is not None: held.close()
+
+# %% ../nbs/13_protocol.ipynb #553ccc0e-8
 def queue_next(
     plan:StudyPlan,  # the plan
     arm:Arm,         # one of its arms
@@ -365,7 +414,7 @@ def queue_next(
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)
-    with _plan_lock(storage):
+    with QueueLock(storage, study.study_name):
         new = next_trials(trial_rows(study), plan.protocol)
         for t in new:
             # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a second copy of it
@@ -392,7 +441,7 @@ def requeue_failed(
     out = {}
     for arm in plan.arms:
         study = arm_study(plan, arm, storage)
-        with _plan_lock(storage):
+        with QueueLock(storage, study.study_name):
             again = [dict(phase=ph, lr=lr, seed=s) for ph, lr, s in failed_runs(trial_rows(study))]
             for t in again:                   # the failed trials hold this rate and seed: no `skip_if_exists`
                 study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
@@ -623,17 +672,20 @@ def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tupl
     for arm in arms:
         queue_next(plan, arm, storage)
         study = arm_study(plan, arm, storage)
-        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            _run_one(plan, arm, study, out, cache_dir, source, name, progress)
-            return 1, True
+        # the queue's lock, held until Optuna has made the waiting trial seen here this worker's
+        with QueueLock(storage, study.study_name) as lock:
+            if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                _run_one(plan, arm, study, out, cache_dir, source, name, progress, lock.release)
+                return 1, True
         busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     return 0, busy
 
-def _run_one(plan, arm, study, out, cache_dir, source, name, progress):
-    "Run one waiting trial of an arm; a trial another worker took over (stale heartbeat) is left to its retry."
+def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=lambda: None):
+    ("Run one waiting trial of an arm, calling `claimed()` once it is this worker's; "
+     "a trial another worker took over (stale heartbeat) is left to its retry.")
     t0, done, taken, obj = time.perf_counter(), [], {}, make_objective(plan, arm, out, cache_dir, source)
     def run(trial):
-        taken['trial'] = trial
+        claimed(); taken['trial'] = trial
         try: return obj(trial)
         except Exception as e:
             taken['raised'] = isinstance(e, STORAGE_ERRORS) or not _taken_over(trial)   # its own error, not a takeover
