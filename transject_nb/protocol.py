@@ -7,6 +7,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 # %% ../nbs/13_protocol.ipynb #553ccc0e
 from __future__ import annotations
 import json, math, operator, os, shutil, sqlite3, time, warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
