@@ -241,3 +241,31 @@ def test_bench_on_the_cpu_prints_no_noise(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0 and 'peak_mib' in r.stdout, out[-4000:]
     assert not re.search(r'Warning|ERROR|USDT|profiler_st|gpuGetDeviceCount|^\[W\d', out, re.M), out
+
+
+def test_every_bench_option_works_or_is_refused_in_one_line(tmp_path, capsys, read_only):
+    "Issue 60: `--threads 0` was ignored, an unknown `--device` and an unwritable `--csv` ended in tracebacks (the latter after the benchmark)."
+    from transject_nb.cli import main as cli
+    def fails(argv, code):
+        with pytest.raises(SystemExit) as e: cli(['bench', *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == code and 'Traceback' not in err, err
+        return err.strip().splitlines()[-1]
+    tiny = ['--n', '8', '--reps', '1', '--warmup', '0', '--batch', '1', '--no-memory', '--d_model', '8', '--d_ff', '16', '--variants', 'transformer']
+    assert '--threads: expected a positive integer, got 0' in fails(tiny + ['--threads', '0'], 2)
+    assert "device 'gpu' is no device torch knows" in fails(tiny + ['--device', 'gpu'], 2)
+    assert "device 'cuda:7'" in fails(tiny + ['--device', 'cuda:7'], 2)
+    ro = tmp_path/'ro'; ro.mkdir(); (ro/'old.csv').write_text('kept\n'); read_only(ro)
+    said = fails(tiny + ['--csv', str(ro/'t.csv')], 1)
+    assert said == f'transject-nb bench: error: Permission denied: {ro}; choose a folder you can write to, or make it writable', said
+    assert 'tokens_per_s' not in capsys.readouterr().out                          # refused before the benchmark
+    assert [p.name for p in ro.iterdir()] == ['old.csv'] and (ro/'old.csv').read_text() == 'kept\n'
+    prev = torch.get_num_threads()
+    try:
+        from transject_nb.core import split_fields
+        p = argparse.ArgumentParser(); add_bench_args(p)
+        a, rest = p.parse_known_args(tiny + ['--threads', '2', '--csv', str(tmp_path/'t.csv')])
+        df = bench_command(a, dict(split_fields(rest)))
+        assert (df.threads == 2).all() and pd.read_csv(tmp_path/'t.csv').shape[0] == len(df)   # --threads took effect
+    finally: torch.set_num_threads(prev)
+

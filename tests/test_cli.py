@@ -75,6 +75,9 @@ def test_compare_table_files_and_resume(tmp_path, capsys):
     for f in ('results.csv', 'summary.csv', 'summary.md', 'curves.png', 'results.json'): assert (out/f).is_file(), f
     assert len(pd.read_csv(out/'results.csv')) == 4
     pd.testing.assert_frame_equal(run_command(argv + ['--resume']), table)      # every run finished: nothing is retrained
+    saved = {p: p.read_bytes() for p in out.rglob('*') if p.is_file()}
+    assert "'train.lr': (0.0005, 0.01)" in _err(argv + ['--resume', '--lr', '0.01'], capsys)   # issue 60: another setting
+    assert {p: p.read_bytes() for p in out.rglob('*') if p.is_file()} == saved
 
 
 def test_module_entry_point():
@@ -189,3 +192,120 @@ def test_summary_table():
     assert f.loc['a', 'test acc %'] == '60.0 ± 14.1' and f.loc['b', 'test acc %'] == '30.0'
     assert list(summary_table(rows[::-1]).index) == ['b', 'a'] and f.index.name == 'variant'
     assert list(f.columns) == ['seeds', 'test acc %', 'valid acc %', 'majority %', 'params', 'epochs', 'train s']
+
+
+# --- nothing silently wrong, nothing lost (issue 60): each fault injected, and what was saved before it unchanged ---
+
+def _fails(argv, capsys, code=1)->str:
+    "The one line `main(argv)` ends with on stderr, once it exits with `code`; no traceback."
+    with pytest.raises(SystemExit) as e: main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == code, err
+    assert 'Traceback' not in err
+    return err.strip().splitlines()[-1]
+
+
+def _saved(folder)->dict:
+    "Every file under `folder`, by its path, with its bytes."
+    return {p: p.read_bytes() for p in Path(folder).rglob('*') if p.is_file()}
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+    "A finished one-epoch run of `train`, with every file a run writes; tests copy it rather than train again."
+    out = tmp_path_factory.mktemp('finished')/'run'
+    run_command(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(out), *TINY])
+    return out
+
+
+def _copy(run, dest)->Path:
+    import shutil
+    return Path(shutil.copytree(run, dest))
+
+
+def test_resume_refuses_other_training_settings_naming_them(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path/'run'); before = _saved(run)
+    argv = ['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY]
+    for flag, value, old in (('--lr', '0.01', 0.0005), ('--seed', '7', 42), ('--bs', '16', 32), ('--weight_decay', '0.1', 0.0)):
+        said = _fails(argv + [flag, value], capsys, code=2)
+        assert f"'train.{flag[2:]}': ({old!r}, {float(value) if '.' in value else int(value)!r})" in said, said
+        assert 'Resume it with its own settings, or train in another folder' in said
+    assert _saved(run) == before
+    assert json.loads((run/'results.json').read_text())['config']['train']['amp'] == 'off'   # recorded as it ran, on the CPU
+
+
+def test_flags_that_would_do_nothing_are_refused(tmp_path, capsys):
+    base = ['train', '--task', 'listops', '--variant', 'transject', '--out', str(tmp_path/'x'), *TINY]
+    assert 'drop valid_pct' in _fails(base + ['--valid_pct', '0.2'], capsys, code=2)
+    assert 'max_len=16 would cut the generated ListOps expressions, which run to 31 tokens' in _fails(base + ['--max_len', '16'], capsys, code=2)
+    src = tmp_path/'lra'; src.mkdir()
+    said = _fails(base + ['--source', str(src), '--max_depth', '3'], capsys, code=2)
+    assert f"min_length, max_length, max_depth, max_args: the ListOps generator's, and source={str(src)!r} reads ListOps files instead" in said, said
+    tiny_src = TINY[:8] + TINY[16:]                                     # without the generator's fields
+    said = _fails(['train', '--task', 'listops', '--variant', 'transject', '--out', str(tmp_path/'x'), *tiny_src, '--source', str(src)], capsys, code=2)
+    assert 'min_length' not in said and 'max_length' not in said and str(src) in said      # what is wrong: no ListOps files
+    if not torch.cuda.is_available():
+        assert "amp='bf16' is mixed precision on CUDA, and this run trains on cpu" in _fails(base + ['--amp', 'bf16'], capsys, code=2)
+    assert not (tmp_path/'x').exists()                                  # refused before anything was written
+
+
+def test_repeated_seeds_or_variants_are_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path/'cmp'
+    cmd = ['compare', '--task', 'listops', '--out', str(out), *TINY]
+    assert "seed 1 given more than once in '1,1,1'" in _fails(cmd + ['--variants', 'transformer', '--seeds', '1,1,1', '--resume'], capsys, code=2)
+    assert "variant transformer given more than once" in _fails(cmd + ['--variants', 'transformer,transformer', '--seeds', '1'], capsys, code=2)
+    assert "--seeds: no seed given in ''" in _fails(cmd + ['--variants', 'transformer', '--seeds', ''], capsys, code=2)
+    assert not out.exists()
+
+
+def test_a_run_never_writes_over_a_comparison(tmp_path, capsys):
+    cmp_ = tmp_path/'cmp'
+    run_command(['compare', '--task', 'listops', '--variants', 'transformer', '--seeds', '1', '--out', str(cmp_), *TINY])
+    before = _saved(cmp_)
+    train = ['train', '--task', 'listops', '--variant', 'transformer', *TINY]
+    for resume in ([], ['--resume']):
+        assert f'{cmp_} holds a comparison, and a run would write over its files' in _fails(train + ['--out', str(cmp_), *resume], capsys, code=2)
+    assert f'{cmp_} already holds a comparison; pass --resume to continue it' in _fails(['compare', '--task', 'listops', '--variants', 'transformer', '--seeds', '1', '--out', str(cmp_), *TINY], capsys, code=2)
+    run = tmp_path/'run'; run_command(train + ['--out', str(run)]); one = _saved(run)
+    assert f'{run} holds a run, and a comparison would write over its files' in _fails(['compare', '--task', 'listops', '--variants', 'transformer', '--seeds', '1', '--out', str(run), '--resume', *TINY], capsys, code=2)
+    assert _saved(cmp_) == before and _saved(run) == one
+
+
+def test_a_killed_save_leaves_no_temporary_for_good(finished, tmp_path):
+    run = _copy(finished, tmp_path/'run')
+    left = [run/'models'/'checkpoint.pth.k2x9q0ab.tmp', run/'results.json.a1b2c3d4.tmp']   # mkstemp's names, 0 bytes
+    for f in left: f.write_bytes(b'')
+    before = _saved(run)
+    run_command(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY])
+    assert not any(f.exists() for f in left)
+    after = _saved(run)
+    for f in ('models/checkpoint.pth', 'models/best.pth', 'history.csv'): assert after[run/f] == before[run/f], f   # the run is as it was
+
+
+def test_a_full_disk_fails_in_one_line_and_changes_nothing(finished, tmp_path, capsys, disk_full):
+    run = _copy(finished, tmp_path/'run'); before = _saved(run)
+    disk_full(after=10)                                                 # the next file written fails part-way
+    said = _fails(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY, '--epochs', '2'], capsys)
+    assert said.startswith('transject-nb train: error: No space left on device') and 'run the same command again' in said, said
+    assert _saved(run) == before                                        # no partial file, no temporary
+
+
+def test_a_read_only_folder_fails_in_one_line_before_training(finished, tmp_path, capsys, read_only):
+    run = _copy(finished, tmp_path/'run'); before = _saved(run)
+    read_only(run)
+    said = _fails(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY, '--epochs', '2'], capsys)
+    assert said == f'transject-nb train: error: Permission denied: {run}; choose a folder you can write to, or make it writable', said
+    said = _fails(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run/'new'), *TINY], capsys)
+    assert said.startswith('transject-nb train: error: Permission denied: ') and 'choose a folder you can write to' in said
+    assert _saved(run) == before
+    with pytest.raises(PermissionError):                                # --debug: the error itself, with its traceback
+        run_command(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY, '--epochs', '2', '--debug'])
+
+
+def test_a_truncated_best_weights_file_fails_in_one_line(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path/'run')
+    best = run/'models'/'best.pth'; best.write_bytes(best.read_bytes()[:300])
+    before = _saved(run)
+    said = _fails(['train', '--task', 'listops', '--variant', 'transformer', '--out', str(run), '--resume', *TINY], capsys, code=2)
+    assert f'{best} is damaged or holds no weights' in said and 'restore it, or train the run again in another folder' in said
+    assert _saved(run) == before

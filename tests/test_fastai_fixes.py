@@ -122,3 +122,16 @@ def test_interpretation_pairs_a_sorted_test_set_wrongly(tmp_path):
     assert not paired(), ("fastai's Interpretation now pairs a sorted test set's items with their losses: "
                           "BucketDL.new's sort=False for test sets (nbs/06a_batches.ipynb) is no longer needed for it; "
                           "update nbs/07c_fastai_fixes.ipynb, then this test")
+
+
+def test_export_is_atomic_and_keeps_the_learner(tmp_path, disk_full):
+    "A full disk while exporting (a write failing part-way): the old export.pkl loads as before; the learner keeps its data and optimiser."
+    data = load_task('listops', max_len=32, n_train=64, n_valid=32, n_test=32, cache_dir=False, progress=False,
+                     min_length=4, max_length=32, max_depth=3, max_args=4)
+    learn = get_learner('listops', 'transformer', preset='cpu', data=data, path=tmp_path, device='cpu', d_model=16, n_layers=1, max_len=32)
+    learn.create_opt(); learn.export()
+    before = (tmp_path/'export.pkl').read_bytes()
+    disk_full(after=1000)
+    with pytest.raises(OSError, match='No space left on device'): learn.export()
+    assert (tmp_path/'export.pkl').read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['export.pkl']
+    assert learn.dls.train.n == 64 and learn.opt is not None

@@ -366,3 +366,41 @@ def test_export_pickles_classes_by_their_module(data, tmp_path):
     state = learn.__getstate__()
     recipe = type(state['model'])
     assert (recipe.__module__, recipe.__name__) == ('transject_nb.checkpoint', 'ModelRecipe')
+
+
+# --- resume and extension (issue 60) ------------------------------------------------------------------------------
+
+class _CrashAt(Callback):
+    "A crash after epoch `at`, once its checkpoint is written."
+    order = TrainCheckpoint.order + 1
+    def __init__(self, at): self.at = at
+    def after_epoch(self):
+        if self.epoch == self.at: raise RuntimeError('simulated crash')
+
+
+def test_an_interrupted_extension_resumes_as_the_extension_or_is_refused(data, tmp_path):
+    kw = dict(patience=10)
+    full = train_learner(_learn(data, tmp_path/'full', epochs=3, **kw), progress=False)
+    train_learner(_learn(data, tmp_path/'ext', epochs=1, **kw), progress=False)                      # the run: one epoch
+    with pytest.raises(RuntimeError, match='simulated crash'):                                     # extended to 3, cut
+        train_learner(_learn(data, tmp_path/'ext', epochs=3, cbs=_CrashAt(1), **kw), progress=False)
+    ck = tmp_path/'ext'/'models'/'checkpoint.pth'
+    saved = {f: f.read_bytes() for f in (ck, tmp_path/'ext'/'models'/'best.pth')}
+    with pytest.raises(ValueError, match=r'its run has trained 2 epochs \(it was set to 3\); epochs=1 would report them as a shorter run'):
+        train_learner(_learn(data, tmp_path/'ext', epochs=1, **kw), progress=False)               # the original budget
+    assert {f: f.read_bytes() for f in saved} == saved                                             # nothing changed
+    ext = train_learner(_learn(data, tmp_path/'ext', epochs=3, **kw), progress=False)               # as the extension
+    h1, h2 = history(full).drop(columns='seconds'), history(ext).drop(columns='seconds')
+    assert len(h2) == 3 and (h1 - h2).abs().max().max() < 1e-5
+    assert evaluate(ext)['epochs'] == 3
+
+
+def test_a_full_disk_while_saving_a_checkpoint_keeps_the_saved_one(data, tmp_path, disk_full):
+    learn = train_learner(_learn(data, tmp_path, epochs=1, patience=10), progress=False)
+    models = tmp_path/'models'
+    saved = {f.name: f.read_bytes() for f in models.iterdir()}
+    disk_full(after=len((tmp_path/'history.csv').read_bytes()) * 3 + 1000)   # the history goes through; the weights do not
+    with pytest.raises(OSError, match='No space left on device'):
+        train_learner(_learn(data, tmp_path, epochs=2, patience=10), progress=False)
+    assert {f.name: f.read_bytes() for f in models.iterdir()} == saved       # the old files whole, no temporary
+    assert load_checkpoint(models/'checkpoint.pth')['epoch'] == 0

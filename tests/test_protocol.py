@@ -406,3 +406,125 @@ def test_an_extension_copies_its_base_run_and_never_touches_a_saved_one(tmp_path
     assert _start_from_base(ext, arm, 1e-3, 0, 'recheck', tmp_path) is None           # another phase's folder
     assert _start_from_base(base, arm, 1e-3, 0, 'search', tmp_path) is None           # a plan that extends nothing
     assert not [p for p in tmp_path.rglob('*.copying')]
+
+
+# --- a study's faults (issue 60): one line each, and nothing saved before them changed ----------------------------
+
+def _fails(argv, capsys, code)->str:
+    "The last line `run_command(argv)` prints on stderr, once it exits with `code`; no traceback."
+    with pytest.raises(SystemExit) as e: run_command(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == code and 'Traceback' not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_damaged_storage_or_an_unknown_arm_is_refused_in_one_line(tmp_path, capsys):
+    garbage = tmp_path/'s.db'; garbage.write_bytes(b'\x00garbage ' * 1000); before = garbage.read_bytes()
+    said = _fails(['study', 'fair-listops', '--status', '--storage', str(garbage)], capsys, 2)
+    assert f'storage {garbage} is damaged (file is not a database): restore it from a snapshot (--start-from)' in said, said
+    new = tmp_path/'new.db'
+    said = _fails(['study', 'fair-listops', '--status', '--storage', str(new), '--start-from', str(garbage)], capsys, 2)
+    assert f'--start-from {garbage} is damaged' in said, said
+    assert not new.exists() and sorted(p.name for p in tmp_path.iterdir()) == ['s.db']    # no damaged copy, no temporary
+    said = _fails(['study', 'fair-listops', '--storage', str(new), '--arms', 'transject,bert'], capsys, 2)
+    assert "unknown arm 'bert'; valid arms are: transject" in said and not new.exists()  # refused before any worker
+    assert garbage.read_bytes() == before
+
+
+def test_a_failed_worker_fails_the_study_in_one_line(tmp_path, capfd):
+    "A worker that fails (here: no data where --data points) says why in one line; the study then fails in one line."
+    with pytest.raises(SystemExit) as e:
+        run_command(['study', 'fair-imdb', '--storage', str(tmp_path/'s.db'), '--out', str(tmp_path/'runs'),
+                     '--data', str(tmp_path/'nowhere'), '--cache-dir', 'none'])
+    out, err = capfd.readouterr()
+    assert e.value.code == 1 and 'Traceback' not in out + err, out + err
+    assert f"[w1] failed: FileNotFoundError: no folder {tmp_path/'nowhere'/'imdb'} for task 'imdb'" in err, err
+    assert err.strip().splitlines()[-1] == ("transject-nb study: error: worker(s) w1 ended with exit code(s) 1 (each said "
+                                            "why above); the storage keeps every finished trial, and the same command "
+                                            "resumes; run it again with --debug to see where it failed")
+    assert study_trials(STUDIES['fair-imdb'], tmp_path/'s.db').empty                    # nothing was queued
+
+
+STOPPABLE = """
+import sys
+from transject_nb.protocol import Protocol, StudyPlan, STUDIES
+TINY = {tiny!r}
+plan = StudyPlan('tiny-stop', 'listops', ('transject',), preset='cpu', fixed=TINY | dict(n_train=3000),
+                 protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=6, patience=5))
+STUDIES[plan.name] = plan                   # declared here, and in each worker: spawn imports this file as its main
+if __name__ == '__main__':
+    from transject_nb.cli import main
+    main(['study', plan.name, *sys.argv[1:]])
+"""
+
+
+def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
+    "SIGTERM stops the study and its worker gracefully; a SIGKILL of the study alone still stops its worker (it dies with its parent); a SIGKILL of both leaves a trial that the next start queues again at once. Each stop queues the running trial again, and its retry resumes the saved epochs."
+    from transject_nb.protocol import _alive, arm_study
+    script = tmp_path/'study.py'; script.write_text(STOPPABLE.format(tiny=TINY))
+    ns = {}; exec(STOPPABLE.format(tiny=TINY).replace("__name__ == '__main__'", 'False'), ns); plan = ns['plan']
+    db, runs = tmp_path/'s.db', tmp_path/'runs'
+    def start(**kw):
+        env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+        return subprocess.Popen([sys.executable, str(script), '--storage', str(db), '--out', str(runs), '--cache-dir', 'none'],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    def trials(): return {t.number: t for t in arm_study(plan, plan.arms[0], open_storage(db)).get_trials()}
+    def running(p, saved:int=-1):
+        "Poll (generously, never as a timing) until a trial runs, owned by a worker, with more than `saved` epochs saved."
+        t0 = time.time()
+        while time.time() - t0 < 600 and p.poll() is None:
+            if db.exists():
+                for t in trials().values():
+                    ck = Path(t.user_attrs.get('run_dir', '-'))/'models'/'checkpoint.pth'
+                    if t.state.name == 'RUNNING' and 'owner' in t.system_attrs and ck.exists():
+                        try:
+                            if load_checkpoint(ck)['epoch'] > saved: return t, load_checkpoint(ck)
+                        except (ValueError, FileNotFoundError): pass
+            time.sleep(0.2)
+        pytest.fail(f'no trial ran: {p.communicate()[0] if p.poll() is not None else "still starting"}')
+    # 1. SIGTERM: the study passes it on, its worker stops gracefully, the trial is queued again
+    p = start(); first, ck = running(p)
+    p.send_signal(signal.SIGTERM); log = p.communicate(timeout=600)[0]
+    assert p.returncode == 128 + signal.SIGTERM and 'Traceback' not in log, log
+    assert '[w1] stopped by SIGTERM; its trial is queued again' in log, log
+    assert log.strip().splitlines()[-1] == ('transject-nb study: stopped by SIGTERM: the running trials are queued '
+                                            'again, and the same command resumes'), log
+    ts = trials(); [r1] = [t for t in ts.values() if t.system_attrs.get('failed_trial') == first.number]
+    assert ts[first.number].state.name == 'FAIL' and r1.state.name == 'WAITING' and r1.params == first.params
+    run = Path(first.user_attrs['run_dir'])/'models'/'checkpoint.pth'
+    assert load_checkpoint(run)['epoch'] >= ck['epoch']                     # the saved epochs kept
+    # 2. SIGKILL of the study alone: its worker dies with it, gracefully, and queues the trial again
+    p = start(); second, ck = running(p, saved=load_checkpoint(run)['epoch'])   # once it has trained on
+    assert second.number == r1.number
+    p.kill(); log = p.communicate(timeout=600)[0]                             # returns once the worker has closed its output
+    assert '[w1] stopped by SIGTERM; its trial is queued again' in log, log
+    ts = trials(); [r2] = [t for t in ts.values() if t.system_attrs.get('retry_history', [])[-1:] == [r1.number]]
+    assert ts[r1.number].state.name == 'FAIL' and r2.state.name == 'WAITING'
+    # 3. SIGKILL of the study and its worker together: nobody marks the trial
+    p = start(start_new_session=True); third, ck = running(p, saved=load_checkpoint(run)['epoch'])
+    os.killpg(p.pid, signal.SIGKILL); p.communicate(timeout=600)
+    t0 = time.time()
+    while _alive(third.system_attrs['owner']) and time.time() - t0 < 120: time.sleep(0.2)   # the kernel reaps it
+    assert not _alive(third.system_attrs['owner']) and trials()[third.number].state.name == 'RUNNING'
+    # 4. the next start queues it again at once, not after the heartbeat's grace period (two minutes here), and finishes
+    p = start(); log = p.communicate(timeout=900)[0]
+    assert p.returncode == 0, log
+    assert f'tiny-stop/transject trial {third.number} was left running by a worker that is gone' in log, log
+    ts = trials(); [r3] = [t for t in ts.values() if t.system_attrs.get('retry_history', [])[-1:] == [third.number]]
+    assert ts[third.number].state.name == 'FAIL' and r3.state.name == 'COMPLETE' and r3.user_attrs['resumed_at'] >= 1
+    assert r3.system_attrs['failed_trial'] == first.number                   # one run, retried three times
+    done = load_checkpoint(run)
+    assert done['done'] and len(done['values']) == len(done['times'])        # each epoch once
+    assert set(arm_status(study_trials(plan, db), plan).state) == {'done'}
+
+
+def test_sigterm_stops_a_study_as_a_stop_not_an_error():
+    "In the main thread, `_stopping_on_sigterm` turns SIGTERM into `core.Stopped`, which `except Exception` lets through, and puts the handler back."
+    from transject_nb.core import Stopped
+    from transject_nb.protocol import _stopping_on_sigterm
+    caught, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped, match='stopped by SIGTERM') as e, _stopping_on_sigterm():
+        try: os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)          # the handler runs as the kill returns
+        except Exception as x: caught.append(x)
+    assert e.value.status == 143 and caught == []
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -8,14 +8,15 @@ Docs: https://transject-nb.github.io/transject_nb/bench.html.md"""
 from __future__ import annotations
 import argparse, contextlib, json, math, operator, os, platform, statistics, tempfile, time, types
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 # %% auto #0
 __all__ = ['PEAK_SHAPES', 'REFERENCE', 'BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_FIXED', 'BENCH_KERNELS', 'machine_info', 'time_fn',
            'matmul_peak', 'copy_bandwidth', 'TorchEncoderConfig', 'TorchEncoder', 'reference_encoder', 'inverse_flops',
            'transject_flops', 'softmax_flops', 'uses_fused', 'flop_count', 'make_step', 'measured_flops',
-           'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'gc_collect', 'bench_table',
-           'crossover', 'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step', 'add_bench_args',
-           'bench_command', 'main']
+           'quiet_profiler', 'interleaved_times', 'peak_memory', 'train_briefly', 'bench_device', 'gc_collect',
+           'bench_table', 'crossover', 'plot_throughput', 'plot_memory', 'unfused_transject_', 'profile_step',
+           'add_bench_args', 'bench_command', 'main']
 
 # %% ../nbs/10_bench.ipynb #cc4436b0
 import pandas as pd
@@ -24,8 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from . import transject as _tj
-from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice, convert_field, field_owners,
-                               progress_iter, sinusoidal_pe, split_choices, split_fields, variant_spec)
+from .core import (PAD_ID, EncoderConfig, EncoderClassifier, atomic_write, check_choice, check_writable,
+                               convert_field, error_line, field_owners, progress_iter, sinusoidal_pe, split_choices,
+                               split_fields, variant_spec)
 from .models import VARIANTS, create_model
 from . import cpu as _cpu
 from .cpu import INV_LEAF
@@ -340,6 +342,24 @@ def train_briefly(
         loss.backward(); opt.step(); losses.append(loss.item())
     return losses
 
+# %% ../nbs/10_bench.ipynb #567c2bed
+def bench_device(
+    device,   # 'cpu', 'cuda', 'cuda:N' or a `torch.device`
+)->torch.device:
+    "`device` as a `torch.device` this machine has (the CPU, or one of its CUDA devices); else a ValueError."
+    try: d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is no device torch knows ({error_line(e)[:120]}); "
+                         "use cpu or cuda") from None
+    if d.type == 'cpu': return d
+    if d.type != 'cuda': raise ValueError(f"device {device!r}: the benchmarks run on cpu or cuda, not {d.type}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not n: raise ValueError(f"device {device!r}: CUDA is not available on this machine; use cpu")
+    if (d.index or 0) >= n:
+        raise ValueError(f"device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    return d
+
+
 # %% ../nbs/10_bench.ipynb #775c6c6e
 def _oom(e): return any(s in str(e).lower() for s in ('out of memory', "can't allocate", 'not enough memory'))
 
@@ -357,8 +377,7 @@ def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->lis
     if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
     if B < 1 or reps < 1 or warmup < 0:
         raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
-    if torch.device(device).type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    bench_device(device)
     if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
         raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} "
                          f"(build them with max_len >= {max(ns)})")
@@ -665,19 +684,33 @@ def _bench_models(
     models[REFERENCE] = reference_encoder(30522, 2, **pick(TorchEncoderConfig)).to(device)
     return models
 
+# %% ../nbs/10_bench.ipynb #d67b018d
+_BENCH_LEAST = dict(batch=1, reps=1, threads=1, warmup=0, train_steps=0)   # option -> its least value
+
+def _check_bench_options(
+    a:argparse.Namespace,  # parsed `add_bench_args` options (those missing take their defaults)
+):
+    "Refuse an option that would do nothing or something else: a count below its least, a device, an unwritable CSV."
+    for k, lo in _BENCH_LEAST.items():
+        if (v := getattr(a, k, None)) is not None and v < lo:
+            what = 'a positive integer' if lo == 1 else f'an integer >= {lo}'
+            raise ValueError(f"--{k.replace('_', '-')}: expected {what}, got {v}")
+    bench_device(getattr(a, 'device', 'cpu'))
+    if (csv := getattr(a, 'csv', None)) is not None:
+        if Path(csv).is_dir(): raise ValueError(f"--csv {csv} is a folder: give the CSV file's name")
+        check_writable(Path(csv).parent)                          # an OSError says why, before the benchmark
+
+
 # %% ../nbs/10_bench.ipynb #8017250f
 def bench_command(
     a:argparse.Namespace,  # parsed `add_bench_args` options
     overrides:dict=None,   # model config fields (text as typed, or values), applied to every model that has them
 )->pd.DataFrame:           # the table printed
     "Build the models, run `bench_table`, print it."
-    if getattr(a, 'threads', None): torch.set_num_threads(a.threads)
+    _check_bench_options(a)
     vs, ns, kernels = _bench_lists(a)
-    for k in ('batch', 'reps'):
-        if getattr(a, k, 1) < 1: raise ValueError(f"--{k}: expected a positive integer, got {getattr(a, k)}")
-    if torch.device(getattr(a, 'device', 'cpu')).type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"--device {a.device}: CUDA is not available on this machine; use --device cpu")
     overrides = _bench_fields(vs, overrides or {})
+    if getattr(a, 'threads', None) is not None: torch.set_num_threads(a.threads)
     cfg = BENCH_DEFAULTS | overrides | dict(max_len=max(ns))
     if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
     models = _bench_models(vs, kernels, cfg, a.device, a.train_steps)
@@ -697,7 +730,7 @@ def bench_command(
         if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
         elif faster: print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}", flush=True)
         else: print(f"{v} is slower than {REFERENCE} at every measured length", flush=True)
-    if a.csv: df.to_csv(a.csv, index=False)
+    if a.csv: atomic_write(a.csv, df.to_csv(index=False))
     return df
 
 # %% ../nbs/10_bench.ipynb #20776f00

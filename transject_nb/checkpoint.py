@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/checkpoint.html.md"""
 
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f004
 from __future__ import annotations
-import os, time, warnings
+import time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from fastai.callback.progress import CSVLogger
 from fastai.callback.tracker import SaveModelCallback, TrackerCallback
 from fastai.learner import Learner, load_learner
 from fastai.torch_core import rank_distrib
-from .core import EncoderClassifier, atomic_save, unwrap
+from .core import EncoderClassifier, atomic_save, atomic_write, error_line, unwrap
 
 # %% ../nbs/07b_checkpoint.ipynb #8d465a8c
 class SaveBestCallback(SaveModelCallback):
@@ -166,40 +166,50 @@ def after_validate(self:TrainCheckpoint):
 
 # %% ../nbs/07b_checkpoint.ipynb #f0caaa8a
 class HistoryCSV(CSVLogger):
-    "fastai's `CSVLogger` (each epoch's row to `history.csv`) that opens the file only to write, so no open file stays."
+    "fastai's `CSVLogger` (each epoch's row to `history.csv`), the file rewritten whole and atomically at each row."
     _only_train_loop = True   # `learn.summary()` must not rewrite the history
     def before_fit(self):
         if hasattr(self, 'gather_preds') or hasattr(self.learn, 'lr_finder'): return   # `lr_find` keeps the history
-        self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path/self.fname).open('a' if self.append else 'w') as f:
-            f.write(','.join(self.recorder.metric_names) + '\n')
+        f = self.path/self.fname
+        self.text = (f.read_text() if self.append and f.exists() else '') + ','.join(self.recorder.metric_names) + '\n'
+        atomic_write(f, self.text)
         self.old_logger, self.learn.logger = self.logger, self._write_line
 
     def _write_line(self, log):
-        with (self.path/self.fname).open('a') as f:
-            f.write(','.join([str(t) for t in log]) + '\n')
-            f.flush(); os.fsync(f.fileno())
+        self.text += ','.join([str(t) for t in log]) + '\n'
+        atomic_write(self.path/self.fname, self.text)           # a failed write leaves the file as it was
         self.old_logger(log)
 
     def after_fit(self):
+        self.__dict__.pop('text', None)                           # an exported learner carries no history text
         if 'old_logger' in self.__dict__: self.learn.logger = self.__dict__.pop('old_logger')
 
+
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f01b
+_MAY_GROW = {'epochs'}   # the one training field a resumed run may change: more epochs extend it (`train_learner`)
+
+def _differences(part:str, old:dict, new:dict)->dict:
+    "'part.field' -> (checkpoint's, now) for the fields both have that differ; an `amp` recorded as 'auto' is not told."
+    same = lambda k: old[k] == new[k] or (part, k, old[k]) == ('train', 'amp', 'auto')   # before amp was resolved
+    return {f'{part}.{k}': (old[k], new[k]) for k in old.keys() & new.keys()
+            if not (part == 'train' and k in _MAY_GROW) and not same(k)}
+
 def check_resumable(
     learn:Learner,   # the learner that would resume (a `learner.TaskLearner`, with its `config`)
     st:dict,         # the checkpoint in its run folder
     file,            # where that checkpoint is, for the error
 ):
-    ("Refuse a checkpoint of another run: another task, variant, model config, data, vocabulary, class count, "
-     "or language-model field (those both runs have: an older checkpoint lacks the newer fields).")
+    ("Refuse a checkpoint of another run, naming what differs: task, variant, model, data, vocabulary, classes, "
+     "a training or language-model field (of those both have: an older checkpoint lacks the newer fields).")
     old, new = st.get('config', {}), learn.config
     keys = ('task', 'variant', 'model', 'data_key', 'vocab_sz', 'n_classes')
     diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
-    lm_old, lm_new = old.get('lm') or {}, new.get('lm') or {}
-    diff |= {f'lm.{k}': (lm_old[k], lm_new[k]) for k in lm_old.keys() & lm_new.keys() if lm_old[k] != lm_new[k]}
+    for part in ('train', 'lm'): diff |= _differences(part, old.get(part) or {}, new.get(part) or {})
     if diff:
         raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
-                         f"Use another path, or resume=False to start over")
+                         "Resume it with its own settings, or train in another folder (from Python: another path, "
+                         "or resume=False)")
+
 
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f01f
 def restore_history(
@@ -219,10 +229,15 @@ def load_weights(
     file,           # a state dict saved by `SaveBestCallback`, fastai's `learn.save`, or a `TrainCheckpoint`
 )->Learner:
     "Load model weights safely, with `torch.load(weights_only=True)`: no code in the file is run."
-    st = torch.load(file, map_location='cpu', weights_only=True)
+    if not Path(file).is_file(): raise FileNotFoundError(f"no weights at {file}")
+    try: st = torch.load(file, map_location='cpu', weights_only=True)
+    except Exception as e:                                    # truncated, damaged, or not a weights file
+        raise ValueError(f"{file} is damaged or holds no weights ({error_line(e, with_type=True)[:300]}): restore it, "
+                         "or train the run again in another folder") from None
     if isinstance(st, dict) and 'model' in st and isinstance(st['model'], dict): st = st['model']
     unwrap(learn.model).load_state_dict(st)
     return learn
+
 
 # %% ../nbs/07b_checkpoint.ipynb #ed1e19c4
 @dataclass

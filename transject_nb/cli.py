@@ -6,14 +6,15 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, json, platform, subprocess, time, types, typing, warnings
+import argparse, io, json, os, platform, subprocess, sys, time, types, typing, warnings
 from dataclasses import MISSING, fields
 from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'COMMANDS', 'field_configs', 'parse_overrides', 'field_defaults', 'fields_help', 'FieldsHelp', 'run_env',
-           'run_one', 'to_markdown', 'summary_table', 'compare', 'make_parser', 'run_command', 'main']
+__all__ = ['DEMO', 'RUN_FILES', 'COMPARISON_FILES', 'COMMANDS', 'field_configs', 'parse_overrides', 'field_defaults',
+           'fields_help', 'FieldsHelp', 'run_env', 'run_one', 'to_markdown', 'summary_table', 'compare', 'make_parser',
+           'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
 with warnings.catch_warnings():   # importing `fastai.layers` applies `torch.jit.script`, which torch deprecates:
@@ -23,11 +24,12 @@ import numpy as np
 from fastcore.docments import docments
 import pandas as pd
 from fastai.torch_core import num_distrib, rank_distrib
-from .core import (PRESET_KINDS, TASKS, atomic_write, check_choice, convert_field, load_preset,
-                               preset_section, settings_files, split_choices, split_fields, variant_spec)
+from .core import (DEBUG_ENV, PRESET_KINDS, TASKS, Stopped, atomic_write, atomic_write_all, check_choice,
+                               check_writable, convert_field, debug_mode, error_line, load_preset, preset_section,
+                               remove_temporaries, settings_files, split_choices, split_fields, variant_spec)
 from .data import load_task
-from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, preset_configs,
-                                 resolve_config, valid_fields)
+from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, check_listops_len,
+                                 preset_configs, resolve_config, valid_fields)
 from .learner import LR_FIND, end_distributed, find_lr, evaluate, get_learner, history, plot_curves, train_learner
 from .experiments import RESULT_COLUMNS, results_table
 from .models import VARIANTS
@@ -185,9 +187,22 @@ def _out_dir(out, task:str)->Path:
         raise ValueError("with several processes, pass --out so that all of them write to the same folder")
     return Path('runs')/task/datetime.now().strftime('%Y%m%d-%H%M%S')
 
-def _check_fresh(path:Path, resume:bool):
-    if not resume and (path/'models'/'checkpoint.pth').exists():
-        raise FileExistsError(f"{path} already holds a run; pass --resume to continue it, or another --out")
+RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl', 'results.json')
+COMPARISON_FILES = ('results.csv', 'summary.csv', 'summary.md', 'curves.png')
+
+def _holds(path:Path)->str|None:
+    "What `path` holds: 'comparison' (its tables, or its runs' folders), 'run' (a run's files), or None."
+    if any((path/f).exists() for f in COMPARISON_FILES) or any(path.glob('*/seed*/models/checkpoint.pth')):
+        return 'comparison'
+    return 'run' if any((path/f).exists() for f in RUN_FILES) else None
+
+def _check_out(path:Path, want:str, resume:bool):
+    "Refuse to write a `want` ('run' or 'comparison') over a folder's run or comparison, unless `resume` continues it."
+    held = _holds(path)
+    if held is not None and held != want:
+        raise FileExistsError(f"{path} holds a {held}, and a {want} would write over its files: choose another --out")
+    if held is not None and not resume:
+        raise FileExistsError(f"{path} already holds a {held}; pass --resume to continue it, or another --out")
 
 def _json_default(o):
     "What `json.dump` does not write itself: numpy scalars become Python numbers, paths text."
@@ -230,10 +245,11 @@ def run_one(
 )->tuple:                   # `(learner, results dict)`
     "Train one variant, evaluate it on the test set, and save the model, its history and a JSON of the results."
     path = Path(path)
-    _check_fresh(path, resume)
+    _check_out(path, 'run', resume)
     find = overrides.get('lr') == LR_FIND
     if find: overrides = {k: v for k, v in overrides.items() if k != 'lr'}
     learn = get_learner(task, variant, preset=preset, data=data, path=path, cache_dir=cache_dir, **overrides)
+    check_writable(path)                                      # a read-only folder or a full disk, before training
     if find: find_lr(learn)
     train_learner(learn, resume=resume, progress=progress)
     res = evaluate(learn) | dict(lr=learn.train_cfg.lr)
@@ -275,30 +291,39 @@ def summary_table(
 
 # %% ../nbs/08_cli.ipynb #80d5f8ba
 def _seeds(seeds)->list:
+    "The training seeds: comma-separated text or ints, each an int >= 0 given once."
+    given = seeds
     if isinstance(seeds, str):
         try: seeds = [int(s) for s in seeds.split(',') if s.strip()]
         except ValueError: raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
     seeds = list(seeds)
-    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
+    if not seeds: raise ValueError(f"--seeds: no seed given in {given!r}; give comma-separated integers, e.g. 1,2,3")
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be non-negative integers, got {seeds}")
+    if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+        raise ValueError(f"--seeds: seed {', '.join(map(str, twice))} given more than once in {given!r}; each seed "
+                         "is one run: give each once")
     return seeds
 
 def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list,
                      summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
-    "Write `compare`'s tables, curves and JSON into `out`; return the Markdown table."
-    pd.DataFrame(results).to_csv(out/'results.csv', index=False)
-    results_table(pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))).to_csv(out/'summary.csv')
+    "Write `compare`'s tables, curves and JSON into `out`, all of them or none; return the Markdown table."
     md = to_markdown(summary)
-    (out/'summary.md').write_text(f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std over "
-                                  f"seeds; majority class {100 * results[0]['majority']:.1f}%; {wall:.0f} s\n\n{md}\n")
     ax = plot_curves(hists, 'accuracy', title=f'{task}: validation accuracy')
     ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
-    ax.figure.savefig(out/'curves.png', dpi=100, bbox_inches='tight')
+    png = io.BytesIO(); ax.figure.savefig(png, format='png', dpi=100, bbox_inches='tight')
     import matplotlib.pyplot as plt; plt.close(ax.figure)
     js = dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides,
               wall_secs=round(wall, 1), env=run_env(device), data=data.summary().reset_index().to_dict('list'),
               results=results)
-    atomic_write(out/'results.json', json.dumps(js, indent=1, default=_json_default))
+    atomic_write_all({out/'results.csv': pd.DataFrame(results).to_csv(index=False),
+                      out/'summary.csv': results_table(pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))
+                                                       ).to_csv(),
+                      out/'summary.md': f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std "
+                                        f"over seeds; majority class {100 * results[0]['majority']:.1f}%; "
+                                        f"{wall:.0f} s\n\n{md}\n",
+                      out/'curves.png': png.getvalue(),
+                      out/'results.json': json.dumps(js, indent=1, default=_json_default)})
     return md
 
 # %% ../nbs/08_cli.ipynb #845b3a37
@@ -338,15 +363,18 @@ def compare(
 )->pd.DataFrame:            # the formatted summary: one row per variant, mean ± std over seeds
     "Train each variant for each seed on the same data, print and save a results table and the learning curves."
     if task is None:
-        task, preset, seeds = DEMO['task'], preset or DEMO['preset'], seeds or DEMO['seeds']
+        task, preset, seeds = DEMO['task'], preset or DEMO['preset'], DEMO['seeds'] if seeds is None else seeds
         overrides = DEMO['overrides'] | overrides
     check_choice(task, TASKS, 'task')
-    vs, seeds, preset = split_choices(variants, VARIANTS, 'variant'), _seeds(seeds or (42,)), preset or 'auto'
-    per = _per_variant(overrides, vs)
+    vs, seeds = split_choices(variants, VARIANTS, 'variant'), _seeds((42,) if seeds is None else seeds)
+    per, preset = _per_variant(overrides, vs), preset or 'auto'
     out = _out_dir(out, task)
+    _check_out(out, 'comparison', resume)
+    if _rank0(): remove_temporaries(out)                      # what a killed save of its tables left behind
     rc = resolve_config(task, vs[0], preset, **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(vs[0]).config_cls.max_len)
+    check_listops_len(task, max_len, rc['data'])
     data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
     results, hists, t0 = [], {}, time.perf_counter()
     for v in vs:
@@ -443,16 +471,40 @@ def make_parser()->argparse.ArgumentParser:
         if add_args in (_train_args, _compare_args): sp.add_argument('-h', '--help', action=FieldsHelp)
         else: sp.add_argument('-h', '--help', action='help', default=argparse.SUPPRESS, help='show this help and exit')
         add_args(sp)
+        sp.add_argument('--debug', action='store_true',
+                        help=f"on a failure, show its traceback rather than one line (or set {DEBUG_ENV}=1)")
     return p
 
+# %% ../nbs/08_cli.ipynb #b5b81453
+_BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)   # argparse's error, status 2
+_STOPS = (KeyboardInterrupt, Stopped)                                                     # asked to stop: no error
+
+def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
+    "End a failed command: one line on stderr and a non-zero status (bad input: argparse's error, status 2)."
+    if isinstance(e, _BAD_INPUT): p.error(error_line(e))
+    if isinstance(e, _STOPS): msg, code = error_line(e) if str(e) else 'stopped', getattr(e, 'status', 130)
+    else: msg, code = error_line(e, with_type=not isinstance(e, (OSError, RuntimeError))), 1
+    hint = '' if isinstance(e, (OSError, *_STOPS)) else '; run it again with --debug to see where it failed'
+    print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# %% ../nbs/08_cli.ipynb #1659df90
 def run_command(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 ):                        # the command's result: `train`'s results dict, the summary table of `compare` and `bench`
-    "Parse `argv` and run the subcommand; bad arguments exit with status 2 and a message listing the valid ones."
+    "Parse `argv` and run the subcommand; a failure ends in one line and a non-zero status (`--debug`: its traceback)."
     p = make_parser()
     a, words = p.parse_known_args(argv)
+    old = os.environ.get(DEBUG_ENV)
+    if a.debug: os.environ[DEBUG_ENV] = '1'                   # for this process and the workers it starts
     try: return COMMANDS[a.cmd][2](a, words)
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError) as e: p.error(str(e))
+    except (Exception, *_STOPS) as e:
+        if debug_mode(): raise
+        _fail(p, a.cmd, e)
+    finally:
+        if a.debug and old is None: os.environ.pop(DEBUG_ENV, None)
+        elif a.debug: os.environ[DEBUG_ENV] = old
 
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
@@ -460,6 +512,7 @@ def main(
     "The `transject-nb` console script (exit status 0 on success)."
     try: run_command(argv)
     finally: end_distributed()   # under a launcher: close the process group, or gloo can abort the exit
+
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
 if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`, not this notebook's run

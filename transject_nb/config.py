@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 # %% auto #0
 __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'TrainConfig', 'DataConfig', 'model_fields',
-           'valid_fields', 'preset_configs', 'resolve_config']
+           'valid_fields', 'preset_configs', 'check_listops_len', 'resolve_config']
 
 # %% ../nbs/07a_config.ipynb #a7c0f005
 import torch
@@ -95,6 +95,34 @@ def preset_configs()->tuple:
     "The dataclasses a preset's values feed, in the order `core.load_preset` types them: the run's, then the variants'."
     return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
 
+# %% ../nbs/07a_config.ipynb #2550dc85
+_GENERATOR = ('min_length', 'max_length', 'max_depth', 'max_args')   # `DataConfig`'s fields of the ListOps generator
+
+def _listops_fields(vals:dict, overrides:dict)->dict:
+    "ListOps' settings `vals` as they apply: no `valid_pct`; read from `source`, none of the generator's fields."
+    if 'valid_pct' in overrides:
+        raise ValueError("valid_pct carves validation out of the training split, and ListOps has a validation split of "
+                         "its own (generated, or basic_val.tsv): drop valid_pct")
+    if vals.get('source') is None: return vals
+    if given := [k for k in _GENERATOR if overrides.get(k) is not None]:
+        raise ValueError(f"{', '.join(given)}: the ListOps generator's, and source={vals['source']!r} reads ListOps "
+                         f"files instead: drop {', '.join(given)}, or source")
+    return {k: v for k, v in vals.items() if k not in _GENERATOR}                # the preset's: they do not apply
+
+
+# %% ../nbs/07a_config.ipynb #2ec462aa
+def check_listops_len(
+    task:str,           # the run's task
+    max_len:int,        # the model's longest sequence
+    data:DataConfig,    # the run's data fields
+):
+    "Refuse a `max_len` that would cut the expressions the ListOps generator makes with `data`'s window."
+    top = data.max_length
+    if task == 'listops' and data.source is None and top is not None and max_len < top - 1:
+        raise ValueError(f"max_len={max_len} would cut the generated ListOps expressions, which run to {top - 1} "
+                         f"tokens (max_length={top}): pass max_length={max_len + 1} or less, or max_len={top - 1}")
+
+
 # %% ../nbs/07a_config.ipynb #e86a8961
 def _preset_kind(preset:str)->str:
     check_choice(preset, PRESETS, 'preset')
@@ -120,6 +148,7 @@ def resolve_config(
         raise ValueError(f"variant {variant!r} fixes {spec.fixed}; got contradicting {clash}")
     vals = load_preset(task, kind, configs=preset_configs())
     vals |= {k: v for k, v in overrides.items() if k not in spec.fixed}
+    if task == 'listops': vals = _listops_fields(vals, overrides)
     model = {k: vals[k] for k in vf['model'] if k in vals}
     train = TrainConfig(**{k: vals[k] for k in TRAIN_FIELDS if k in vals})
     data = DataConfig(**{k: vals[k] for k in DATA_FIELDS if k in vals})

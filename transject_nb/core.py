@@ -6,18 +6,20 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, importlib.resources, math, os, re, shutil, sys, tempfile, time, types, typing
+import configparser, errno, importlib.resources, io, math, os, re, shutil, signal, sys, tempfile, time, types, typing
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'EncoderClassifier', 'BatchContext', 'Trace',
-           'check_tokens', 'sinusoidal_pe', 'masked_pool', 'check_choice', 'check_fields', 'EncoderConfig', 'unwrap',
-           'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields', 'build_config',
-           'atomic_write', 'atomic_save', 'copy_new', 'preset_section', 'packaged_settings', 'is_presets_file',
-           'settings_files', 'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset',
-           'in_notebook', 'interactive_output', 'progress_iter']
+__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'DEBUG_ENV', 'EncoderClassifier', 'BatchContext',
+           'Trace', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'check_choice', 'check_fields', 'EncoderConfig',
+           'unwrap', 'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields',
+           'build_config', 'atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
+           'check_writable', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
+           'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
+           'interactive_output', 'progress_iter', 'debug_mode', 'error_line', 'Stopped']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -301,22 +303,45 @@ def build_config(
 _UMASK = os.umask(0o022); os.umask(_UMASK)   # read once: a written file gets the permissions `open` would give it
 
 # %% ../nbs/00_core.ipynb #c4f1e1d6
+@contextmanager
+def _temporaries(paths:list):
+    "Temporary files beside `paths`, moved onto them once the block has written all; removed if it fails."
+    tmps = []
+    try:
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, t = tempfile.mkstemp(dir=p.parent, prefix=p.name + '.', suffix='.tmp'); os.close(fd)
+            tmps.append(t)
+        yield tmps
+        for t, p in zip(tmps, paths):
+            os.chmod(t, 0o666 & ~_UMASK)                     # mkstemp's file is private to its owner
+            os.replace(t, p)
+    except BaseException:
+        for t in tmps: Path(t).unlink(missing_ok=True)
+        raise
+
+def _write_to(tmp:str, content, dest:Path):
+    "Write `content` (text, bytes or a function `write(f)`) to the file `tmp`, and flush it to the disk."
+    data = content.encode() if isinstance(content, str) else content
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), 'wb') as f:
+            content(f) if callable(content) else f.write(data)
+            f.flush(); os.fsync(f.fileno())                  # a full disk fails here at the latest
+    except OSError as e:                                      # a full disk: named by the file it failed to write
+        if e.filename is None and e.strerror: raise OSError(e.errno, e.strerror, str(dest)) from None
+        raise
+
+
+# %% ../nbs/00_core.ipynb #16f789d0
 def atomic_write(
     path,      # destination; its folder is created
     content,   # `str` (written as UTF-8), `bytes`, or a function `write(f)` writing to a file open in binary mode
 )->Path:       # the path written
     "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`: never a partial file."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode() if isinstance(content, str) else content
-    write = content if callable(content) else lambda f: f.write(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: write(f)
-        os.chmod(tmp, 0o666 & ~_UMASK)                   # mkstemp's file is private to its owner
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+    path = Path(path)
+    with _temporaries([path]) as [tmp]: _write_to(tmp, content, path)
     return path
+
 
 # %% ../nbs/00_core.ipynb #69da7eaf
 def atomic_save(
@@ -325,13 +350,15 @@ def atomic_save(
 )->Path:            # the path written
     ("`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: "
      "readers see the old file or the new one, never a partial one.")
-    return atomic_write(path, lambda f: torch.save(obj, f))
+    buf = io.BytesIO(); torch.save(obj, buf)         # in memory first: a write that fails is then a plain OSError
+    return atomic_write(path, buf.getbuffer())
 
 # %% ../nbs/00_core.ipynb #9c207948
 def copy_new(
     src,           # a file or a folder
     dest,          # where its copy goes; its folder is created
     ignore=None,   # for a folder: `shutil.copytree`'s `ignore`, names not to copy
+    check=None,    # a function of the copy's path, run before it is put in place: what it raises stops it
 )->bool:           # True: copied; False: `dest` existed (another process may have just made it), left as it was
     "Copy `src` to `dest` whole, unless `dest` exists: others see no copy or all of it, never a partial one."
     src, dest = Path(src), Path(dest)
@@ -342,16 +369,54 @@ def copy_new(
     try:
         if src.is_dir():
             shutil.copytree(src, tmp/'copy', ignore=ignore)
+            if check is not None: check(tmp/'copy')
             try: os.rename(tmp/'copy', dest)                     # refused onto a folder that holds anything
             except OSError:
                 if dest.exists(): return False
                 raise
         else:
             shutil.copyfile(src, tmp/'copy')
+            if check is not None: check(tmp/'copy')
             try: os.link(tmp/'copy', dest)                       # refused onto anything that exists
             except FileExistsError: return False
         return True
     finally: shutil.rmtree(tmp, ignore_errors=True)
+
+# %% ../nbs/00_core.ipynb #a8d1e94f
+def atomic_write_all(
+    files:dict,   # destination -> content, as `atomic_write` takes it
+)->list:          # the paths written
+    "Write each file to a temporary beside it, then rename them all: none changes unless all are written."
+    paths = [Path(p) for p in files]
+    with _temporaries(paths) as tmps:
+        for t, p, content in zip(tmps, paths, files.values()): _write_to(t, content, p)
+    return paths
+
+
+# %% ../nbs/00_core.ipynb #047b72f9
+_TEMPORARY = re.compile(r'.+\.[a-z0-9_]{8}\.tmp')   # `mkstemp`'s and `mkdtemp`'s names: `<name>.<random>.tmp`
+
+def remove_temporaries(
+    folder,   # a folder that `atomic_write` or `copy_new` writes into
+)->list:      # the names removed
+    "Remove the temporaries that a killed `atomic_write` or `copy_new` left in `folder` (not below it)."
+    folder, gone = Path(folder), []
+    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if not _TEMPORARY.fullmatch(p.name): continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        gone.append(p.name)
+    return gone
+
+
+# %% ../nbs/00_core.ipynb #30b41cfa
+def check_writable(
+    folder,   # a folder that files will be written into; it is created
+)->Path:      # the folder
+    "Create `folder` and write a temporary file in it: a read-only folder or a full disk shows before the work."
+    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder) as f: f.write(b'0'); f.flush(); os.fsync(f.fileno())
+    return folder
+
 
 # %% ../nbs/00_core.ipynb #6b7d9c84
 TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
@@ -463,11 +528,13 @@ def split_choices(
     valid,         # the names allowed, in their order
     what:str,      # the kind of name, singular: 'variant', 'kernel', ...
 )->list:           # the names, each one of `valid`
-    "The names in a comma-separated `text`, each checked by `check_choice`; 'all': every valid name."
+    "The names in a comma-separated `text`, each checked by `check_choice` and given once; 'all': every valid name."
     valid = list(valid)
     if text is None or text == 'all': return valid
     names = [s.strip() for s in text.split(',') if s.strip()] if isinstance(text, str) else list(text)
     if not names: raise ValueError(f"no {what} given; valid {what}s are: all, {', '.join(valid)}")
+    if twice := sorted({n for n in names if names.count(n) > 1}, key=names.index):
+        raise ValueError(f"{what} {', '.join(map(str, twice))} given more than once in {text!r}; give each once")
     return [check_choice(n, valid, what) for n in names]
 
 # %% ../nbs/00_core.ipynb #e3324dc0
@@ -546,3 +613,42 @@ def progress_iter(
         for i, x in enumerate(items):
             yield x
             print(f"{what} {x} done ({i + 1}/{len(items)}, {time.perf_counter() - t0:.0f} s)", flush=True)
+
+# %% ../nbs/00_core.ipynb #c9220334
+DEBUG_ENV = 'TRANSJECT_DEBUG'   # set (to anything but '' or '0'): failures show their traceback, not one line
+
+def debug_mode()->bool:
+    "Whether a failure should show its traceback: `$TRANSJECT_DEBUG` set, as `transject-nb --debug` sets it."
+    return os.environ.get(DEBUG_ENV, '') not in ('', '0')
+
+_OS_ADVICE = {errno.EACCES: 'choose a folder you can write to, or make it writable',
+              errno.EROFS: 'the file system is read-only: choose a folder on another one',
+              errno.ENOSPC: 'free some space, then run the same command again (a run goes on with --resume)',
+              errno.EDQUOT: 'the disk quota is used up: free some space, then run the same command again'}
+_OS_ADVICE[errno.EPERM] = _OS_ADVICE[errno.EACCES]
+
+
+# %% ../nbs/00_core.ipynb #1ca00d08
+def error_line(
+    e:BaseException,        # the failure
+    with_type:bool=False,   # name the error's class too (for a failure nobody foresaw)
+)->str:                     # one line: what went wrong, and what to do where that is known
+    "One line for a failure: an `OSError`'s reason, file and what to do; else its own message, on one line."
+    if isinstance(e, OSError) and e.strerror:
+        files = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f)
+        advice = _OS_ADVICE.get(e.errno)
+        return f"{e.strerror}{f': {files}' if files else ''}" + (f"; {advice}" if advice else '')
+    msg = ' '.join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {msg}" if with_type and msg != type(e).__name__ else msg
+
+
+# %% ../nbs/00_core.ipynb #368d2822
+class Stopped(BaseException):
+    "A command, or a worker of one, stopped by a signal; not an error, so `except Exception` lets it through."
+    def __init__(self,
+        signum:int,      # the signal: SIGTERM, SIGINT, ...
+        what:str='',     # what the stop did, said after the signal
+    ):
+        self.signum, self.status = signum, 128 + signum                  # the status a shell expects
+        super().__init__(f"stopped by {signal.Signals(signum).name}{what}")
+

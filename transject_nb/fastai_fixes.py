@@ -6,12 +6,14 @@ Docs: https://transject-nb.github.io/transject_nb/fastai_fixes.html.md"""
 
 # %% ../nbs/07c_fastai_fixes.ipynb #c7c0f004
 from __future__ import annotations
+import io, warnings
 from contextlib import contextmanager
 
 # %% auto #0
 __all__ = ['show_text_results', 'FixedLearner']
 
 # %% ../nbs/07c_fastai_fixes.ipynb #c7c0f005
+import cloudpickle
 import pandas as pd
 import torch
 import fastai.callback.hook      # noqa: F401 -- adds `Learner.summary`, which `FixedLearner` wraps
@@ -22,7 +24,8 @@ from fastai.data.core import show_results
 from fastai.distributed import DistributedDL
 from fastai.learner import Learner
 from fastai.text.data import TensorText
-from fastai.torch_core import display_df, get_empty_df
+from fastai.torch_core import display_df, get_empty_df, rank_distrib
+from .core import atomic_write
 
 # %% ../nbs/07c_fastai_fixes.ipynb #c3e5a002
 def show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc_at=150, **kwargs):
@@ -75,3 +78,26 @@ class FixedLearner(Learner):
     def summary(self):
         "fastai's `summary` (layers, output shapes, parameters, callbacks), leaving the training history alone."
         with self.evaluation_only(): return super().summary()
+
+# %% ../nbs/07c_fastai_fixes.ipynb #d1a54aa7
+@patch
+def export(self:FixedLearner,
+    fname='export.pkl',          # the file, in `self.path`
+    pickle_module=cloudpickle,   # fastai's default
+    pickle_protocol=2,           # fastai's default
+):
+    "fastai's `export`, written atomically: a failed export leaves the old file whole and the learner as it was."
+    if rank_distrib(): return                                # as fastai: only the first process writes
+    self._end_cleanup()
+    dls, state = self.dls, self.opt.state_dict() if self.opt is not None else None
+    self.dls, self.opt = self.dls.new_empty(), None
+    try:
+        with warnings.catch_warnings():                       # fastai's: torch warns about the model's source
+            warnings.simplefilter('ignore')
+            buf = io.BytesIO(); torch.save(self, buf, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        atomic_write(self.path/fname, buf.getbuffer())
+    finally:
+        self.create_opt()
+        if state is not None: self.opt.load_state_dict(state)
+        self.dls = dls
+

@@ -12,9 +12,9 @@ from functools import partial
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LR_FIND', 'TokenDataLoaders', 'get_dls', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'TaskLearner', 'train_callbacks',
-           'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves', 'find_lr',
-           'end_distributed']
+__all__ = ['LR_FIND', 'TokenDataLoaders', 'get_dls', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'TaskLearner', 'amp_mode',
+           'train_callbacks', 'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves',
+           'find_lr', 'end_distributed']
 
 # %% ../nbs/07_learner.ipynb #8c1f26f2
 import numpy as np
@@ -37,11 +37,11 @@ from fastai.optimizer import Adam
 from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import EncoderClassifier, interactive_output, unwrap, variant_spec
+from .core import EncoderClassifier, interactive_output, remove_temporaries, unwrap, variant_spec
 from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
 from .models import create_model, n_params
 from .batches import BucketDL
-from .config import TrainConfig, resolve_config
+from .config import TrainConfig, check_listops_len, resolve_config
 from .config import DataConfig  # noqa: F401 -- older code imports it from here
 from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
 from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
@@ -164,10 +164,24 @@ def predict(self:TaskLearner,
     return (self.encode(item)[0],) + res if with_input else res
 
 # %% ../nbs/07_learner.ipynb #23d3c359
+def amp_mode(
+    amp:str,       # `TrainConfig.amp`: 'auto', 'bf16', 'fp16' or 'off'
+    device,        # where the run trains
+)->str:            # what it trains in: 'bf16', 'fp16' or 'off'
+    "The mixed precision a run trains in, 'auto' resolved; a precision `device` cannot give is refused."
+    device = torch.device(device)
+    if amp == 'off' or (amp == 'auto' and device.type != 'cuda'): return 'off'
+    if device.type != 'cuda':
+        raise ValueError(f"amp={amp!r} is mixed precision on CUDA, and this run trains on {device.type} in float32: "
+                         "pass amp='off' (or 'auto', which is off there)")
+    if amp == 'auto': return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+    if amp == 'bf16' and not torch.cuda.is_bf16_supported():
+        raise ValueError("amp='bf16': this GPU has no bfloat16; pass amp='fp16' (or 'auto', which picks it)")
+    return amp
+
 def _amp_cb(amp:str, device:torch.device):
-    if device.type != 'cuda' or amp == 'off': return None
-    if amp == 'auto': amp = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
-    return MixedPrecision(amp_mode=amp)
+    return None if (mode := amp_mode(amp, device)) == 'off' else MixedPrecision(amp_mode=mode)
+
 
 # %% ../nbs/07_learner.ipynb #d7c0f014
 def train_callbacks(
@@ -188,6 +202,7 @@ def train_callbacks(
 # %% ../nbs/07_learner.ipynb #d7c0f01a
 def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->TaskData:
     if data is None:
+        check_listops_len(task, max_len, rc['data'])                   # generated here: not cut without a word
         data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
     if not isinstance(data, TaskData):
         raise TypeError(f"data must be a TaskData from load_task, got {type(data).__name__}")
@@ -217,6 +232,7 @@ def get_learner(
     max_len = mcfg.setdefault('max_len', variant_spec(variant).config_cls.max_len)
     data = _run_data(task, data, rc, max_len, cache_dir)
     device = default_device() if device is None else torch.device(device)
+    tcfg = dataclasses.replace(tcfg, amp=amp_mode(tcfg.amp, device))        # recorded as it trains
     set_seed(tcfg.seed)
     model = create_model(variant, data.vocab_sz, data.n_classes, **mcfg).to(device)
     aux = has_aux_loss(model)
@@ -260,6 +276,19 @@ def _goes_on(st:dict, epochs:int, tcfg:TrainConfig, file)->bool:
                       UserWarning, stacklevel=3)
     return True
 
+# %% ../nbs/07_learner.ipynb #2a7d5ccb
+def _check_budget(st:dict, epochs:int, tcfg:TrainConfig, file):
+    "Refuse a budget that would report a mix of two runs: fewer epochs than the checkpoint's run has trained."
+    ran, planned = st['epoch'] + 1, (st.get('config', {}).get('train') or {}).get('epochs', st['epoch'] + 1)
+    if epochs < ran:
+        raise ValueError(f"{file}: its run has trained {ran} epochs (it was set to {planned}); epochs={epochs} would "
+                         f"report them as a shorter run: resume with epochs={max(planned, ran)}, or more to extend "
+                         "it, or train in another folder")
+    if tcfg.sched == '1cycle' and not st['done'] and epochs != planned:
+        raise ValueError(f"{file}: an unfinished '1cycle' run goes on only to its own {planned} epochs, because "
+                         f"its rates follow its length; resume with epochs={planned}, or train in another folder")
+
+
 # %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
@@ -273,11 +302,14 @@ def train_learner(
     if mode not in (False, 'bars', 'lines'):
         raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
     tcfg, tcb = learn.train_cfg, learn.train_checkpoint
+    if not rank_distrib():                                    # what a killed save left behind
+        for d in (learn.path, learn.path/learn.model_dir): remove_temporaries(d)
     epochs = epochs or tcfg.epochs
     st = None
     if resume and tcb.file.exists():
         st = load_checkpoint(tcb.file)
         check_resumable(learn, st, tcb.file)
+        _check_budget(st, epochs, tcfg, tcb.file)
         if st['done'] and not _goes_on(st, epochs, tcfg, tcb.file):   # finished: best weights, history
             best = learn.save_best.file
             load_weights(learn, best if best.exists() else tcb.file)

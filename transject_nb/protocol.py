@@ -18,7 +18,8 @@ from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna_integration import FastAIV2PruningCallback
 from fastai.callback.core import Callback
-from sqlalchemy.exc import SQLAlchemyError
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from .core import TASKS, check_choice, check_fields, config_fields, copy_new, preset_section, variant_spec
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
@@ -37,11 +38,15 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
            'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE',
            'NEUTRENO_LM', 'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
            'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
-           'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver', 'TrialGuard',
-           'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs', 'settled_runs',
-           'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget', 'study_plan',
-           'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study', 'run_workers',
-           'add_study_args', 'study_command']
+           'QueueLock', 'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver',
+           'TrialGuard', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs',
+           'settled_runs', 'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget',
+           'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study',
+           'check_storage', 'requeue_orphans', 'run_workers', 'add_study_args', 'study_command']
+
+# %% ../nbs/13_protocol.ipynb #4f0b8f46
+import contextlib, ctypes, ctypes.util, logging, signal, socket, sys, threading
+from .core import Stopped, atomic_write_all, debug_mode, error_line
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
@@ -285,6 +290,15 @@ def chosen_rate(
     search = sorted((r for r in done if r['phase'] in SEARCH_PHASES), key=lambda r: r['lr'])
     return best(search, key=lambda r: r['value'])['lr'] if search else None
 
+# %% ../nbs/13_protocol.ipynb #c61a0001
+def _no_driver(url:str, e:ImportError)->ValueError:
+    "The error for a database URL whose driver does not import: one line that says what to install."
+    scheme = url.split('://')[0]
+    fix = ('pip install "transject_nb[postgres]" (psycopg)' if scheme in ('postgresql', 'postgresql+psycopg')
+           else f"install the driver that SQLAlchemy's {scheme} dialect imports")
+    why = e.__cause__ or e                                  # Optuna's ImportError wraps SQLAlchemy's
+    return ValueError(f"a {scheme}:// storage needs its database driver ({why}): {fix}")
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-6
 def open_storage(
     # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
@@ -306,8 +320,12 @@ def open_storage(
             with warnings.catch_warnings():
                 warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
                 retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
-                return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
-                                  grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
+                st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
+                                grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
+            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a file)
+            if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
+            return st
+        except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
         except SQLAlchemyError:
             if attempt == 5: raise
             time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
@@ -337,20 +355,56 @@ def trial_rows(
                          seed=fixed.get('seed'), retry_of=t.system_attrs.get('failed_trial')))
     return rows
 
-# %% ../nbs/13_protocol.ipynb #553ccc0e-8
-@contextmanager
-def _plan_lock(storage):
-    ("Workers on one machine take turns at queueing (a file lock beside a SQLite file); "
-     "across machines, `skip_if_exists` and `_duplicate` guard.")
-    url = getattr(storage, 'url', '')
-    try: import fcntl                                                   # POSIX; elsewhere the two guards above suffice
-    except ImportError: fcntl = None
-    if fcntl is None or not url.startswith('sqlite:///'): yield; return
-    with open(url[len('sqlite:///'):] + '.lock', 'w') as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try: yield
-        finally: fcntl.flock(f, fcntl.LOCK_UN)
+# %% ../nbs/13_protocol.ipynb #c61a0003
+# `QueueLock`'s table on a database server: a row per study, locked by the worker whose turn it is
+_QUEUE_LOCKS = sa.Table('transject_queue_locks', sa.MetaData(),
+                        sa.Column('study_name', sa.String(512), primary_key=True))
 
+def _file_lock(path):
+    "`path`, opened and locked (`flock`) until it is closed; None without `fcntl` (not POSIX)."
+    try: import fcntl
+    except ImportError: return None
+    f = open(path, 'w')
+    try: fcntl.flock(f, fcntl.LOCK_EX); return f
+    except BaseException: f.close(); raise
+
+def _row_lock(engine, name:str):
+    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till closed."
+    c = engine.connect()
+    row = sa.select(_QUEUE_LOCKS).where(_QUEUE_LOCKS.c.study_name == name).with_for_update()
+    try:
+        if c.execute(row).first() is None:        # the study's first turn: its row, made once
+            c.rollback()
+            try: c.execute(_QUEUE_LOCKS.insert().values(study_name=name)); c.commit()
+            except IntegrityError: c.rollback()               # another worker made it first
+            c.execute(row)
+        return c
+    except BaseException: c.close(); raise
+
+# %% ../nbs/13_protocol.ipynb #c61a0004
+class QueueLock:
+    ("One worker at a time at a study's queue, on every machine: a row lock in the storage's own "
+     "database (beside a SQLite file, a file lock); `release` lets go before the block ends.")
+    def __init__(self,
+                 storage,          # from `open_storage`
+                 study_name:str):  # the study whose queue it guards (a SQLite file: one lock for all)
+        self.storage, self.study_name, self._held = storage, study_name, None
+
+    def __enter__(self):
+        url = getattr(self.storage, 'url', '')
+        if url.startswith('sqlite:///'): self._held = _file_lock(url[len('sqlite:///'):] + '.lock')
+        elif isinstance(self.storage, RDBStorage) and not url.startswith('sqlite'):
+            self._held = _row_lock(self.storage.engine, self.study_name)
+        return self                       # a storage in memory serves one process: nothing to lock
+
+    def __exit__(self, *exc): self.release()
+
+    def release(self):
+        "Let go (a worker: once Optuna has made the waiting trial it saw its own); again: nothing."
+        held, self._held = self._held, None
+        if held is not None: held.close()
+
+# %% ../nbs/13_protocol.ipynb #553ccc0e-8
 def queue_next(
     plan:StudyPlan,  # the plan
     arm:Arm,         # one of its arms
@@ -361,7 +415,7 @@ def queue_next(
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)
-    with _plan_lock(storage):
+    with QueueLock(storage, study.study_name):
         new = next_trials(trial_rows(study), plan.protocol)
         for t in new:
             # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a second copy of it
@@ -388,7 +442,7 @@ def requeue_failed(
     out = {}
     for arm in plan.arms:
         study = arm_study(plan, arm, storage)
-        with _plan_lock(storage):
+        with QueueLock(storage, study.study_name):
             again = [dict(phase=ph, lr=lr, seed=s) for ph, lr, s in failed_runs(trial_rows(study))]
             for t in again:                   # the failed trials hold this rate and seed: no `skip_if_exists`
                 study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
@@ -474,6 +528,26 @@ def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
     os.replace(tmp, dest)
     return src
 
+# %% ../nbs/13_protocol.ipynb #5813a52a
+_RUNNING = {}   # this worker process's trial: 'trial' -> (study, trial id), queued again if the worker is stopped
+
+def _started(pid:int)->str|None:
+    "When process `pid` started (clock ticks after boot, Linux's /proc); None: no such process, a zombie, or no /proc."
+    try: stat = Path(f'/proc/{pid}/stat').read_text()
+    except OSError: return None
+    state, *rest = stat[stat.rindex(')') + 2:].split()                 # the fields after the command's name
+    return None if state in ('Z', 'X') else rest[18]                    # stat's 22nd field: the start time
+
+def _process()->dict:
+    "This process as a trial's owner: its host, pid and start time (a pid the system reuses is another process)."
+    return dict(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()))
+
+def _own(trial):
+    "Record this process as `trial`'s owner, and remember the trial here: a stop or a restart queues it again."
+    trial.storage.set_trial_system_attr(trial._trial_id, 'owner', _process())
+    _RUNNING['trial'] = (trial.study, trial._trial_id)
+
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-12
 def make_objective(
     plan:StudyPlan,        # the plan
@@ -490,6 +564,7 @@ def make_objective(
         phase = trial.user_attrs.get('phase')
         if phase is None:
             raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the protocol")
+        _own(trial)                                                     # a stop or a restart queues it again
         lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
         if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
             raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
@@ -598,17 +673,20 @@ def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tupl
     for arm in arms:
         queue_next(plan, arm, storage)
         study = arm_study(plan, arm, storage)
-        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            _run_one(plan, arm, study, out, cache_dir, source, name, progress)
-            return 1, True
+        # the queue's lock, held until Optuna has made the waiting trial seen here this worker's
+        with QueueLock(storage, study.study_name) as lock:
+            if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                _run_one(plan, arm, study, out, cache_dir, source, name, progress, lock.release)
+                return 1, True
         busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     return 0, busy
 
-def _run_one(plan, arm, study, out, cache_dir, source, name, progress):
-    "Run one waiting trial of an arm; a trial another worker took over (stale heartbeat) is left to its retry."
+def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=lambda: None):
+    ("Run one waiting trial of an arm, calling `claimed()` once it is this worker's; "
+     "a trial another worker took over (stale heartbeat) is left to its retry.")
     t0, done, taken, obj = time.perf_counter(), [], {}, make_objective(plan, arm, out, cache_dir, source)
     def run(trial):
-        taken['trial'] = trial
+        claimed(); taken['trial'] = trial
         try: return obj(trial)
         except Exception as e:
             taken['raised'] = isinstance(e, STORAGE_ERRORS) or not _taken_over(trial)   # its own error, not a takeover
@@ -1056,8 +1134,10 @@ def snapshot_storage(
     if not src.is_file(): raise FileNotFoundError(f"no SQLite storage at {src}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + '.tmp')
-    with sqlite3.connect(src) as a, sqlite3.connect(tmp) as b: a.backup(b)
-    tmp.replace(dest)
+    try:
+        with sqlite3.connect(src) as a, contextlib.closing(sqlite3.connect(tmp)) as b: a.backup(b)
+        tmp.replace(dest)
+    finally: tmp.unlink(missing_ok=True)                        # a backup that failed leaves nothing behind
     return dest
 
 def export_study(
@@ -1067,17 +1147,144 @@ def export_study(
 )->pd.DataFrame:      # the trials written
     ("Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`): "
      "the small files the experiments pages render from.")
-    trials = study_trials(plan, storage)
-    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
-    trials.to_csv(dest/'trials.csv', index=False)
-    study_runs(trials, plan).to_csv(dest/'runs.csv', index=False)
+    trials, dest = study_trials(plan, storage), Path(dest)
+    atomic_write_all({dest/'trials.csv': trials.to_csv(index=False),          # both files, or neither
+                      dest/'runs.csv': study_runs(trials, plan).to_csv(index=False)})
     return trials
 
+# %% ../nbs/13_protocol.ipynb #bf502476
+def check_storage(
+    url,         # `open_storage`'s URL or path
+    name=None,   # how an error names it (default: its path)
+):
+    "Refuse a SQLite storage that SQLite cannot read whole, or that is no Optuna storage, before Optuna opens it."
+    u = str(url)
+    if '://' in u and not u.startswith('sqlite:///'): return                  # a database server: its own errors
+    p = Path(u.removeprefix('sqlite:///')).expanduser()
+    if not p.is_file() or not p.stat().st_size: return                         # a new storage: Optuna makes it
+    try:
+        with contextlib.closing(sqlite3.connect(p)) as c:
+            ok = c.execute('PRAGMA quick_check').fetchone()[0]
+            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as e: ok, tables = str(e), set()
+    if ok != 'ok':
+        raise ValueError(f"storage {name or p} is damaged ({ok}): restore it from a snapshot (--start-from), "
+                         "or move it aside to start a new one")
+    if tables and not {'studies', 'trials'} <= tables:
+        raise ValueError(f"{name or p} is a SQLite database but no Optuna storage: give another --storage")
+
+
+# %% ../nbs/13_protocol.ipynb #7299a728
+def _alive(owner:dict)->bool:
+    "Whether a trial's owner (`_process`) still runs; one on another machine is taken to run (its heartbeat tells)."
+    if owner.get('host') != socket.gethostname(): return True
+    if Path('/proc/self/stat').is_file():
+        now = _started(owner['pid'])
+        return now is not None and owner.get('started') in (None, now)   # the same process, not a reused pid
+    try: os.kill(owner['pid'], 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass                                        # another user's process: it runs
+    return True
+
+def _requeue(study, trial_id:int)->bool:
+    "Fail a running trial and queue its retry, as a stale one is; False if another process ended it first."
+    storage = study._storage
+    try:
+        if storage.get_trial(trial_id).state != TrialState.RUNNING: return False
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)       # refused if another has ended it meanwhile
+    except optuna.exceptions.UpdateFinishedTrialError: return False
+    retry = (getattr(storage, 'get_heartbeat_stale_trial_callback', lambda: None)()
+             or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True))
+    retry(study, storage.get_trial(trial_id))                             # the same rate, seed and phase; max_retry
+    return True
+
+
+# %% ../nbs/13_protocol.ipynb #3f6d6f66
+def requeue_orphans(
+    plan:StudyPlan,       # the plan
+    storage,              # `open_storage`'s URL or path, or a storage
+    progress:bool=True,   # a line per trial queued again
+)->list:                  # `(study name, trial number)` of each trial queued again
+    "Queue again, at once, every running trial of the plan whose worker process on this machine is gone."
+    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    names, out = {s.study_name for s in storage.get_all_studies()}, []
+    for name in [plan.study_name(a) for a in plan.arms if plan.study_name(a) in names]:
+        study = optuna.load_study(study_name=name, storage=storage)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if (owner := t.system_attrs.get('owner')) is None or _alive(owner): continue
+            if not _requeue(study, t._trial_id): continue
+            out.append((name, t.number))
+            if progress: print(f"{name} trial {t.number} was left running by a worker that is gone (pid "
+                               f"{owner['pid']}): queued again, its retry resumes the run", flush=True)
+    return out
+
+
+# %% ../nbs/13_protocol.ipynb #f29194ab
+_PR_SET_PDEATHSIG = 1   # Linux's prctl option: the signal this process gets when its parent dies
+
+def _die_with(parent:int):
+    "Have the kernel send this process SIGTERM when `parent` dies (Linux's prctl); stop now if it already has."
+    try: ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError): pass                  # no prctl here (not Linux): the parent stops its workers
+    if os.getppid() != parent: os.kill(os.getpid(), signal.SIGTERM)     # it died before the request took effect
+
+def _stop_on_signals():
+    "In a worker: SIGTERM and SIGINT raise `Stopped`, once; a second signal while it stops is ignored."
+    def stop(signum, frame):
+        for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, stop)
+
+@contextmanager
+def _stopping_on_sigterm():
+    "In the main thread, within the block: SIGTERM raises `Stopped` (once). Elsewhere signals are left alone."
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    def stop(signum, frame): signal.signal(signal.SIGTERM, signal.SIG_IGN); raise Stopped(signum)
+    old = signal.signal(signal.SIGTERM, stop)
+    try: yield
+    finally: signal.signal(signal.SIGTERM, old)
+
+
+# %% ../nbs/13_protocol.ipynb #17c204e9
+def _release()->bool:
+    "Queue again the trial this worker ran when it was stopped, if it still runs; whether it did."
+    return (t := _RUNNING.pop('trial', None)) is not None and _requeue(*t)
+
+def _one_line_logs(record)->bool:
+    "A logging filter: Optuna's records without their traceback (`--debug` keeps them)."
+    record.exc_info = record.exc_text = None
+    return True
+
+def _stop_workers(ps:list, wait:float=300.):
+    "Send each live worker SIGTERM, wait for it to queue its trial again and exit; kill one still there after `wait` s."
+    for p in ps:
+        if p.is_alive(): p.terminate()
+    for p in (p for p in ps if p.pid is not None):                    # those started
+        p.join(wait)
+        if p.is_alive(): p.kill(); p.join()
+
+
 # %% ../nbs/13_protocol.ipynb #553ccc0e-20
-def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, heartbeat):
+def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, heartbeat, parent):
+    "A worker process: it dies with `parent`, stops on SIGTERM with its trial queued again, and fails in one line."
     import warnings; warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-    torch.set_num_threads(threads)
-    work(study_plan(plan_name), open_storage(storage_url, heartbeat=heartbeat), out, arms, cache_dir, data, name=name)
+    _stop_on_signals()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not debug_mode():
+        for h in logging.getLogger('optuna').handlers: h.addFilter(_one_line_logs)
+    try:
+        _die_with(parent); torch.set_num_threads(threads)
+        storage = open_storage(storage_url, heartbeat=heartbeat)
+        work(study_plan(plan_name), storage, out, arms, cache_dir, data, name=name)
+    except Stopped as e:                                       # SIGTERM or SIGINT, or its parent gone
+        try: said = '; its trial is queued again' if _release() else ''
+        except Exception as x: said = f"; its trial is left to the heartbeat's retry ({error_line(x)[:200]})"
+        print(f"[{name}] {e}{said}", flush=True)
+        sys.exit(e.status)
+    except Exception as e:
+        if debug_mode(): raise
+        print(f"[{name}] failed: {error_line(e, with_type=True)[:500]}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 def run_workers(
     plan:StudyPlan,        # a declared plan (`STUDIES`): workers look it up by name
@@ -1091,28 +1298,33 @@ def run_workers(
     heartbeat:int=60,      # seconds between heartbeats (a killed worker's trial is retried after twice this)
 ):                         # the plan's `arm_status` once every worker has stopped
     ("Run a declared plan with several worker processes sharing one storage; "
-     "Ctrl-C stops them, and the same call resumes.")
+     "Ctrl-C or SIGTERM stops them, and the same call resumes.")
     import multiprocessing as mp
     if plan.name not in STUDIES or STUDIES[plan.name] != plan:
         raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
     _check_device(plan)
-    if not isinstance(workers, int) or workers < 1: raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    for k, v in dict(workers=workers, threads=threads).items():
+        if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    arms = [plan.arm(a).label for a in arms] if arms else None        # an unknown arm: refused here, not in a worker
     url = str(storage or 'runs/studies.db')
-    open_storage(url)                                           # create the tables once, before the workers race to
+    requeue_orphans(plan, open_storage(url))                 # also creates the tables, before the workers race to
     ctx = mp.get_context('spawn')
-    ps = [ctx.Process(target=_worker,
-                      args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}', heartbeat))
-          for i in range(workers)]
-    for p in ps: p.start()
-    try:
-        for p in ps: p.join()
-    except KeyboardInterrupt:
-        for p in ps: p.terminate()
-        raise
-    if bad := [p.exitcode for p in ps if p.exitcode]:
-        raise RuntimeError(f"{len(bad)} worker(s) failed (exit codes {bad}); "
-                           "the storage keeps every finished trial, and the same command resumes")
+    ps = [ctx.Process(target=_worker, args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}',
+                                            heartbeat, os.getpid())) for i in range(workers)]
+    with _stopping_on_sigterm():
+        try:
+            for p in ps: p.start()
+            for p in ps: p.join()
+        except (KeyboardInterrupt, Stopped) as e:
+            _stop_workers(ps)
+            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued again, and the '
+                                                                'same command resumes') from None
+    if bad := {f'w{i + 1}': p.exitcode for i, p in enumerate(ps) if p.exitcode}:
+        raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) {', '.join(map(str, bad.values()))} "
+                           "(each said why above); the storage keeps every finished trial, and the same command "
+                           "resumes")
     return arm_status(study_trials(plan, url), plan)
+
 
 # %% ../nbs/13_protocol.ipynb #10ac5ba5
 STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, "
@@ -1206,8 +1418,10 @@ def study_command(a, words):
         raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
                          f"({', '.join(PRETRAIN_STUDIES)}), not {a.name!r}")
     plan, url = study_plan(a.name), a.storage
-    if a.start_from and '://' not in url and copy_new(a.start_from, url):      # whole, so a worker beside it waits
+    check = lambda p: check_storage(p, name=f'--start-from {a.start_from}')     # the copy, before it is in place
+    if a.start_from and '://' not in url and copy_new(a.start_from, url, check=check):   # whole: a worker waits
         print(f"storage {url} started from {a.start_from}", flush=True)
+    check_storage(url)
     if a.dashboard is not None:
         try: from optuna_dashboard import run_server
         except ImportError:
