@@ -20,11 +20,11 @@ from .protocol import STUDIES, settled_budget, settled_runs
 from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, grid_summary, load_grid
 
 # %% auto #0
-__all__ = ['FAMILIES', 'TASK_NAMES', 'NEUTRENO_TABLE3_CHANGE', 'NOT_TESTED', 'HEADLINES', 'fair_runs', 'fair_table',
-           'fair_claims', 'spread_claims', 'axis_spreads', 'robustness_claims', 'shallow_best', 'depth_claims',
-           'init_claims', 'lm_runs', 'neutreno_lm_claims', 'lm_depth_claims', 'mlm_claims', 'ulmfit_claims',
-           'figure_claims', 'parameter_claim', 'theorem_claims', 'not_tested_claims', 'build_claims', 'save_claims',
-           'load_claims', 'page_claims', 'headlines']
+__all__ = ['FAMILIES', 'TASK_NAMES', 'NEUTRENO_TABLE3_CHANGE', 'TRANSJECT_NOT_TESTED', 'NEUTRENO_NOT_TESTED', 'NOT_TESTED',
+           'HEADLINES', 'fair_runs', 'fair_table', 'fair_claims', 'spread_claims', 'axis_spreads', 'robustness_claims',
+           'shallow_best', 'depth_claims', 'init_claims', 'lm_runs', 'neutreno_lm_claims', 'lm_depth_claims',
+           'mlm_claims', 'ulmfit_claims', 'figure_claims', 'parameter_claim', 'theorem_claims', 'not_tested_claims',
+           'build_claims', 'save_claims', 'load_claims', 'page_claims', 'headlines']
 
 # %% ../nbs/11d_claims.ipynb #4d0d923e
 FAMILIES = {   # family -> (the page that asks it, the question)
@@ -367,7 +367,7 @@ def theorem_claims()->list:
 _P21, _P22, _P25, _P09 = (f'{n}.ipynb#' for n in ('21_transject_paper', '22_neutreno_paper',
                                                     '25_language_models', '09_analysis'))
 # (paper, claim, family, the paper's effect, unit, the reason, the section)
-NOT_TESTED = (
+TRANSJECT_NOT_TESTED = (
     ('TransJect', "Table 2 at the paper's size (d 512, L 6): transject > transformer",
      'tables-2-3', 6.8, 'points',
      'one seed per variant on a GPU lent once: no interval',
@@ -388,6 +388,11 @@ NOT_TESTED = (
      'beyond', math.nan, '',
      'not run: the IMDb grid took the budget',
      _P21 + 'fig.-3-robustness-to-width-sequence-length-training-data-and-depth'),
+)
+
+
+# %% ../nbs/11d_claims.ipynb #dcf50d2fb
+NEUTRENO_NOT_TESTED = (   # NeuTRENO's image and pretrained-model claims, and its Table 3 at scale
     ('NeuTRENO', 'Table 1: ImageNet, DeiT-tiny top-1 +0.84',
      'beyond', 0.84, 'points',
      "an image task (ImageNet, DeiT): beyond this CPU and this package's text tasks",
@@ -425,6 +430,10 @@ NOT_TESTED = (
      'a pretrained BERT and SQuAD are not in this package',
      _P22 + 'what-is-not-tested-here'),
 )
+
+
+# %% ../nbs/11d_claims.ipynb #dcf50d2fc
+NOT_TESTED = TRANSJECT_NOT_TESTED + NEUTRENO_NOT_TESTED   # Yu & Zhang: none (its text here is the abstract)
 
 def not_tested_claims()->list:
     "The claims not tested here, each with its reason (`NOT_TESTED`)."
