@@ -191,7 +191,7 @@ _MAY_GROW = {'epochs'}   # the one training field a resumed run may change: more
 def _differences(part:str, old:dict, new:dict)->dict:
     "'part.field' -> (checkpoint's, now) for the fields both have that differ; an `amp` recorded as 'auto' is not told."
     same = lambda k: old[k] == new[k] or (part, k, old[k]) == ('train', 'amp', 'auto')   # before amp was resolved
-    return {f'{part}.{k}': (old[k], new[k]) for k in old.keys() & new.keys()
+    return {f'{part}.{k}': (old[k], new[k]) for k in old if k in new           # the checkpoint's order
             if not (part == 'train' and k in _MAY_GROW) and not same(k)}
 
 def check_resumable(
