@@ -465,8 +465,9 @@ def load_run(
     if data.cache_key != cfg['data_key']:
         raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the run in {run_dir} "
                          f"(data_key {cfg['data_key']})")
+    dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}  # recorded, unused
     learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data, path=run_dir, device=device,
-                        **cfg['model'], **cfg['train'], **cfg['data'])
+                        **cfg['model'], **cfg['train'], **dcfg)
     train_learner(learn, resume=True, progress=False)             # finished: best weights and history, no training
     learn.results = js['results']
     return learn
