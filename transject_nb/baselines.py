@@ -18,7 +18,7 @@ __all__ = ['NORMS', 'SoftmaxConfig', 'attention_mask', 'attention_probs', 'Softm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fastcore.basics import patch
+from fastcore.foundation import add_docs
 from .core import PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_fields, sinusoidal_pe
 from .gradflow import mean_pairwise_cosine
 from .similarity import remove_similarity
@@ -80,99 +80,57 @@ def attention_probs(
 
 # %% ../nbs/04_baselines.ipynb #8ffe5c14
 class SoftmaxBlock(nn.Module):
-    "Multi-head softmax-attention block with override hooks; post-LN (Vaswani et al.) unless `cfg.norm` says otherwise."
-    def __init__(self,
-        cfg:SoftmaxConfig, # the model config
-        layer:int=0,       # index of this block in the stack
-    ):
-        super().__init__()
-        d, H = cfg.d_model, cfg.n_heads
+    "Multi-head softmax-attention block with override hooks; post-LN unless `cfg.norm` says so."
+    def __init__(self, cfg:SoftmaxConfig,  # the model config
+                 layer:int=0):             # index of this block in the stack
+        super().__init__(); d, H, d_ff, p = cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout
         self.cfg, self.layer, self.n_heads, self.d_head = cfg, layer, H, d // H
-        self.qkv = nn.Linear(d, (2 if cfg.sym else 3) * d)                             # fused q, (k,) v
-        self.proj = nn.Linear(d, d)                                                    # output projection W_O
-        self.ff = nn.Sequential(nn.Linear(d, cfg.d_ff), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.d_ff, d))
-        self.norm1, self.norm2 = [nn.LayerNorm(d) if cfg.norm != 'none' else nn.Identity() for _ in range(2)]
-        self.drop = nn.Dropout(cfg.dropout)
-        if cfg.rezero: self.alpha = nn.Parameter(torch.zeros(()))                     # ReZero: one α per block
-        nn.init.xavier_uniform_(self.qkv.weight); nn.init.zeros_(self.qkv.bias)       # as nn.MultiheadAttention
-        nn.init.zeros_(self.proj.bias)
+        self.qkv = nn.Linear(d, (2 if cfg.sym else 3) * d)            # fused q, (k,) v
+        self.proj = nn.Linear(d, d)                                   # output projection W_O
+        self.ff = nn.Sequential(nn.Linear(d, d_ff), nn.ReLU(), nn.Dropout(p), nn.Linear(d_ff, d))
+        norm = lambda: nn.Identity() if cfg.norm == 'none' else nn.LayerNorm(d)
+        self.norm1, self.norm2, self.drop = norm(), norm(), nn.Dropout(p)
+        if cfg.rezero: self.alpha = nn.Parameter(torch.zeros(()))     # ReZero: one α per block
+        nn.init.xavier_uniform_(self.qkv.weight)                      # as nn.MultiheadAttention
+        nn.init.zeros_(self.qkv.bias); nn.init.zeros_(self.proj.bias)
 
-    def forward(self,
-        h:torch.Tensor,     # the stream `(B, n, d)`
-        mask:torch.Tensor,  # `(B, n)`, True on real tokens
-        ctx:BatchContext,   # the batch's context: `keep_attn`, `attn`, and what the hooks use
-    )->torch.Tensor:        # the block's output `(B, n, d)`
-        "Attention sublayer, then feed-forward sublayer, each joined by `sublayer`."
+    def forward(self, h, mask, ctx:BatchContext):   # h (B, n, d); mask (B, n), True on real tokens
+        "Attention sublayer, then feed-forward sublayer, each joined by `sublayer`: `(B, n, d)`."
         h = self.sublayer(h, lambda x: self.attend(x, mask, ctx), self.norm1)
         return self.sublayer(h, self.ffn, self.norm2)
 
     def attend(self, h, mask, ctx):
-        "The attention sublayer `(B, n, d) -> (B, n, d)`."
-        q, k, v = self.project(h); k = self.keys(q, k)                                  # (B, H, n, d_h) each
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(mask, self.cfg.causal),  # (B, 1, 1|n, n)
-                                           dropout_p=self.cfg.dropout if self.training else 0.)
-        if ctx.keep_attn: ctx.attn.append(attention_probs(q, k, mask, self.cfg.causal))   # (B, H, n, n)
-        o = self.value_update(o, v, mask, ctx)                                          # (B, H, n, d_h)
-        a = self.proj(o.transpose(1, 2).flatten(2))                                     # (B, n, d)
+        "The attention sublayer `(B, n, d) -> (B, n, d)`, through the three attention hooks."
+        q, k, v = self.project(h); k = self.keys(q, k)                # (B, H, n, d_h) each
+        m, p = attention_mask(mask, self.cfg.causal), self.cfg.dropout if self.training else 0.
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=p)  # (B, H, n, d_h)
+        if ctx.keep_attn: ctx.attn.append(attention_probs(q, k, mask, self.cfg.causal))
+        a = self.proj(self.value_update(o, v, mask, ctx).transpose(1, 2).flatten(2))  # (B, n, d)
         return self.correct(self.drop(a), mask, ctx)
 
     def project(self, h):
-        "Queries, keys (None when `sym`) and values, each `(B, H, n, d_h)`."
-        parts = self.qkv(h).unflatten(-1, (-1, self.n_heads, self.d_head)).permute(2, 0, 3, 1, 4)  # (2|3, B, H, n, d_h)
+        "Queries, keys (None when `sym`) and values, each `(B, H, n, d_h)`, from one fused `qkv`."
+        parts = self.qkv(h).unflatten(-1, (-1, self.n_heads, self.d_head)).permute(2, 0, 3, 1, 4)
         return (parts[0], None, parts[1]) if self.cfg.sym else tuple(parts)
 
-    def ffn(self, h): return self.drop(self.ff(h))                                      # (B, n, d) -> (B, n, d)
-
+    def ffn(self, h): return self.drop(self.ff(h))                    # (B, n, d) -> (B, n, d)
+    def keys(self, q, k): return q if self.cfg.sym else k             # hook; (B, H, n, d_h)
+    def value_update(self, o, v, mask, ctx): return o                 # hook; (B, H, n, d_h)
+    def correct(self, a, mask, ctx): return a                         # hook; (B, n, d)
+    def residual(self, h, y): return h + self.alpha * y if self.cfg.rezero else h + y  # hook
+    def sublayer(self, h, f, norm):                               # hook; f: (B, n, d) -> (B, n, d)
+        if self.cfg.norm == 'post': return norm(self.residual(h, f(h)))
+        if self.cfg.norm == 'pre': return self.residual(h, f(norm(h)))
+        return self.residual(h, f(h))
 
 # %% ../nbs/04_baselines.ipynb #b1a5e002
-@patch
-def keys(self:SoftmaxBlock,
-    q:torch.Tensor,       # queries `(B, H, n, d_h)`
-    k:torch.Tensor|None,  # keys `(B, H, n, d_h)`, None when `cfg.sym`
-)->torch.Tensor:          # the keys used in the scores `(B, H, n, d_h)`
-    "The scores hook: what the queries are scored against; `q` itself for the symmetric kernel."
-    return q if self.cfg.sym else k
-
-@patch
-def value_update(self:SoftmaxBlock,
-    o:torch.Tensor,     # attention output per head `(B, H, n, d_h)`
-    v:torch.Tensor,     # this layer's values `(B, H, n, d_h)`
-    mask:torch.Tensor,  # `(B, n)`, True on real tokens
-    ctx:BatchContext,   # the batch's context
-)->torch.Tensor:        # the updated per-head output `(B, H, n, d_h)`
-    "The value-update hook, before the output projection; identity here."
-    return o
-
-@patch
-def correct(self:SoftmaxBlock,
-    a:torch.Tensor,     # attention sublayer output `(B, n, d)`
-    mask:torch.Tensor,  # `(B, n)`, True on real tokens
-    ctx:BatchContext,   # the batch's context
-)->torch.Tensor:        # the corrected output `(B, n, d)`
-    "The attention-output hook, before the residual add; identity here."
-    return a
-
-
-# %% ../nbs/04_baselines.ipynb #b1a5e004
-@patch
-def residual(self:SoftmaxBlock,
-    h:torch.Tensor,  # the stream `(B, n, d)`
-    y:torch.Tensor,  # a sublayer's output `(B, n, d)`
-)->torch.Tensor:     # the new stream `(B, n, d)`
-    "The residual hook: `h + y`, or `h + α·y` with ReZero."
-    return h + self.alpha * y if self.cfg.rezero else h + y
-
-@patch
-def sublayer(self:SoftmaxBlock,
-    h:torch.Tensor,  # the stream `(B, n, d)`
-    f,               # the sublayer, `(B, n, d) -> (B, n, d)`
-    norm:nn.Module,  # its LayerNorm (Identity when `cfg.norm == 'none'`)
-)->torch.Tensor:     # the new stream `(B, n, d)`
-    "The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, or none."
-    if self.cfg.norm == 'post': return norm(self.residual(h, f(h)))
-    if self.cfg.norm == 'pre': return self.residual(h, f(norm(h)))
-    return self.residual(h, f(h))
-
+add_docs(SoftmaxBlock,
+    ffn="The feed-forward sublayer, dropout on its output: `(B, n, d) -> (B, n, d)`.",
+    keys="The scores hook: what the queries are scored against; `q` itself for the symmetric kernel.",
+    value_update="The value-update hook, on each head's output before `proj`; the identity here.",
+    correct="The attention-output hook, before the residual add; the identity here.",
+    residual="The residual hook: `h + y`, or `h + α·y` with ReZero.",
+    sublayer="The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, or none.")
 
 # %% ../nbs/04_baselines.ipynb #7319f4ea
 def remove_similarity_causal(

@@ -18,8 +18,6 @@ __all__ = ['SIGMAS', 'RESIDUALS', 'KERNELS', 'GATES', 'orthogonal_attention', 'a
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fastcore.basics import patch
-
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
 from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_fields,
@@ -204,67 +202,49 @@ class TransJectConfig(EncoderConfig):
 
 # %% ../nbs/02_transject.ipynb #f557b3ef
 class TransJectLayer(nn.Module):
-    "One TransJect layer: E orthogonal-attention experts mixed with residuals, then the orthogonal residual FFN."
+    "One TransJect layer: E orthogonal-attention experts with residuals, then an orthogonal FFN."
     def __init__(self, cfg:TransJectConfig):
-        super().__init__()
-        d, E = cfg.d_model, cfg.n_experts
+        super().__init__(); d, E = cfg.d_model, cfg.n_experts
         self.E, self.L, self.kernel, self.gate = E, cfg.n_layers, cfg.kernel, cfg.gate
         self.entropic = cfg.residual == 'entropic'
-        self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)          # U_1..U_E, V_1..V_E, W_1, W_2
-        self.alpha_raw = nn.Parameter(torch.zeros(()))                  # w_l: α_l = tanh(w_l), 0 at init (ReZero)
-        if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))   # λ = softmax(logits)
-        else: self.gate_w = nn.Parameter(torch.zeros(d))                # λ = input_gate(..., w); 0: uniform at init
+        self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)    # U_1..U_E, V_1..V_E, W_1, W_2
+        self.alpha_raw = nn.Parameter(torch.zeros(()))            # w_l: α_l = tanh(w_l), 0 at init
+        if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))  # λ = softmax
+        else: self.gate_w = nn.Parameter(torch.zeros(d))          # λ = input_gate(..., w)
         self.b1, self.b2 = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
 
-    def forward(self,
-        h:torch.Tensor,   # tokens `(B, n, d)`
-        mask,             # `(B, n)` padding mask, True on real tokens, or None (all real); read by the input gate only
-        ctx:BatchContext, # the batch's context: reads `sigma` `(B, d)`, appends to `expert_weights`, `entropic_cases`
-    )->torch.Tensor:      # `(B, n, d)`
-        "The layer on a batch: its weights, λ from the tokens for the input gate, then `transject_layer`."
+    def forward(self, h, mask, ctx:BatchContext)->torch.Tensor:  # h (B, n, d); mask (B, n) or None
+        "The layer on a batch: its weights, the input gate's λ, then `transject_layer`."
         p, A = self.weights(h.device), None
-        if p.lam is None:                                                # the input gate: λ from this batch's experts
-            A = orthogonal_attention(h, ctx.sigma, p.U, p.V)             # (B, n, E, d)
-            p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))   # (B, E)
-        ctx.expert_weights.append(p.lam)
-        ctx.entropic_cases.append(p.cases)
-        if self.uses_fused(h.device): return fused_layer(h, ctx.sigma, p)   # the same map, fused for the CPU (02a)
-        return transject_layer(h, ctx.sigma, p, A)                       # (B, n, d)
+        if p.lam is None:                                         # input gate: λ from the experts
+            A = orthogonal_attention(h, ctx.sigma, p.U, p.V)      # (B, n, E, d)
+            p = p._replace(lam=input_gate(h, A, p.a, self.gate_w, mask, p.cases))  # λ (B, E)
+        ctx.expert_weights.append(p.lam); ctx.entropic_cases.append(p.cases)
+        if self.uses_fused(h.device): return fused_layer(h, ctx.sigma, p)  # the same map (02a)
+        return transject_layer(h, ctx.sigma, p, A)                # (B, n, d)
 
-    def alpha(self)->torch.Tensor: # α_l = tanh(w_l), |α_l| < 1
+    def alpha(self)->torch.Tensor:                                # α_l = tanh(w_l), |α_l| < 1
         "The layer's residual weight $\\alpha_l=\\tanh(w_l)$."
         return torch.tanh(self.alpha_raw)
 
+    def expert_weights(self)->torch.Tensor:                       # (E,) convex weights λ
+        "The static gate's $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
+        if self.gate != 'static': raise TypeError(
+            "gate='input': λ depends on the input; read it per sequence from ctx.expert_weights "
+            "(one (B, E) tensor per layer), e.g. with analysis.expert_weights")
+        return torch.softmax(self.gate_logits, 0)
 
-# %% ../nbs/02_transject.ipynb #d0a1e004
-@patch
-def expert_weights(self:TransJectLayer)->torch.Tensor: # `(E,)` convex weights λ
-    "The static gate's mixture weights $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
-    if self.gate != 'static':
-        raise TypeError("gate='input': λ depends on the input; read it per sequence from ctx.expert_weights "
-                        "(one (B, E) tensor per layer), e.g. with analysis.expert_weights")
-    return torch.softmax(self.gate_logits, 0)
+    def weights(self, device=None)->LayerWeights:                 # cases drawn on `device`
+        "One pass's weights: the bank computed once, λ (static gate), $a=\\alpha_l/L$, the cases."
+        E, Q, draw = self.E, self.bank(), self.training and self.entropic  # Q (2E+2, d, d)
+        a, lam = self.alpha() / self.L, (self.expert_weights() if self.gate == 'static' else None)
+        cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if draw else None  # (E, d)
+        return LayerWeights(Q[:E], Q[E:2*E], lam, a, Q[2*E], self.b1, Q[2*E + 1], self.b2, cases)
 
-@patch
-def weights(self:TransJectLayer,
-    device=None,    # where the entropic cases are drawn (training only)
-)->LayerWeights:    # the orthogonal matrices, λ (None for the input gate), $a$, the cases
-    "The layer's weights for one pass: the bank computed once, λ (static gate), $a=\\alpha_l/L$, the cases (training)."
-    E, Q = self.E, self.bank()                                           # (2E+2, d, d), computed once
-    a, lam = self.alpha() / self.L, (self.expert_weights() if self.gate == 'static' else None)
-    cases = torch.randint(0, 4, (E, Q.shape[-1]), device=device) if self.training and self.entropic else None
-    return LayerWeights(Q[:E], Q[E:2 * E], lam, a, Q[2 * E], self.b1, Q[2 * E + 1], self.b2, cases)
-
-
-# %% ../nbs/02_transject.ipynb #d0a1e006
-@patch
-def uses_fused(self:TransJectLayer,
-    device,       # where the layer runs
-)->bool:          # `kernel` 'fused', or 'auto' on the CPU; never for the input gate
-    "Whether the layer runs the fused CPU kernel (`cpu.fused_layer`) on `device` rather than `transject_layer`."
-    on_cpu = torch.device(device).type == 'cpu'
-    return self.gate == 'static' and (self.kernel == 'fused' or (self.kernel == 'auto' and on_cpu))
-
+    def uses_fused(self, device)->bool:                      # kernel 'fused', or 'auto' on the CPU
+        "Whether the layer runs the fused kernel `cpu.fused_layer` on `device` (static gate only)."
+        k, on_cpu = self.kernel, torch.device(device).type == 'cpu'
+        return self.gate == 'static' and (k == 'fused' or (k == 'auto' and on_cpu))
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
