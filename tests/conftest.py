@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture
 def disk_full(monkeypatch):
-    "`disk_full(after)`: from now on, files written through `os.fdopen` (every `core.atomic_write`) take `after` more bytes in all, then fail part-way through a write as a full disk does (ENOSPC)."
+    "`disk_full(after)`: from now on, files written through `os.fdopen` (every `utils.atomic_write`) take `after` more bytes in all, then fail part-way through a write as a full disk does (ENOSPC)."
     real = os.fdopen
     def start(after:int=0):
         left = [after]

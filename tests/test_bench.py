@@ -262,7 +262,7 @@ def test_every_bench_option_works_or_is_refused_in_one_line(tmp_path, capsys, re
     assert [p.name for p in ro.iterdir()] == ['old.csv'] and (ro/'old.csv').read_text() == 'kept\n'
     prev = torch.get_num_threads()
     try:
-        from transject_nb.core import split_fields
+        from transject_nb.utils import split_fields
         p = argparse.ArgumentParser(); add_bench_args(p)
         a, rest = p.parse_known_args(tiny + ['--threads', '2', '--csv', str(tmp_path/'t.csv')])
         df = bench_command(a, dict(split_fields(rest)))

@@ -24,7 +24,7 @@ def _err(argv, capsys):
 
 
 def test_values_typed_by_the_fields_annotation():
-    "One conversion, `core.convert_field`, from the dataclass that declares each field."
+    "One conversion, `utils.convert_field`, from the dataclass that declares each field."
     from transject_nb.config import DataConfig, TrainConfig
     assert parse_overrides(['--epochs', '3', '--lr', '1', '--n_train', 'none', '--source', 'data'], ['transject']) == dict(epochs=3, lr=1.0, n_train=None, source='data')
     assert type(parse_overrides(['--lr', '1'], ['transject'])['lr']) is float

@@ -18,9 +18,10 @@ from fastai.interpret import ClassificationInterpretation
 from hypothesis import given, strategies as st
 
 import transject_nb.fastai_fixes as FF
-from transject_nb.core import PAD_ID, TASKS
+from transject_nb.core import PAD_ID
+from transject_nb.utils import TASKS
 from transject_nb.data import CLASSES, ListOpsTokenizer, TaskData, TokenSplit, load_task, pad_batch, task_datasets
-from transject_nb.core import atomic_save
+from transject_nb.utils import atomic_save
 from transject_nb.batches import BucketDL
 from transject_nb.checkpoint import HistoryCSV, TrainCheckpoint, load_checkpoint, load_trained, load_weights
 from transject_nb.config import resolve_config

@@ -75,7 +75,7 @@ def test_bad_plans_are_refused_with_what_was_expected():
 
 
 def test_declared_plans_cover_every_task_and_variant():
-    from transject_nb.core import TASKS
+    from transject_nb.utils import TASKS
     from transject_nb.models import VARIANTS
     assert {p.task for p in CLASSIFICATION_STUDIES.values()} == set(TASKS)
     for p in CLASSIFICATION_STUDIES.values():
@@ -519,8 +519,8 @@ def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
 
 
 def test_sigterm_stops_a_study_as_a_stop_not_an_error():
-    "In the main thread, `_stopping_on_sigterm` turns SIGTERM into `core.Stopped`, which `except Exception` lets through, and puts the handler back."
-    from transject_nb.core import Stopped
+    "In the main thread, `_stopping_on_sigterm` turns SIGTERM into `utils.Stopped`, which `except Exception` lets through, and puts the handler back."
+    from transject_nb.utils import Stopped
     from transject_nb.protocol import _stopping_on_sigterm
     caught, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(Stopped, match='stopped by SIGTERM') as e, _stopping_on_sigterm():

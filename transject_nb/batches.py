@@ -16,9 +16,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
-from fastai.data.core import Datasets
-from fastai.data.transforms import Categorize, TensorCategory
-from fastai.text.data import SortedDL, TensorText
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from fastai.data.core import Datasets
+    from fastai.data.transforms import Categorize, TensorCategory
+    from fastai.text.data import SortedDL, TensorText
 from .core import PAD_ID
 from .data import ItemLabel, TokenIds, pad_batch
 

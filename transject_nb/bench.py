@@ -25,9 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from . import transject as _tj
-from .core import (PAD_ID, EncoderConfig, EncoderClassifier, atomic_write, check_choice, check_writable,
-                               convert_field, error_line, field_owners, progress_iter, sinusoidal_pe, split_choices,
-                               split_fields, variant_spec)
+from .core import (PAD_ID, EncoderConfig, EncoderClassifier, check_choice,
+                               sinusoidal_pe, variant_spec)
+from .utils import (atomic_write, check_writable, convert_field, error_line,
+                                field_owners, progress_iter, split_choices, split_fields)
 from .models import VARIANTS, create_model
 from . import cpu as _cpu
 from .cpu import INV_LEAF

@@ -20,12 +20,15 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from fastcore.foundation import L
-from fastai.callback.core import Callback
-from fastai.callback.progress import CSVLogger
-from fastai.callback.tracker import SaveModelCallback, TrackerCallback
-from fastai.learner import Learner, load_learner
-from fastai.torch_core import rank_distrib
-from .core import EncoderClassifier, atomic_save, atomic_write, error_line, unwrap
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from fastai.callback.core import Callback
+    from fastai.callback.progress import CSVLogger
+    from fastai.callback.tracker import SaveModelCallback, TrackerCallback
+    from fastai.learner import Learner, load_learner
+    from fastai.torch_core import rank_distrib
+from .core import EncoderClassifier, unwrap
+from .utils import atomic_save, atomic_write, error_line
 
 # %% ../nbs/07b_checkpoint.ipynb #8d465a8c
 class SaveBestCallback(SaveModelCallback):

@@ -10,7 +10,7 @@ import json, math
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .core import TASKS
+from .utils import TASKS
 from .experiments import PAPER_CLAIMS, PAPER_RESULTS, TRANSJECT_CLAIMS, load_figure_data, spread_claim
 from .experiments import results_table, RESULT_COLUMNS
 from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger, level_effect,

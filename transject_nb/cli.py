@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../nbs/08_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, io, json, os, platform, subprocess, sys, time, types, typing, warnings
+import argparse, io, json, os, platform, subprocess, sys, time, types, typing
 from dataclasses import MISSING, fields
 from datetime import datetime
 from pathlib import Path
@@ -17,16 +17,17 @@ __all__ = ['DEMO', 'RUN_FILES', 'COMPARISON_FILES', 'COMMANDS', 'field_configs',
            'run_command', 'main']
 
 # %% ../nbs/08_cli.ipynb #5ed21afd
-with warnings.catch_warnings():   # importing `fastai.layers` applies `torch.jit.script`, which torch deprecates:
-    warnings.filterwarnings('ignore', r'`torch\.jit\.script` is ', FutureWarning, r'torch\.jit\._script')
-    import fastai.layers  # noqa: F401 -- first, here, so that this one FutureWarning is not printed by every command
 import numpy as np
 from fastcore.docments import docments
 import pandas as pd
-from fastai.torch_core import num_distrib, rank_distrib
-from .core import (DEBUG_ENV, PRESET_KINDS, TASKS, Stopped, atomic_write, atomic_write_all, check_choice,
-                               check_writable, convert_field, debug_mode, error_line, load_preset, preset_section,
-                               remove_temporaries, settings_files, split_choices, split_fields, variant_spec)
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from fastai.torch_core import num_distrib, rank_distrib
+from .core import check_choice, variant_spec
+from .utils import (DEBUG_ENV, PRESET_KINDS, TASKS, Stopped, atomic_write,
+                                atomic_write_all, check_writable, convert_field, debug_mode,
+                                error_line, load_preset, preset_section, remove_temporaries,
+                                settings_files, split_choices, split_fields)
 from .data import load_task
 from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, check_listops_len,
                                  preset_configs, resolve_config, valid_fields)

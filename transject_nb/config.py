@@ -14,8 +14,8 @@ __all__ = ['SCHEDS', 'AMP_MODES', 'PRESETS', 'TRAIN_FIELDS', 'DATA_FIELDS', 'Tra
 
 # %% ../nbs/07a_config.ipynb #a7c0f005
 import torch
-from .core import (
-    PRESET_KINDS, TASKS, check_choice, check_fields, config_fields, load_preset, preset_section, variant_spec)
+from .core import check_choice, check_fields, config_fields, variant_spec
+from .utils import PRESET_KINDS, TASKS, load_preset, preset_section
 from .models import VARIANTS
 
 # %% ../nbs/07a_config.ipynb #a7c0f007
@@ -92,7 +92,7 @@ def valid_fields(variant:str)->dict:
 
 # %% ../nbs/07a_config.ipynb #a7c0f015
 def preset_configs()->tuple:
-    "The dataclasses a preset's values feed, in the order `core.load_preset` types them: the run's, then the variants'."
+    "The dataclasses a preset's values feed, in the order `utils.load_preset` types them: the run's, then variants'."
     return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
 
 # %% ../nbs/07a_config.ipynb #2550dc85

@@ -1,4 +1,4 @@
-"""The shared contract of every encoder in transject_nb: the path from token ids to logits, input checks, positional codes, padding-aware pooling, the classifier base class, the variant registry and the experiment presets.
+"""The shared contract of every encoder in transject_nb: the path from token ids to logits, input checks, positional codes, padding-aware pooling, the classifier base class and the variant registry.
 
 Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
@@ -6,20 +6,14 @@ Docs: https://transject-nb.github.io/transject_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #3a64b5b0
 from __future__ import annotations
-import configparser, errno, importlib.resources, io, math, os, re, shutil, signal, sys, tempfile, time, types, typing
-from contextlib import contextmanager
+import dis, math, sys
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import NamedTuple
 
 # %% auto #0
-__all__ = ['PAD_ID', 'POOLINGS', 'TASKS', 'PRESET_KINDS', 'PRESET_SECTIONS', 'DEBUG_ENV', 'EncoderClassifier', 'BatchContext',
-           'Trace', 'check_tokens', 'sinusoidal_pe', 'masked_pool', 'check_choice', 'check_fields', 'EncoderConfig',
-           'unwrap', 'VariantSpec', 'register_variant', 'registered_variants', 'variant_spec', 'config_fields',
-           'build_config', 'atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
-           'check_writable', 'preset_section', 'packaged_settings', 'is_presets_file', 'settings_files',
-           'convert_field', 'field_owners', 'split_fields', 'split_choices', 'load_preset', 'in_notebook',
-           'interactive_output', 'progress_iter', 'debug_mode', 'error_line', 'Stopped']
+__all__ = ['PAD_ID', 'POOLINGS', 'EncoderClassifier', 'BatchContext', 'Trace', 'check_tokens', 'sinusoidal_pe', 'masked_pool',
+           'check_choice', 'check_fields', 'EncoderConfig', 'unwrap', 'VariantSpec', 'register_variant',
+           'registered_variants', 'variant_spec', 'config_fields', 'build_config']
 
 # %% ../nbs/00_core.ipynb #b3588dbc
 import torch
@@ -299,356 +293,20 @@ def build_config(
         raise ValueError(f"variant {name!r} fixes {spec.fixed}; got contradicting {clash}")
     return spec.config_cls(vocab_sz=vocab_sz, n_classes=n_classes, **{**config, **spec.fixed})
 
-# %% ../nbs/00_core.ipynb #0990cec6
-_UMASK = os.umask(0o022); os.umask(_UMASK)   # read once: a written file gets the permissions `open` would give it
+# %% ../nbs/00_core.ipynb #e1a0c002
+_MOVED = (  # the names that moved to `transject_nb.utils`
+    'atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
+    'check_writable', 'TASKS', 'PRESET_KINDS', 'preset_section', 'PRESET_SECTIONS',
+    'packaged_settings', 'is_presets_file', 'settings_files', 'convert_field', 'field_owners',
+    'split_fields', 'split_choices', 'load_preset', 'in_notebook', 'interactive_output',
+    'progress_iter', 'DEBUG_ENV', 'debug_mode', 'error_line', 'Stopped', '_temporaries',
+    '_write_to')
+_IMPORT_FROM = dis.opmap['IMPORT_FROM']   # the bytecode of `from module import name`
 
-# %% ../nbs/00_core.ipynb #c4f1e1d6
-@contextmanager
-def _temporaries(paths:list):
-    "Temporary files beside `paths`, moved onto them once the block has written all; removed if it fails."
-    tmps = []
-    try:
-        for p in paths:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, t = tempfile.mkstemp(dir=p.parent, prefix=p.name + '.', suffix='.tmp'); os.close(fd)
-            tmps.append(t)
-        yield tmps
-        for t, p in zip(tmps, paths):
-            os.chmod(t, 0o666 & ~_UMASK)                     # mkstemp's file is private to its owner
-            os.replace(t, p)
-    except BaseException:
-        for t in tmps: Path(t).unlink(missing_ok=True)
-        raise
-
-def _write_to(tmp:str, content, dest:Path):
-    "Write `content` (text, bytes or a function `write(f)`) to the file `tmp`, and flush it to the disk."
-    data = content.encode() if isinstance(content, str) else content
-    try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), 'wb') as f:
-            content(f) if callable(content) else f.write(data)
-            f.flush(); os.fsync(f.fileno())                  # a full disk fails here at the latest
-    except OSError as e:                                      # a full disk: named by the file it failed to write
-        if e.filename is None and e.strerror: raise OSError(e.errno, e.strerror, str(dest)) from None
-        raise
-
-
-# %% ../nbs/00_core.ipynb #16f789d0
-def atomic_write(
-    path,      # destination; its folder is created
-    content,   # `str` (written as UTF-8), `bytes`, or a function `write(f)` writing to a file open in binary mode
-)->Path:       # the path written
-    "Write `content` to a temporary file in `path`'s folder, then `os.replace` it onto `path`: never a partial file."
-    path = Path(path)
-    with _temporaries([path]) as [tmp]: _write_to(tmp, content, path)
-    return path
-
-
-# %% ../nbs/00_core.ipynb #69da7eaf
-def atomic_save(
-    obj,            # anything `torch.save` takes
-    path,           # destination; its folder is created
-)->Path:            # the path written
-    ("`torch.save` to a temporary file in the same folder, then `os.replace` it onto `path`: "
-     "readers see the old file or the new one, never a partial one.")
-    buf = io.BytesIO(); torch.save(obj, buf)         # in memory first: a write that fails is then a plain OSError
-    return atomic_write(path, buf.getbuffer())
-
-# %% ../nbs/00_core.ipynb #9c207948
-def copy_new(
-    src,           # a file or a folder
-    dest,          # where its copy goes; its folder is created
-    ignore=None,   # for a folder: `shutil.copytree`'s `ignore`, names not to copy
-    check=None,    # a function of the copy's path, run before it is put in place: what it raises stops it
-)->bool:           # True: copied; False: `dest` existed (another process may have just made it), left as it was
-    "Copy `src` to `dest` whole, unless `dest` exists: others see no copy or all of it, never a partial one."
-    src, dest = Path(src), Path(dest)
-    if not src.exists(): raise FileNotFoundError(f"nothing to copy: {src} does not exist")
-    if dest.exists(): return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + '.', suffix='.tmp'))
-    try:
-        if src.is_dir():
-            shutil.copytree(src, tmp/'copy', ignore=ignore)
-            if check is not None: check(tmp/'copy')
-            try: os.rename(tmp/'copy', dest)                     # refused onto a folder that holds anything
-            except OSError:
-                if dest.exists(): return False
-                raise
-        else:
-            shutil.copyfile(src, tmp/'copy')
-            if check is not None: check(tmp/'copy')
-            try: os.link(tmp/'copy', dest)                       # refused onto anything that exists
-            except FileExistsError: return False
-        return True
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-
-# %% ../nbs/00_core.ipynb #a8d1e94f
-def atomic_write_all(
-    files:dict,   # destination -> content, as `atomic_write` takes it
-)->list:          # the paths written
-    "Write each file to a temporary beside it, then rename them all: none changes unless all are written."
-    paths = [Path(p) for p in files]
-    with _temporaries(paths) as tmps:
-        for t, p, content in zip(tmps, paths, files.values()): _write_to(t, content, p)
-    return paths
-
-
-# %% ../nbs/00_core.ipynb #047b72f9
-_TEMPORARY = re.compile(r'.+\.[a-z0-9_]{8}\.tmp')   # `mkstemp`'s and `mkdtemp`'s names: `<name>.<random>.tmp`
-
-def remove_temporaries(
-    folder,   # a folder that `atomic_write` or `copy_new` writes into
-)->list:      # the names removed
-    "Remove the temporaries that a killed `atomic_write` or `copy_new` left in `folder` (not below it)."
-    folder, gone = Path(folder), []
-    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not _TEMPORARY.fullmatch(p.name): continue
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-        gone.append(p.name)
-    return gone
-
-
-# %% ../nbs/00_core.ipynb #30b41cfa
-def check_writable(
-    folder,   # a folder that files will be written into; it is created
-)->Path:      # the folder
-    "Create `folder` and write a temporary file in it: a read-only folder or a full disk shows before the work."
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=folder) as f: f.write(b'0'); f.flush(); os.fsync(f.fileno())
-    return folder
-
-
-# %% ../nbs/00_core.ipynb #6b7d9c84
-TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
-# the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
-PRESET_KINDS = ('paper', 'cpu', 'repro')
-
-def preset_section(
-    task:str,            # one of `TASKS`
-    kind:str='paper',    # one of `PRESET_KINDS`
-)->str:                  # the section's name
-    "The `settings.ini` section of `task`'s preset of `kind`: `[task]` for the paper's, `[task-kind]` for the others."
-    check_choice(kind, PRESET_KINDS, 'kind')
-    return task if kind == 'paper' else f'{task}-{kind}'
-
-PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)   # sections a presets file may have
-
-# %% ../nbs/00_core.ipynb #a7c41e02
-_TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)   # a section header starting with a task's name
-
-def packaged_settings()->Path:
-    ("The presets shipped with the package, `transject_nb/settings.ini` "
-     "(in the repository, a link to the top-level `settings.ini`).")
-    return Path(importlib.resources.files('transject_nb'))/'settings.ini'
-
-def is_presets_file(
-    p,       # a path
-)->bool:     # whether `p` is a transject_nb presets file
-    ("Whether `p` is a file with a section named after a task (`[listops]`, `[listops-cpu]`, ...); "
-     "another tool's `settings.ini` has none.")
-    p = Path(p)
-    return p.is_file() and bool(_TASK_SECTION.search(p.read_text(encoding='utf-8', errors='replace')))
-
-def settings_files()->list:
-    ("The presets files read, in order: the shipped ones, then the user's override if any (`$TRANSJECT_SETTINGS`, "
-     "else the nearest `settings.ini` with a task section in or above the working directory).")
-    base = packaged_settings()
-    if not base.is_file():
-        raise FileNotFoundError(f"the presets shipped with transject_nb are missing ({base}): reinstall the package")
-    if env := os.environ.get('TRANSJECT_SETTINGS'):
-        user = Path(env).expanduser()
-        if not user.is_file():
-            raise FileNotFoundError(f"$TRANSJECT_SETTINGS is {env!r}, which is not a file; "
-                                    f"point it at a presets file (the shipped one is {base}) or unset it")
-    else:
-        cwd = Path.cwd().resolve()
-        user = next((d/'settings.ini' for d in [cwd, *cwd.parents] if is_presets_file(d/'settings.ini')), None)
-    return [base] if user is None or user.resolve() == base.resolve() else [base, user]
-
-# %% ../nbs/00_core.ipynb #07bcead1
-_TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
-_TEXT_TYPES = (int, float, bool, str, type(None))   # the annotations text converts to
-
-def _options(t)->tuple: return typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
-
-# %% ../nbs/00_core.ipynb #c0d3f1e1
-def convert_field(
-    cfg_cls:type,   # a dataclass, e.g. a variant's config or `config.TrainConfig`
-    name:str,       # one of its fields
-    text:str,       # the value as written
-    where:str='',   # how an error names the value: '--d_model', 'settings.ini [imdb] bs' (default: the field's name)
-):                  # `text` as the field's type: int, float, bool or str, or None where the annotation allows it
-    ("`text` converted to the annotated type of `cfg_cls.name` (`typing.get_type_hints`), "
-     "or a ValueError naming the value, the text and the type expected.")
-    hints = typing.get_type_hints(cfg_cls)
-    try: check_choice(name, [f.name for f in fields(cfg_cls)], 'field')
-    except ValueError as e: raise ValueError(f"{where or cfg_cls.__name__}: {e}") from None
-    opts, s = _options(hints[name]), text.strip()
-    if any(o not in _TEXT_TYPES for o in opts):
-        raise TypeError(f"{cfg_cls.__name__}.{name} is annotated {hints[name]}, which text does not convert to")
-    if type(None) in opts and s.lower() in ('none', 'null'): return None
-    for o in opts:
-        if o is bool and s.lower() in _TRUE + _FALSE: return s.lower() in _TRUE
-        if o in (int, float):
-            try: return o(s)
-            except ValueError: pass
-        if o is str: return s
-    expected = '|'.join('None' if o is type(None) else o.__name__ for o in opts)
-    raise ValueError(f"{where or name}: expected {expected}, got {text!r}")
-
-# %% ../nbs/00_core.ipynb #678dff30
-def field_owners(
-    configs,   # config dataclasses, in the order to look in them
-)->dict:       # field name -> the first of `configs` that has that field
-    "Which dataclass types each field name: the first of `configs` that declares it."
-    out = {}
-    for cls in configs:
-        for f in fields(cls): out.setdefault(f.name, cls)
-    return out
-
-# %% ../nbs/00_core.ipynb #c0d3f1e4
-def split_fields(
-    args:list,       # command-line words, e.g. ['--d-model', '32', '--lr=1e-3']
-)->list:             # `(field, value as typed)` pairs, dashes in names turned into underscores
-    "Split `--field value` and `--field=value` words into pairs, or raise a ValueError naming the word that is neither."
-    out, i = [], 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith('--') or len(a) < 3: raise ValueError(f"expected --field value, got {a!r}")
-        k, eq, v = a[2:].partition('=')
-        if not eq:
-            if i + 1 >= len(args): raise ValueError(f"--{k}: missing value")
-            v, i = args[i + 1], i + 1
-        out.append((k.replace('-', '_'), v))
-        i += 1
-    return out
-
-def split_choices(
-    text,          # 'a,b', a list of names, or 'all' (or None) for every valid name
-    valid,         # the names allowed, in their order
-    what:str,      # the kind of name, singular: 'variant', 'kernel', ...
-)->list:           # the names, each one of `valid`
-    "The names in a comma-separated `text`, each checked by `check_choice` and given once; 'all': every valid name."
-    valid = list(valid)
-    if text is None or text == 'all': return valid
-    names = [s.strip() for s in text.split(',') if s.strip()] if isinstance(text, str) else list(text)
-    if not names: raise ValueError(f"no {what} given; valid {what}s are: all, {', '.join(valid)}")
-    if twice := sorted({n for n in names if names.count(n) > 1}, key=names.index):
-        raise ValueError(f"{what} {', '.join(map(str, twice))} given more than once in {text!r}; give each once")
-    return [check_choice(n, valid, what) for n in names]
-
-# %% ../nbs/00_core.ipynb #e3324dc0
-def _read_presets(p:Path)->configparser.ConfigParser:
-    cp = configparser.ConfigParser(default_section='')   # no file names '': [DEFAULT] is read as a section of its own
-    try: cp.read_string(p.read_text(encoding='utf-8'), source=str(p))
-    except configparser.Error as e: raise ValueError(f"malformed presets file {p}: {e}") from None
-    try:
-        for s in cp.sections(): check_choice(s, ('DEFAULT',) + PRESET_SECTIONS, 'section')
-    except ValueError as e: raise ValueError(f"presets file {p}: {e}") from None
-    return cp
-
-# %% ../nbs/00_core.ipynb #6b7d9c85
-def load_preset(
-    task:str,          # one of `TASKS`
-    # one of `PRESET_KINDS`: the paper's `[task]`, the small CPU one `[task-cpu]`, the reproduction's `[task-repro]`
-    kind:str='paper',
-    path=None,         # a presets file read over the shipped one (default: the override `settings_files` finds, if any)
-    *,
-    # the dataclasses the preset feeds (`config.preset_configs()`); each value is typed by the first that has its key
-    configs,
-    # a key none of `configs` has is an error; False: such keys are left out (they feed other dataclasses)
-    strict:bool=True,
-)->dict:               # field -> typed value, `[DEFAULT]` included
-    ("Read the preset of `task`: the shipped presets, overridden value by value by the user's presets file, "
-     "each value typed by the field it sets.")
-    check_choice(task, TASKS, 'task')
-    files = settings_files() if path is None else [packaged_settings(), Path(path)]
-    if not files[-1].is_file(): raise FileNotFoundError(f"presets file not found: {files[-1]}")
-    sec, vals, owners = preset_section(task, kind), {}, field_owners(configs)
-    parsed = [_read_presets(p) for p in files]
-    if not parsed[0].has_section(sec): raise ValueError(f"the shipped presets {files[0]} have no section [{sec}]")
-    for p, cp in zip(files, parsed):        # later files win; within a file, the section beats its [DEFAULT]
-        for s in ('DEFAULT', sec):
-            if cp.has_section(s): vals |= {k: (text, f'{p} [{s}]') for k, text in cp[s].items()}
-    out = {}
-    for k, (text, where) in vals.items():
-        if k not in owners:
-            if not strict: continue
-            try: check_choice(k, owners, 'key')
-            except ValueError as e: raise ValueError(f"{where}: {e}") from None
-        out[k] = convert_field(owners[k], k, text, where=f'{where} {k}')
-    return out
-
-# %% ../nbs/00_core.ipynb #3b47be8c
-def in_notebook()->bool:
-    ("Whether this runs in a Jupyter kernel or Colab, where bars redraw in place "
-     "(not IPython's terminal, nor a test runner's capture shell).")
-    ip = sys.modules.get('IPython')
-    return 'google.colab' in sys.modules or (ip is not None
-                                             and type(ip.get_ipython()).__name__ == 'ZMQInteractiveShell')
-
-def interactive_output()->bool:
-    ("Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal "
-     "(not a file, a pipe or a CI log).")
-    if in_notebook(): return True
-    try: return bool(sys.stdout.isatty())
-    except (AttributeError, ValueError): return False   # no stdout, or a closed one
-
-def progress_iter(
-    items,                 # the items (a finite iterable)
-    what:str='item',       # what one item is, for the plain lines: 'length', 'run', ...
-    show:bool=True,        # report progress at all
-    bars:bool|None=None,   # a fastprogress bar (True) or plain lines (False); None: `interactive_output()`
-):                         # yields the items
-    ("Iterate `items` with a fastprogress bar in a notebook or terminal, "
-     "else with one plain line per finished item and no carriage return.")
-    items = list(items)
-    use_bars = interactive_output() if bars is None else bars
-    if not show: yield from items
-    elif use_bars:
-        from fastprogress.fastprogress import progress_bar   # only when bars are drawn: importing core stays light
-        yield from progress_bar(items, leave=False)
-    else:
-        t0 = time.perf_counter()
-        for i, x in enumerate(items):
-            yield x
-            print(f"{what} {x} done ({i + 1}/{len(items)}, {time.perf_counter() - t0:.0f} s)", flush=True)
-
-# %% ../nbs/00_core.ipynb #c9220334
-DEBUG_ENV = 'TRANSJECT_DEBUG'   # set (to anything but '' or '0'): failures show their traceback, not one line
-
-def debug_mode()->bool:
-    "Whether a failure should show its traceback: `$TRANSJECT_DEBUG` set, as `transject-nb --debug` sets it."
-    return os.environ.get(DEBUG_ENV, '') not in ('', '0')
-
-_OS_ADVICE = {errno.EACCES: 'choose a folder you can write to, or make it writable',
-              errno.EROFS: 'the file system is read-only: choose a folder on another one',
-              errno.ENOSPC: 'free some space, then run the same command again (a run goes on with --resume)',
-              errno.EDQUOT: 'the disk quota is used up: free some space, then run the same command again'}
-_OS_ADVICE[errno.EPERM] = _OS_ADVICE[errno.EACCES]
-
-
-# %% ../nbs/00_core.ipynb #1ca00d08
-def error_line(
-    e:BaseException,        # the failure
-    with_type:bool=False,   # name the error's class too (for a failure nobody foresaw)
-)->str:                     # one line: what went wrong, and what to do where that is known
-    "One line for a failure: an `OSError`'s reason, file and what to do; else its own message, on one line."
-    if isinstance(e, OSError) and e.strerror:
-        files = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f)
-        advice = _OS_ADVICE.get(e.errno)
-        return f"{e.strerror}{f': {files}' if files else ''}" + (f"; {advice}" if advice else '')
-    msg = ' '.join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {msg}" if with_type and msg != type(e).__name__ else msg
-
-
-# %% ../nbs/00_core.ipynb #368d2822
-class Stopped(BaseException):
-    "A command, or a worker of one, stopped by a signal; not an error, so `except Exception` lets it through."
-    def __init__(self,
-        signum:int,      # the signal: SIGTERM, SIGINT, ...
-        what:str='',     # what the stop did, said after the signal
-    ):
-        self.signum, self.status = signum, 128 + signum                  # the status a shell expects
-        super().__init__(f"stopped by {signal.Signals(signum).name}{what}")
-
+def __getattr__(name:str):
+    "A name that left `core` fails with an error naming its new home; others fail as usual."
+    if name not in _MOVED: raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    msg = f"transject_nb.core.{name} moved to transject_nb.utils.{name}"
+    caller = sys._getframe(1)                   # the frame running `from core import name`, if any
+    if caller.f_code.co_code[caller.f_lasti] == _IMPORT_FROM: raise ImportError(msg, name=__name__)
+    raise AttributeError(msg)

@@ -26,13 +26,16 @@ __all__ = ['logger', 'DEFAULT_MAX_LEN', 'CLASSES', 'DATA_VERSION', 'LISTOPS_OPS'
 import numpy as np
 import pandas as pd
 import torch
-from fastai.data.core import Datasets, TitledStr, Transform
-from fastai.data.transforms import Categorize
-from fastai.text.data import TensorText
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from fastai.data.core import Datasets, TitledStr, Transform
+    from fastai.data.transforms import Categorize
+    from fastai.text.data import TensorText
 from fastcore.basics import patch
 from fastprogress.fastprogress import progress_bar
 from sklearn.model_selection import train_test_split
-from .core import PAD_ID, TASKS, atomic_save, check_choice, check_fields
+from .core import PAD_ID, check_choice, check_fields
+from .utils import TASKS, atomic_save
 
 # %% ../nbs/06_data.ipynb #f3652bce
 logger = logging.getLogger('transject_nb')

@@ -26,7 +26,7 @@ import torch
 import matplotlib.pyplot as plt
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from .core import PRESET_KINDS, TASKS, preset_section
+from .utils import PRESET_KINDS, TASKS, preset_section
 from .data import TaskData, TokenSplit, load_task, stratified_take
 from .models import VARIANTS
 from .config import DataConfig

@@ -16,16 +16,18 @@ __all__ = ['show_text_results', 'FixedLearner']
 import cloudpickle
 import pandas as pd
 import torch
-import fastai.callback.hook      # noqa: F401 -- adds `Learner.summary`, which `FixedLearner` wraps
-import fastai.text.learner       # noqa: F401 -- fastai's `show_results` for `TensorText`, replaced below
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    import fastai.callback.hook  # noqa: F401 -- adds `Learner.summary`, which `FixedLearner` wraps
+    import fastai.text.learner   # noqa: F401 -- fastai's `show_results` for `TensorText`, replaced below
+    from fastai.data.core import show_results
+    from fastai.distributed import DistributedDL
+    from fastai.learner import Learner
+    from fastai.text.data import TensorText
+    from fastai.torch_core import display_df, get_empty_df, rank_distrib
 from fastcore.basics import patch
 from fastcore.foundation import L
-from fastai.data.core import show_results
-from fastai.distributed import DistributedDL
-from fastai.learner import Learner
-from fastai.text.data import TensorText
-from fastai.torch_core import display_df, get_empty_df, rank_distrib
-from .core import atomic_write
+from .utils import atomic_write
 
 # %% ../nbs/07c_fastai_fixes.ipynb #c3e5a002
 def show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc_at=150, **kwargs):

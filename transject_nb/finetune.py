@@ -16,7 +16,9 @@ import pandas as pd
 from scipy.stats import ttest_1samp
 import torch
 import torch.nn as nn
-from fastai.callback.tracker import EarlyStoppingCallback
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
 __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'CONTROL_STEPS', 'layer_groups',
@@ -28,7 +30,8 @@ __all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN
            'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
 
 # %% ../nbs/14a_finetune.ipynb #d9dc8dc0
-from .core import EncoderClassifier, atomic_write, check_choice, copy_new, unwrap
+from .core import EncoderClassifier, check_choice, unwrap
+from .utils import atomic_write, copy_new
 from .models import VARIANTS
 from .data import load_task, task_source
 from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab

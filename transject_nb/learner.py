@@ -21,23 +21,26 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-import fastai.callback.schedule  # noqa: F401 -- adds `fit_one_cycle` (the '1cycle' schedule), `lr_find`, `fine_tune`
-import fastai.text.learner       # noqa: F401 -- registers fastai's `plot_top_losses` for `TensorText` inputs
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle` (1cycle), `lr_find`, `fine_tune`
+    import fastai.text.learner       # noqa: F401 -- `plot_top_losses` for `TensorText` inputs
+    from fastai.callback.core import Callback
+    from fastai.callback.fp16 import MixedPrecision
+    from fastai.callback.tracker import EarlyStoppingCallback
+    from fastai.callback.training import GradientClip
+    from fastai.data.core import DataLoaders
+    from fastai.learner import Learner, Metric
+    from fastai.losses import CrossEntropyLossFlat
+    from fastai.metrics import accuracy
+    from fastai.optimizer import Adam
+    from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
 from fastcore.basics import patch
 from fastcore.foundation import L
-from fastai.callback.core import Callback
-from fastai.callback.fp16 import MixedPrecision
-from fastai.callback.tracker import EarlyStoppingCallback
-from fastai.callback.training import GradientClip
-from fastai.data.core import DataLoaders
-from fastai.learner import Learner, Metric
-from fastai.losses import CrossEntropyLossFlat
-from fastai.metrics import accuracy
-from fastai.optimizer import Adam
-from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
 
 # %% ../nbs/07_learner.ipynb #e6f76f9f
-from .core import EncoderClassifier, interactive_output, remove_temporaries, unwrap, variant_spec
+from .core import EncoderClassifier, unwrap, variant_spec
+from .utils import interactive_output, remove_temporaries
 from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
 from .models import create_model, n_params
 from .batches import BucketDL

@@ -17,18 +17,20 @@ from scipy import stats as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
-import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
+    import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
+    from fastai.callback.core import Callback
+    from fastai.data.core import DataLoaders
+    from fastai.learner import Learner, Metric
+    from fastai.losses import CrossEntropyLossFlat
+    from fastai.metrics import Perplexity, accuracy
+    from fastai.optimizer import Adam
+    from fastai.text.data import LMDataLoader
+    from fastai.torch_core import default_device, set_seed
 from fastcore.basics import GetAttr, store_attr
 from fastcore.foundation import L
-from fastai.callback.core import Callback
-from fastai.data.core import DataLoaders
-from fastai.learner import Learner, Metric
-from fastai.losses import CrossEntropyLossFlat
-from fastai.metrics import Perplexity, accuracy
-from fastai.optimizer import Adam
-from fastai.text.data import LMDataLoader
-from fastai.torch_core import default_device, set_seed
 
 # %% auto #0
 __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
@@ -40,8 +42,9 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRE
            'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../nbs/14_lm.ipynb #97216c67
-from .core import (PAD_ID, EncoderClassifier, Trace, atomic_save, atomic_write, check_choice,
-                               check_fields, config_fields, variant_spec)
+from .core import (PAD_ID, EncoderClassifier, Trace, check_choice, check_fields,
+                               config_fields, variant_spec)
+from .utils import atomic_save, atomic_write
 from .models import VARIANTS, create_model, n_params
 from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
                               tokenizer_from_state)

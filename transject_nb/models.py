@@ -15,8 +15,9 @@ if TYPE_CHECKING: import pandas as pd   # `variants_table`'s annotation; it impo
 __all__ = ['VARIANTS', 'BASELINES', 'create_model', 'variants_table', 'preset_config', 'n_params', 'check_contract']
 
 # %% ../nbs/05_models.ipynb #a388b933
-from .core import (EncoderClassifier, build_config, config_fields, load_preset, register_variant,
+from .core import (EncoderClassifier, build_config, config_fields, register_variant,
                                registered_variants, variant_spec)
+from .utils import load_preset
 from .transject import TransJectConfig, TransJect
 from .baselines import SoftmaxConfig, SoftmaxEncoder, NeuTRENOEncoder, SimilarityRemovalEncoder
 
@@ -89,8 +90,8 @@ def variants_table()->pd.DataFrame:
 # %% ../nbs/05_models.ipynb #62628294
 def preset_config(
     variant:str,     # one of `VARIANTS`
-    task:str,        # one of `core.TASKS`
-    kind:str='paper',  # one of `core.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
+    task:str,        # one of `utils.TASKS`
+    kind:str='paper',  # one of `utils.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
 )->dict:             # config fields for `create_model`
     "The fields of a task preset that `variant`'s config takes."
     spec = variant_spec(variant)

@@ -16,11 +16,14 @@ import torch
 import optuna
 from optuna.trial import TrialState
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from optuna_integration import FastAIV2PruningCallback
-from fastai.callback.core import Callback
+from .utils import fastai_quietly
+with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
+    from optuna_integration import FastAIV2PruningCallback
+    from fastai.callback.core import Callback
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from .core import TASKS, check_choice, check_fields, config_fields, copy_new, preset_section, variant_spec
+from .core import check_choice, check_fields, config_fields, variant_spec
+from .utils import TASKS, copy_new, preset_section
 from .models import VARIANTS
 from .data import TaskData, load_task, task_source
 from .config import model_fields, resolve_config
@@ -46,7 +49,7 @@ __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_
 
 # %% ../nbs/13_protocol.ipynb #4f0b8f46
 import contextlib, ctypes, ctypes.util, logging, signal, socket, sys, threading
-from .core import Stopped, atomic_write_all, debug_mode, error_line
+from .utils import Stopped, atomic_write_all, debug_mode, error_line
 
 # %% ../nbs/13_protocol.ipynb #a5c6af86
 METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from .core import PAD_ID, atomic_write, check_choice
+from .core import PAD_ID, check_choice
+from .utils import atomic_write
 from .models import VARIANTS
 from .gradflow import mean_pairwise_cosine
 from .similarity import token_similarity
@@ -573,7 +574,7 @@ def _tests_table(o:pd.DataFrame)->pd.DataFrame:
 
 def _fix_accuracy(R:Path, models:list, claims:list)->dict:
     "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
-    from transject_nb.core import TASKS
+    from transject_nb.utils import TASKS
     from transject_nb.experiments import check_orderings, format_table, results_table, RESULT_COLUMNS
     from transject_nb.protocol import CLASSIFICATION_STUDIES, arm_status
     fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
