@@ -498,6 +498,7 @@ def clf_runs(
     ph = results.phase if 'phase' in results else pd.Series('seed', index=results.index)
     return results[(results.kind != 'lm') & (ph == check_choice(phase, ('seed', 'search'), 'phase'))]
 
+# %% ../nbs/14a_finetune.ipynb #16cff412
 def best_clf_rate(
     results:pd.DataFrame,   # `pretrain_results`
     arm:str,                # the arm
@@ -932,6 +933,7 @@ def _running_classifier(run:Path)->dict:
     for f in done: st = load_checkpoint(f); files[f] = _slim(st) if st['done'] else None
     return files | ({last: None} if last else {})
 
+# %% ../nbs/14a_finetune.ipynb #d7f941c7
 def snapshot_pretrain(
     plan:PretrainPlan,      # the plan
     out,                    # the runs' root folder
@@ -967,8 +969,6 @@ def snapshot_pretrain(
     return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*'))
                          if f.is_file() and f.name != '.snapshot'],
                         columns=['file', 'bytes'])
-
-
 
 # %% ../nbs/14a_finetune.ipynb #021dbcbb
 def export_pretrain(

@@ -841,6 +841,7 @@ def _own(g:pd.DataFrame, col:str, alpha:float)->dict:
     return dict(change=math.expm1(b), lo=math.expm1(b - half), hi=math.expm1(b + half), p=p, se=se, df=df,
                 verdict=verdict_of(p, -b, n, n, alpha))
 
+# %% ../nbs/14_lm.ipynb #9867da25
 def lm_depth_trend(
     runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
     base:str='transformer',     # the arm whose slope every other arm's is judged against

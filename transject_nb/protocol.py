@@ -274,6 +274,7 @@ def next_trials(
     have = {r['seed'] for r in rows if r['phase'] == 'seed' and r['lr'] == best}
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
+# %% ../nbs/13_protocol.ipynb #b1414fc7
 def chosen_rate(
     rows:list,             # an arm's queued trials (see `next_trials`)
     maximize:bool=True,    # whether a higher validation value is better (accuracy) or lower (perplexity)
@@ -993,6 +994,8 @@ MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS
                       protocol=LM_PROTOCOL2, objective='masked',
                       note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
                            f"at L = {' and '.join(map(str, MLM_DEPTHS))}")
+
+# %% ../nbs/13_protocol.ipynb #e2fee2fd
 LM_STUDIES = (
     StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
               note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
@@ -1290,6 +1293,7 @@ def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, h
         print(f"[{name}] failed: {error_line(e, with_type=True)[:500]}", file=sys.stderr, flush=True)
         sys.exit(1)
 
+# %% ../nbs/13_protocol.ipynb #b1aca1b6
 def run_workers(
     plan:StudyPlan,        # a declared plan (`STUDIES`): workers look it up by name
     storage=None,          # `open_storage`'s URL or path (default `runs/studies.db`)
@@ -1328,7 +1332,6 @@ def run_workers(
                            "(each said why above); the storage keeps every finished trial, and the same command "
                            "resumes")
     return arm_status(study_trials(plan, url), plan)
-
 
 # %% ../nbs/13_protocol.ipynb #10ac5ba5
 STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, "
