@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from .utils import TASKS
-from .experiments import PAPER_CLAIMS, PAPER_RESULTS, TRANSJECT_CLAIMS, load_figure_data, spread_claim
-from .experiments import results_table, RESULT_COLUMNS
-from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger, level_effect,
-                                 ratio_effect, spread_effect, untested)
+from .experiments import PAPER_CLAIMS, PAPER_RESULTS, TRANSJECT_CLAIMS, spread_claim
+from .experiments import load_figure_data, results_table, RESULT_COLUMNS
+from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger,
+                                 level_effect, ratio_effect, spread_effect, untested)
 from .lm import with_arm_depth, lm_depth_trend
 from .protocol import STUDIES, settled_budget, settled_runs
 from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, grid_summary, load_grid
@@ -28,28 +28,35 @@ __all__ = ['FAMILIES', 'TASK_NAMES', 'NEUTRENO_TABLE3_CHANGE', 'TRANSJECT_NOT_TE
 
 # %% ../nbs/11d_claims.ipynb #4d0d923e
 FAMILIES = {   # family -> (the page that asks it, the question)
-    'tables-2-3': ('21_transject_paper.ipynb', "Does TransJect beat the Transformer and Transformer+ReZero "
-                   "(Tables 2, 3)?"),
-    'transject-variants': ('21_transject_paper.ipynb', "Do TransJect's four variants order as its §3.6 says?"),
-    'fig-3': ('21_transject_paper.ipynb', "Does TransJect's accuracy spread less across settings than the "
-              "Transformer's (Fig. 3)?"),
-    'neutreno-text': ('22_neutreno_paper.ipynb', "Does NeuTRENO beat the post-norm Transformer on the four tasks?"),
-    'removal-text': ('23_escalation_paper.ipynb', "Does similarity removal beat the post-norm Transformer on the "
-                     "four tasks?"),
-    'depth-2-epochs': ('24_depth.ipynb', "Which models keep their accuracy at L = 32, after 2 epochs of one-cycle?"),
-    'init': ('24_depth.ipynb', "Does token similarity escalate with depth at initialisation, and do the fixes "
-             "slow it?"),
-    'neutreno-lm': ('25_language_models.ipynb', "Does NeuTRENO lower a causal language model's perplexity (Table 3), "
+    'tables-2-3': ('21_transject_paper.ipynb',
+                   "Does TransJect beat the Transformer and Transformer+ReZero (Tables 2, 3)?"),
+    'transject-variants': ('21_transject_paper.ipynb',
+                           "Do TransJect's four variants order as its §3.6 says?"),
+    'fig-3': ('21_transject_paper.ipynb',
+              "Does TransJect's accuracy spread less across settings than the Transformer's "
+              "(Fig. 3)?"),
+    'neutreno-text': ('22_neutreno_paper.ipynb',
+                      "Does NeuTRENO beat the post-norm Transformer on the four tasks?"),
+    'removal-text': ('23_escalation_paper.ipynb',
+                     "Does similarity removal beat the post-norm Transformer on the four tasks?"),
+    'depth-2-epochs': ('24_depth.ipynb',
+                       "Which models keep their accuracy at L = 32, after 2 epochs of one-cycle?"),
+    'init': ('24_depth.ipynb', "Does token similarity escalate with depth at initialisation, and "
+             "do the fixes slow it?"),
+    'neutreno-lm': ('25_language_models.ipynb',
+                    "Does NeuTRENO lower a causal language model's perplexity (Table 3), "
                     "at any λ?"),
-    'lm-depth': ('25_language_models.ipynb', "Does perplexity fall with depth, and faster with a fix (d 64)?"),
+    'lm-depth': ('25_language_models.ipynb',
+                 "Does perplexity fall with depth, and faster with a fix (d 64)?"),
     'lm-depth-gpu': ('25_language_models.ipynb', "The same at d 256, on an H200"),
-    'mlm': ('25_language_models.ipynb', "Is TransJect a better masked language model than the Transformer, or than "
-            "no context at all?"),
-    'ulmfit': ('25_language_models.ipynb', "Does fine-tuning a pretrained encoder beat training from scratch, and "
-               "TF-IDF?"),
+    'mlm': ('25_language_models.ipynb', "Is TransJect a better masked language model than the "
+            "Transformer, or than no context at all?"),
+    'ulmfit': ('25_language_models.ipynb', "Does fine-tuning a pretrained encoder beat training "
+               "from scratch, and TF-IDF?"),
     'theorems': ('19_claims.ipynb', "Do the papers' theorems hold on the exported code?"),
     'beyond': ('19_claims.ipynb', "The claims this package does not test, and why"),
 }
+
 
 # %% ../nbs/11d_claims.ipynb #50e2ea15
 TASK_NAMES = dict(imdb='IMDb', agnews='AG News', listops='ListOps', charimdb='Char-IMDb')
@@ -58,19 +65,22 @@ def fair_runs(
     results:Path,               # the committed results folder (`nbs/results`)
 )->pd.DataFrame:                # the fair studies' seed runs, every task
     "The seed runs of the fair classification tables, read from `fair/<task>/runs.csv`."
-    return pd.concat([pd.read_csv(Path(results)/'fair'/t/'runs.csv') for t in TASKS], ignore_index=True)
+    return pd.concat([pd.read_csv(Path(results)/'fair'/t/'runs.csv') for t in TASKS],
+                     ignore_index=True)
 
 def fair_table(
     results:Path,               # the committed results folder
-)->pd.DataFrame:                # `experiments.results_table`: per (task, model) mean ± std, the baselines, the paper
-    "The fair classification tables, every task, with the linear baselines fitted on the same splits."
+# `experiments.results_table`: per (task, model) mean ± std, the baselines, the paper
+)->pd.DataFrame:
+    "The fair classification tables, every task, with the linear baselines fit on the same splits."
     r, base = fair_runs(results), pd.read_csv(Path(results)/'fair'/'baselines.csv')
     return results_table(r[list(RESULT_COLUMNS)], base[base.task.isin(r.task.unique())])
 
 def _paper_gap(task, a, b)->float:
-    "The paper's difference in points between two models on a task (Tables 2 and 3), NaN if it lacks one."
+    "The paper's difference in points between two models on a task (Tables 2 and 3), or NaN."
     acc = PAPER_RESULTS['test_acc']
-    return round(100 * (acc[(task, a)] - acc[(task, b)]), 2) if (task, a) in acc and (task, b) in acc else math.nan
+    if (task, a) not in acc or (task, b) not in acc: return math.nan
+    return round(100 * (acc[(task, a)] - acc[(task, b)]), 2)
 
 # %% ../nbs/11d_claims.ipynb #39240961
 _FAIR = "d 64, L 2, own rates, early stopping"
@@ -79,11 +89,13 @@ _PAPER_OF = {'transject': 'TransJect', 'neutreno': 'NeuTRENO', 'similarity-remov
 def fair_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "Tables 2 and 3's orderings, TransJect's §3.6 ones and the fixes', per task, from the fair tables' seeds."
+    "The orderings of Tables 2 and 3, of §3.6 and of the fixes, per task, on the fair seeds."
     r, rows = fair_runs(results), []
-    fam = {'transject': 'tables-2-3', 'neutreno': 'neutreno-text', 'similarity-removal': 'removal-text'}
+    fam = {'transject': 'tables-2-3', 'neutreno': 'neutreno-text',
+           'similarity-removal': 'removal-text'}
     page = {f: FAMILIES[f][0] for f in FAMILIES}
-    own = [c for c in TRANSJECT_CLAIMS if c[1] != 'transformer-rezero']       # ReZero: PAPER_CLAIMS has it
+    # ReZero: PAPER_CLAIMS has it
+    own = [c for c in TRANSJECT_CLAIMS if c[1] != 'transformer-rezero']
     for a, b, text, tasks in [(*c, None) for c in PAPER_CLAIMS] + own:
         f = fam[a] if b in ('transformer', 'transformer-rezero') else 'transject-variants'
         for t in tasks or TASKS:
@@ -91,7 +103,8 @@ def fair_claims(
             table = 'Table 2' if t in ('imdb', 'agnews') else 'Table 3'
             where = {'neutreno': '§4', 'similarity-removal': 'abstract'}.get(
                 a, table if f == 'tables-2-3' else '§3.6')
-            rows.append(claim_row(_PAPER_OF.get(a, 'TransJect'), f"{where}, {TASK_NAMES[t]}: {a} > {b}", f,
+            rows.append(claim_row(_PAPER_OF.get(a, 'TransJect'),
+                                  f"{where}, {TASK_NAMES[t]}: {a} > {b}", f,
                                   f"{TASK_NAMES[t]}, {_FAIR}", diff_effect(acc(a), acc(b)),
                                   f"{page[f]}#the-answer", paper_effect=_paper_gap(t, a, b)))
     return rows
@@ -100,12 +113,12 @@ def fair_claims(
 def spread_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "§3.6.1: the entropic variants' seed spread against the others', per short task, by the F test."
+    "§3.6.1: the entropic variants' seed spread against the others', per short task (F test)."
     r = fair_runs(results)
     t = results_table(r[list(RESULT_COLUMNS)])
-    return [claim_row('TransJect', f"§3.6.1, {TASK_NAMES[s.task]}: entropic variants vary less", 'transject-variants',
-                      f"{TASK_NAMES[s.task]}, {_FAIR}", spread_effect(s.std_entropic, s.df_entropic, s.std_plain,
-                                                                          s.df_plain),
+    return [claim_row('TransJect', f"§3.6.1, {TASK_NAMES[s.task]}: entropic variants vary less",
+                      'transject-variants', f"{TASK_NAMES[s.task]}, {_FAIR}",
+                      spread_effect(s.std_entropic, s.df_entropic, s.std_plain, s.df_plain),
                       '21_transject_paper.ipynb#the-answer', unit='% of the s.d.', direction=-1)
             for s in spread_claim(t).itertuples()]
 
@@ -113,14 +126,16 @@ def spread_claims(
 def axis_spreads(
     results:Path,               # the committed results folder
     models=('transject', 'transformer'),   # the two models compared
-)->pd.DataFrame:                # per axis: settings, each model's s.d. of its seed means (fractions)
-    "Each axis of Fig. 3's grid: how much each model's seed-mean accuracy spreads over the axis's settings."
+)->pd.DataFrame:                # per axis: settings, each model's s.d. of seed means (fractions)
+    "Each axis of Fig. 3's grid: how much each model's seed-mean accuracy spreads along it."
     rob, _ = load_grid(Path(results)/'robustness')
     dep, _ = load_grid(Path(results)/'depth')
-    centre = ROBUSTNESS_STUDY.grid[0]                                    # `axis_cells` puts the centre first
+    centre = ROBUSTNESS_STUDY.grid[0]       # `axis_cells` puts the centre first
     on = lambda f: rob[np.logical_and.reduce([rob[k] == v for k, v in centre.items() if k != f])]
-    means = {f: grid_summary(on(f), [f])['mean'].unstack(0) for f in centre}   # the centre and the axis's cells only
-    means['n_layers'] = grid_summary(dep[dep.variant.isin(models)], ['n_layers'])['mean'].unstack(0)
+    # the centre and the axis's cells only
+    means = {f: grid_summary(on(f), [f])['mean'].unstack(0) for f in centre}
+    means['n_layers'] = grid_summary(dep[dep.variant.isin(models)],
+                                     ['n_layers'])['mean'].unstack(0)
     return pd.DataFrame({f: dict(settings=len(m), **{v: float(m[v].std(ddof=1)) for v in models})
                          for f, m in means.items()}).T.astype({'settings': int})
 
@@ -128,15 +143,16 @@ def axis_spreads(
 def robustness_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "Fig. 3 (§3.7): TransJect's accuracy spreads less than the Transformer's along each axis, by the F test."
+    "Fig. 3 (§3.7): TransJect's accuracy varies less than the Transformer's per axis (F test)."
     s = axis_spreads(results)
     return [claim_row('TransJect', f"Fig. 3, {f}: TransJect spreads less", 'fig-3',
                       f"IMDb subset, {int(r.settings)} settings of {f}, 2 epochs, 2 seeds a cell",
                       spread_effect(r.transject, r.settings - 1, r.transformer, r.settings - 1),
-                      '21_transject_paper.ipynb#fig.-3-robustness-to-width-sequence-length-training-data-and-depth',
+                      '21_transject_paper.ipynb#fig.-3-robustness-to-width-sequence-length-'
+                      'training-data-and-depth',
                       unit='% of the s.d.', direction=-1,
-                      note='§3.7 quotes s.d. 1.7 and 0.8 for TransJect, 2.7 and 6.6 for the Transformer, '
-                           'panels unnamed')
+                      note='§3.7 quotes s.d. 1.7 and 0.8 for TransJect, 2.7 and 6.6 for the '
+                           'Transformer, panels unnamed')
             for f, r in s.iterrows()]
 
 # %% ../nbs/11d_claims.ipynb #e386d87c
@@ -161,23 +177,28 @@ def shallow_best(
 def depth_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "The depth claims at L = 32 against each model's best shallow depth, and against post-norm, after 2 epochs."
+    "The depth claims at L = 32, against each model's best shallow depth and post-norm, 2 epochs."
     k, L = _kept(results), max(DEPTH_STUDY.grid['n_layers'])
-    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'depth-2-epochs', f"{_DEPTH}, L {L}", eff,
+    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'depth-2-epochs',
+                                                    f"{_DEPTH}, L {L}", eff,
                                                     '24_depth.ipynb#the-answer', **kw)
     tj, tf = (shallow_best(k, v) for v in ('transject', 'transformer'))
     rows = [row('TransJect', f"§3.4, Fig. 3: TransJect prefers shallow (best L ≤ 2 > L {L})",
-                diff_effect(_seeds(k, 'transject', tj), _seeds(k, 'transject', L)), note=f"best shallow L = {tj}"),
+                diff_effect(_seeds(k, 'transject', tj), _seeds(k, 'transject', L)),
+                note=f"best shallow L = {tj}"),
             row('Yu & Zhang', f"§1: post-norm cannot go deep (L {L} < best L ≤ 2)",
-                diff_effect(_seeds(k, 'transformer', L), _seeds(k, 'transformer', tf)), direction=-1,
+                diff_effect(_seeds(k, 'transformer', L), _seeds(k, 'transformer', tf)),
+                direction=-1,
                 note=f"best shallow L = {tf}")]
-    for v in ('transject', 'neutreno', 'similarity-removal', 'transformer-rezero', 'transformer-prenorm'):
+    for v in ('transject', 'neutreno', 'similarity-removal', 'transformer-rezero',
+              'transformer-prenorm'):
         rows.append(row(_PAPER_OF.get(v, 'TransJect'), f"at L {L}: {v} > transformer",
                         diff_effect(_seeds(k, v, L), _seeds(k, 'transformer', L))))
     for v, col, paper in (('neutreno', 'cosine_final', 'NeuTRENO'),
                           ('similarity-removal', 'share_final', 'Yu & Zhang')):
         rows.append(row(paper, f"at L {L}, trained: {v} {col.split('_')[0]} < transformer's",
-                        diff_effect(_seeds(k, v, L, col), _seeds(k, 'transformer', L, col), scale=1.),
+                        diff_effect(_seeds(k, v, L, col), _seeds(k, 'transformer', L, col),
+                                    scale=1.),
                         unit=col.split('_')[0], direction=-1))
     return rows
 
@@ -192,30 +213,39 @@ def init_claims(
     at = lambda v, n, col='share': d[(d.variant == v) & (d.n_layers == n)][col].to_numpy(float)
     test = f"16 IMDb reviews, d 64, untrained, {d.seed.nunique()} init seeds"
     sec = '24_depth.ipynb#at-initialisation-only-to-128-layers'
-    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'init', test, eff, sec, unit='share', **kw)
+    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'init', test, eff, sec,
+                                                    unit='share', **kw)
     rows = [row('Yu & Zhang', f"§1: similarity escalates with depth (post-norm, L {L} > 1)",
                 diff_effect(at('transformer', L), at('transformer', 1), scale=1.)),
-            row('Yu & Zhang', f"§1: removal slows it (L {L})", diff_effect(at('similarity-removal', L),
-                                                                    at('transformer', L), scale=1.), direction=-1),
+            row('Yu & Zhang', f"§1: removal slows it (L {L})",
+                diff_effect(at('similarity-removal', L), at('transformer', L), scale=1.),
+                direction=-1),
             row('NeuTRENO', f"App. G.3: untrained NeuTRENO's tokens less alike (L {L_neutreno})",
-                diff_effect(at('neutreno', L_neutreno, 'cosine'), at('transformer', L_neutreno, 'cosine'), scale=1.),
+                diff_effect(at('neutreno', L_neutreno, 'cosine'),
+                            at('transformer', L_neutreno, 'cosine'), scale=1.),
                 direction=-1)]
     rows[-1]['unit'] = 'cosine'
     return rows + [_rate_claim(results)]
 
 # %% ../nbs/11d_claims.ipynb #3fa81eb8
 def _rate_claim(results:Path, L:int=128, within:float=0.1)->dict:
-    "The spectral-gap rate against the measured escalation of a post-norm block at initialisation (a check)."
-    d = pd.read_csv(Path(results)/'depth'/'init.csv').groupby(['variant', 'n_layers'])[['share', 'share_embed']].mean()
+    "The spectral-gap rate against an untrained post-norm block's measured escalation (a check)."
+    d = (pd.read_csv(Path(results)/'depth'/'init.csv')
+         .groupby(['variant', 'n_layers'])[['share', 'share_embed']].mean())
     s = d.loc[('transformer', L)]
-    measured = ((1 - s.share) / (1 - s.share_embed)) ** (1 / (2 * L))        # diversity's factor per layer
-    predicted = pd.read_csv(Path(results)/'depth'/'init_rates.csv', index_col=0).predicted['transformer']
-    return claim_row('Yu & Zhang', "§1: the spectral gap sets the escalation rate of a block", 'init',
-                     f"post-norm block, d 64, untrained, L {L}", check_effect(measured - predicted,
-                                                                             abs(measured - predicted) < within),
-                     '24_depth.ipynb#at-initialisation-only-to-128-layers', unit='factor, measured − predicted',
-                     note=f"measured {measured:.3f} a layer, attention alone predicts {predicted:.3f}; the theory "
-                          "leaves out V, O, the FFN and LayerNorm")
+    # diversity's factor per layer
+    measured = ((1 - s.share) / (1 - s.share_embed)) ** (1 / (2 * L))
+    rates = pd.read_csv(Path(results)/'depth'/'init_rates.csv', index_col=0)
+    predicted = rates.predicted['transformer']
+    return claim_row('Yu & Zhang', "§1: the spectral gap sets the escalation rate of a block",
+                     'init', f"post-norm block, d 64, untrained, L {L}",
+                     check_effect(measured - predicted, abs(measured - predicted) < within),
+                     '24_depth.ipynb#at-initialisation-only-to-128-layers',
+                     unit='factor, measured − predicted',
+                     note=f"measured {measured:.3f} a layer, "
+                          f"attention alone predicts {predicted:.3f}; "
+                          "the theory leaves out V, O, the FFN and LayerNorm")
+
 
 # %% ../nbs/11d_claims.ipynb #768fec49
 def lm_runs(
@@ -232,11 +262,12 @@ def _loss(r:pd.DataFrame, arm:str, L:int)->np.ndarray:
 def _lm_test(name:str, L=None)->str:
     p = STUDIES[name]
     d = p.fixed.get('d_model', 64)
-    return (f"{p.fixed['n_train']} IMDb reviews, {p.objective} LM, d {d}" + (f", L {L}" if L else '')
-            + f", {len(p.protocol.seeds)} seeds, own rates")
+    return (f"{p.fixed['n_train']} IMDb reviews, {p.objective} LM, d {d}"
+            + (f", L {L}" if L else '') + f", {len(p.protocol.seeds)} seeds, own rates")
 
 # %% ../nbs/11d_claims.ipynb #16c3dc02
-NEUTRENO_TABLE3_CHANGE = round(100 * (33.70 / 34.29 - 1), 2)   # NeuTRENO Table 3: test perplexity, WikiText-103
+# NeuTRENO Table 3: test perplexity, WikiText-103
+NEUTRENO_TABLE3_CHANGE = round(100 * (33.70 / 34.29 - 1), 2)
 
 def neutreno_lm_claims(
     results:Path,               # the committed results folder
@@ -244,58 +275,68 @@ def neutreno_lm_claims(
     "NeuTRENO's Table 3 at L = 4, and each λ of the ablation, against the post-norm Transformer."
     r = pd.concat([lm_runs(results, 'lm-neutreno'), lm_runs(results, 'lm-lambda')])
     base, rows = _loss(r, 'transformer', 4), []
-    for arm in sorted({a for a in r.arm if a.startswith('neutreno')}, key=lambda a: float(a.split('=')[1])):
+    arms = {a for a in r.arm if a.startswith('neutreno')}
+    for arm in sorted(arms, key=lambda a: float(a.split('=')[1])):
         lam = float(arm.split('=')[1])
         main = lam == 0.4
-        rows.append(claim_row('NeuTRENO', "Table 3: NeuTRENO < transformer" if main
-                              else f"Table 13's λ, here λ = {lam:g}: NeuTRENO < transformer", 'neutreno-lm',
+        claim = ("Table 3: NeuTRENO < transformer" if main
+                 else f"Table 13's λ, here λ = {lam:g}: NeuTRENO < transformer")
+        rows.append(claim_row('NeuTRENO', claim, 'neutreno-lm',
                               _lm_test('lm-neutreno', 4), ratio_effect(_loss(r, arm, 4), base),
-                              '25_language_models.ipynb#the-answer', unit='% perplexity', direction=-1,
+                              '25_language_models.ipynb#the-answer', unit='% perplexity',
+                              direction=-1,
                               paper_effect=NEUTRENO_TABLE3_CHANGE if main else math.nan,
-                              note='' if main else "Table 13 varies λ on ADE20K segmentation; here, on the LM"))
+                              note='' if main
+                              else "Table 13 varies λ on ADE20K segmentation; here, on the LM"))
     return rows
 
 # %% ../nbs/11d_claims.ipynb #be3a20d4
 def _trend_effect(t:pd.Series, which:str)->dict:
-    "A `lm_depth_trend` row's own slope (`which`='test') or its slope against the base's ('vs') as an effect."
+    ("A `lm_depth_trend` row's own slope (`which`='test') or its slope against the base's ('vs') "
+     "as an effect.")
     pct = lambda x: 100 * x
-    return dict(effect=pct(t[f'{which}_change']), ci_low=pct(t[f'{which}_lo']), ci_high=pct(t[f'{which}_hi']),
-                p=t[f'{which}_p'], p_paper=math.nan, se=t[f'{which}_se'], df=t[f'{which}_df'],
-                n=f"{int(t.runs)} runs", method="least-squares slope on log2 L, Welch's interval for a difference",
+    return dict(effect=pct(t[f'{which}_change']), ci_low=pct(t[f'{which}_lo']),
+                ci_high=pct(t[f'{which}_hi']), p=t[f'{which}_p'], p_paper=math.nan,
+                se=t[f'{which}_se'], df=t[f'{which}_df'], n=f"{int(t.runs)} runs",
+                method="least-squares slope on log2 L, Welch's interval for a difference",
                 kind='log', scale=100.)
 
 def lm_depth_claims(
     results:Path,               # the committed results folder
-    gpu:bool=False,             # the d 256 grid on the H200 (`lm-depth-gpu`), else this CPU's d 64 grid
+    gpu:bool=False,             # the H200's d 256 grid (`lm-depth-gpu`), else this CPU's d 64 grid
 )->list:                        # `claim_row`s
     "Post-norm's perplexity trend with depth, and NeuTRENO's and similarity removal's against it."
     name = 'lm-depth-gpu' if gpu else 'lm-depth'
-    r = lm_runs(results, name) if gpu else pd.concat([lm_runs(results, 'lm-depth'), lm_runs(results, 'lm-neutreno')])
+    r = (lm_runs(results, name) if gpu
+         else pd.concat([lm_runs(results, 'lm-depth'), lm_runs(results, 'lm-neutreno')]))
     t = lm_depth_trend(r.drop(columns=['arm', 'L'])).set_index('arm')
     fam, Ls = ('lm-depth-gpu' if gpu else 'lm-depth'), f"L {r.L.min()}–{r.L.max()}"
     test = _lm_test(name) + f", {Ls}"
-    row = lambda paper, claim, which, arm: claim_row(paper, claim, fam, test, _trend_effect(t.loc[arm], which),
+    row = lambda paper, claim, which, arm: claim_row(paper, claim, fam, test,
+                                                     _trend_effect(t.loc[arm], which),
                                                      '25_language_models.ipynb#the-answer',
                                                      unit='% perplexity per doubling of L',
                                                      direction=1 if which == 'test' else -1)
     return [row('Yu & Zhang', "§1: post-norm gets worse with depth", 'test', 'transformer'),
             row('NeuTRENO', "§1.2: NeuTRENO's slope below post-norm's", 'vs', 'neutreno+lam=0.4'),
-            row('Yu & Zhang', "§1: removal's slope below post-norm's", 'vs', 'similarity-removal')]
+            row('Yu & Zhang', "§1: removal's slope below post-norm's", 'vs',
+                'similarity-removal')]
 
 # %% ../nbs/11d_claims.ipynb #8d787708
 def mlm_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "TransJect as a masked LM: against the post-norm Transformer, and against the best context-free predictor."
+    "TransJect as a masked LM: against post-norm, and against the best context-free predictor."
     name = settled_budget(STUDIES['mlm-depth'], {n: pd.read_csv(Path(results)/'lm'/n/'trials.csv')
                                                  for n in ('mlm-depth', 'mlm-depth-100')}).name
     r = lm_runs(results, name)
     free = json.loads((Path(results)/'lm'/'corpus.json').read_text())['context_free_ppl']['test']
     rows = []
     for L in sorted(r.L.unique()):
-        row = lambda claim, eff: claim_row('TransJect', claim, 'mlm', _lm_test(name, L), eff,
-                                           '25_language_models.ipynb#transject-as-a-masked-language-model',
-                                           unit='% perplexity', direction=-1)
+        row = lambda claim, eff: claim_row(
+            'TransJect', claim, 'mlm', _lm_test(name, L), eff,
+            '25_language_models.ipynb#transject-as-a-masked-language-model', unit='% perplexity',
+            direction=-1)
         rows += [row(f"Tables 2–3 as a masked LM, L {L}: transject < transformer",
                      ratio_effect(_loss(r, 'transject', L), _loss(r, 'transformer', L))),
                  row(f"§3.1: TransJect uses context, L {L}: < context-free predictor",
@@ -306,7 +347,8 @@ def mlm_claims(
 def ulmfit_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "ULMFiT's recipe on IMDb: each fine-tuned classifier against the same network from scratch, and against TF-IDF."
+    ("ULMFiT's recipe on IMDb: each fine-tuned classifier against the same network from scratch, "
+     "and against TF-IDF.")
     u = pd.read_csv(Path(results)/'lm'/'ulmfit-imdb'/'runs.csv')
     u = u[(u.kind != 'lm') & (u.phase == 'seed')]
     tfidf = pd.read_csv(Path(results)/'repro'/'baselines.csv').query(
@@ -315,35 +357,41 @@ def ulmfit_claims(
     for arm, g in u.groupby('arm', sort=False):
         ft, sc = (g[g.kind == k].test_acc for k in ('ulmfit', 'scratch'))
         test = f"IMDb, {arm}, pretrained on 75,000 reviews, {len(ft)} seeds"
-        rows += [claim_row('ULMFiT', f"{arm}: fine-tuned > from scratch", 'ulmfit', test, diff_effect(ft, sc), sec),
-                 claim_row('ULMFiT', f"{arm}: fine-tuned > TF-IDF", 'ulmfit', test, level_effect(ft, tfidf), sec)]
+        rows += [claim_row('ULMFiT', f"{arm}: fine-tuned > from scratch", 'ulmfit', test,
+                           diff_effect(ft, sc), sec),
+                 claim_row('ULMFiT', f"{arm}: fine-tuned > TF-IDF", 'ulmfit', test,
+                           level_effect(ft, tfidf), sec)]
     return rows
 
 # %% ../nbs/11d_claims.ipynb #411a65df
 def figure_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "Checks on the trained IMDb models' figure data: expert balance, Theorem 2's bounds, the activation bound."
+    "Checks on the trained IMDb models: expert balance, Theorem 2's bounds, the activation bound."
     frames, _ = load_figure_data(Path(results)/'fair'/'figures_imdb_seed1.json')
     c, ex = frames['certified'].set_index('variant'), frames['experts']
     test = "IMDb, d 64, L 2, the seed-1 models, 256 test reviews"
     sec = '21_transject_paper.ipynb#fig.-5c-activation-bounds'
     hi = c.loc['transject', 'measured_hi']
-    return [claim_row('TransJect', "Fig. 5b: the experts stay balanced (balance ≥ 0.95)", 'theorems', test,
-                      check_effect(ex.balance.min(), ex.balance.min() >= 0.95),
-                      '21_transject_paper.ipynb#fig.-5b-expert-weights', unit='entropy of λ / log E'),
-            claim_row('TransJect', "Theorem 2 on trained models: ratios inside the bounds", 'theorems', test,
-                      check_effect(int(c.within_bound.sum()), c.within_bound.all()), sec, unit='variants inside',
+    return [claim_row('TransJect', "Fig. 5b: the experts stay balanced (balance ≥ 0.95)",
+                      'theorems', test, check_effect(ex.balance.min(), ex.balance.min() >= 0.95),
+                      '21_transject_paper.ipynb#fig.-5b-expert-weights',
+                      unit='entropy of λ / log E'),
+            claim_row('TransJect', "Theorem 2 on trained models: ratios inside the bounds",
+                      'theorems', test,
+                      check_effect(int(c.within_bound.sum()), c.within_bound.all()), sec,
+                      unit='variants inside',
                       note=f"all {len(c)} variants, each bound from the model's own α"),
-            claim_row('TransJect', "§4, Fig. 5c: TransJect's activation bound < 1", 'theorems', test,
-                      check_effect(hi, hi < 1), sec, unit='largest distance ratio',
+            claim_row('TransJect', "§4, Fig. 5c: TransJect's activation bound < 1", 'theorems',
+                      test, check_effect(hi, hi < 1), sec, unit='largest distance ratio',
                       note='; '.join(f"{v} {x:.3f}" for v, x in c.measured_hi.items()))]
+
 
 # %% ../nbs/11d_claims.ipynb #b1b7c9b7
 def parameter_claim()->dict:
-    "Table 4: TransJect's, the Transformer's and its d_ff = 512 copy's parameter counts at the paper's size."
+    "Table 4: parameter counts of TransJect, the Transformer and its d_ff = 512 copy, full size."
     from transject_nb.models import create_model
-    paper = dict(transject=36.4, transformer=34.5, small=25.1)                 # millions, Table 4
+    paper = dict(transject=36.4, transformer=34.5, small=25.1)    # millions, Table 4
     kw = dict(vocab_sz=30522, n_classes=2, d_model=512, n_layers=6, max_len=512)
     count = lambda m: sum(p.numel() for p in m.parameters()) / 1e6
     ours = dict(transject=count(create_model('transject', n_experts=8, **kw)),
@@ -351,17 +399,21 @@ def parameter_claim()->dict:
                 small=count(create_model('transformer', d_ff=512, n_heads=8, **kw)))
     off = max(abs(ours[k] - paper[k]) for k in paper)
     return claim_row('TransJect', "Table 4: parameter counts (36.4M, 34.5M, 25.1M)", 'theorems',
-                     'the exported models at d 512, L 6, E 8, 30,522 ids', check_effect(off, off < 0.1),
-                     '02_transject.ipynb#the-injective-token-embedding-and-the-model', unit='M, largest difference',
-                     note=f"ours {ours['transject']:.2f}M, {ours['transformer']:.2f}M, {ours['small']:.2f}M; "
-                          "§B's '45% more' is against the d_ff = 512 copy, +5% against Table 4's Transformer")
+                     'the exported models at d 512, L 6, E 8, 30,522 ids',
+                     check_effect(off, off < 0.1),
+                     '02_transject.ipynb#the-injective-token-embedding-and-the-model',
+                     unit='M, largest difference',
+                     note=f"ours {ours['transject']:.2f}M, {ours['transformer']:.2f}M, "
+                          f"{ours['small']:.2f}M; §B's '45% more' is against the d_ff = 512 "
+                          "copy, +5% against Table 4's Transformer")
 
 # %% ../nbs/11d_claims.ipynb #ac87c838
 def theorem_claims()->list:
-    "The theorems of the three papers, checked numerically on the exported code (`theorems.theorem_checks`)."
+    "The three papers' theorems checked on the exported code (`theorems.theorem_checks`)."
     from transject_nb.theorems import theorem_checks
-    return [claim_row(r.paper, r.claim, 'theorems', r.test, check_effect(r.value, r.holds), r.section, unit=r.unit,
-                      paper_effect=r.claimed, note=r.note) for r in theorem_checks().itertuples()]
+    return [claim_row(r.paper, r.claim, 'theorems', r.test, check_effect(r.value, r.holds),
+                      r.section, unit=r.unit, paper_effect=r.claimed, note=r.note)
+            for r in theorem_checks().itertuples()]
 
 # %% ../nbs/11d_claims.ipynb #dcf50d2f
 _P21, _P22, _P25, _P09 = (f'{n}.ipynb#' for n in ('21_transject_paper', '22_neutreno_paper',
@@ -423,7 +475,8 @@ NEUTRENO_NOT_TESTED = (   # NeuTRENO's image and pretrained-model claims, and it
      _P25 + 'the-answer'),
     ('NeuTRENO', 'Fig. 3: the functional J falls with depth in trained DeiT',
      'beyond', math.nan, '',
-     'trained DeiT; the package checks J per layer on its own models in the analysis notebook only',
+     'trained DeiT; the package checks J per layer on its own models in the analysis '
+     'notebook only',
      _P09 + 'the-functional-j-per-layer'),
     ('NeuTRENO', "Fig. 7: NeuTRENO lowers BERT's token similarity on SQuAD",
      'beyond', math.nan, '',
@@ -433,11 +486,13 @@ NEUTRENO_NOT_TESTED = (   # NeuTRENO's image and pretrained-model claims, and it
 
 
 # %% ../nbs/11d_claims.ipynb #dcf50d2fc
-NOT_TESTED = TRANSJECT_NOT_TESTED + NEUTRENO_NOT_TESTED   # Yu & Zhang: none (its text here is the abstract)
+# Yu & Zhang: none (its text here is the abstract)
+NOT_TESTED = TRANSJECT_NOT_TESTED + NEUTRENO_NOT_TESTED
 
 def not_tested_claims()->list:
     "The claims not tested here, each with its reason (`NOT_TESTED`)."
-    return [claim_row(p, c, f, '', untested(why), sec, unit=u, paper_effect=pe, direction=-1 if pe < 0 else 1)
+    return [claim_row(p, c, f, '', untested(why), sec, unit=u, paper_effect=pe,
+                      direction=-1 if pe < 0 else 1)
             for p, c, f, pe, u, why, sec in NOT_TESTED]
 
 # %% ../nbs/11d_claims.ipynb #56a78e8c
@@ -445,15 +500,16 @@ def build_claims(
     results='results',          # the committed results folder (`nbs/results`)
     theorems:bool=True,         # check the theorems on the exported code (a few seconds)
 )->pd.DataFrame:                # `ledger.LEDGER_COLUMNS`, one row per claim
-    "The claims ledger from the committed results: every claim of the three papers, adjusted by family and judged."
+    "The claims ledger from the committed results: each claim of the three papers, judged."
     R = Path(results)
-    rows = (fair_claims(R) + spread_claims(R) + robustness_claims(R) + depth_claims(R) + init_claims(R)
-            + neutreno_lm_claims(R) + lm_depth_claims(R) + lm_depth_claims(R, gpu=True) + mlm_claims(R)
-            + ulmfit_claims(R) + figure_claims(R) + [parameter_claim()] + (theorem_claims() if theorems else [])
-            + not_tested_claims())
-    if bad := sorted({r['family'] for r in rows} - set(FAMILIES)): raise ValueError(f"undeclared families {bad}")
+    rows = (fair_claims(R) + spread_claims(R) + robustness_claims(R) + depth_claims(R)
+            + init_claims(R) + neutreno_lm_claims(R) + lm_depth_claims(R)
+            + lm_depth_claims(R, gpu=True) + mlm_claims(R) + ulmfit_claims(R) + figure_claims(R)
+            + [parameter_claim()] + (theorem_claims() if theorems else []) + not_tested_claims())
+    if bad := sorted({r['family'] for r in rows} - set(FAMILIES)):
+        raise ValueError(f"undeclared families {bad}")
     order = {f: i for i, f in enumerate(FAMILIES)}
-    rows = sorted(rows, key=lambda r: (order[r['family']]))               # stable: each family's rows in order
+    rows = sorted(rows, key=lambda r: (order[r['family']]))   # stable: each family's rows in order
     return ledger(rows)
 
 def save_claims(
@@ -489,7 +545,8 @@ HEADLINES = (   # the claims a reader comes with first
     '§4, IMDb: neutreno > transformer', 'abstract, IMDb: similarity-removal > transformer',
     'Table 3: NeuTRENO < transformer', "§1.2: NeuTRENO's slope below post-norm's",
     "§1: removal's slope below post-norm's",
-    '§1: post-norm cannot go deep (L 32 < best L ≤ 2)', 'at L 32: similarity-removal > transformer',
+    '§1: post-norm cannot go deep (L 32 < best L ≤ 2)',
+    'at L 32: similarity-removal > transformer',
     '§3.4, Fig. 3: TransJect prefers shallow (best L ≤ 2 > L 32)',
     'Tables 2–3 as a masked LM, L 2: transject < transformer',
     '§3.1: TransJect uses context, L 2: < context-free predictor',
@@ -498,8 +555,9 @@ HEADLINES = (   # the claims a reader comes with first
 
 def headlines(
     claims:pd.DataFrame,        # the ledger
-)->pd.DataFrame:                # the headline rows, in `HEADLINES`' order (the d 64 grid's, for a depth trend)
+)->pd.DataFrame:                # the headline rows in `HEADLINES`' order (a depth trend: d 64's)
     "The ledger's headline rows."
     c = claims[(claims.family != 'lm-depth-gpu')].drop_duplicates('claim').set_index('claim')
-    if missing := [h for h in HEADLINES if h not in c.index]: raise ValueError(f"no row for the headlines {missing}")
+    if missing := [h for h in HEADLINES if h not in c.index]:
+        raise ValueError(f"no row for the headlines {missing}")
     return c.loc[list(HEADLINES)].reset_index()[list(claims.columns)]

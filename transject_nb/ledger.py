@@ -18,78 +18,83 @@ __all__ = ['EFFECT_KEYS', 'LEDGER_COLUMNS', 'VERDICT_COLOURS', 'diff_effect', 'r
            'verdict_counts']
 
 # %% ../nbs/11b_ledger.ipynb #4781ed43
-EFFECT_KEYS = ('effect', 'ci_low', 'ci_high', 'p', 'p_paper', 'se', 'df', 'n', 'method', 'kind', 'scale')
+EFFECT_KEYS = ('effect', 'ci_low', 'ci_high', 'p', 'p_paper', 'se', 'df', 'n', 'method', 'kind',
+               'scale')
 
 # %% ../nbs/11b_ledger.ipynb #9c76df67
 def _p_at(x, se, df)->float:
-    "Two-sided p of 'the true value is x' for an estimate 0 with standard error `se` and `df` (zero se: 0 or 1)."
+    "Two-sided p of 'the true value is x' for an estimate 0 with standard error `se` and `df`."
     if not (np.isfinite(x) and np.isfinite(se)): return math.nan
-    if se == 0: return 1.0 if abs(x) <= 1e-12 else 0.0               # no spread at all: `stats.welch`'s rule
+    if se == 0: return 1.0 if abs(x) <= 1e-12 else 0.0    # no spread at all: `stats.welch`'s rule
     return float(2 * st.t.sf(abs(x) / se, df))
 
 # %% ../nbs/11b_ledger.ipynb #5d9f0330
 def diff_effect(
-    a,                          # per-seed values of the side claimed higher (e.g. test accuracies in [0, 1])
-    b,                          # per-seed values of the other side
-    scale:float=100.,           # the effect's unit per unit of the values (100: accuracy in points)
-)->dict:                        # `EFFECT_KEYS` (`p_paper` comes with the paper's effect, in `claim_row`)
-    "The difference of means, `scale` × (mean a − mean b), with Welch's 95% interval and its test."
+    a,                  # per-seed values of the side claimed higher (e.g. accuracies in [0, 1])
+    b,                  # per-seed values of the other side
+    scale:float=100.,   # the effect's unit per unit of the values (100: accuracy in points)
+)->dict:                # `EFFECT_KEYS` (`p_paper` comes with the paper's effect, in `claim_row`)
+    "The difference of means, `scale` × (mean a − mean b), with Welch's 95% interval and test."
     r = welch(a, b)
-    return dict(effect=scale * r['diff'], ci_low=scale * r['lo'], ci_high=scale * r['hi'], p=r['p'],
-                p_paper=math.nan, se=r['se'], df=r['df'], n=f"{r['n_a']}+{r['n_b']}", method="Welch's interval",
-                kind='lin', scale=scale)
+    return dict(effect=scale * r['diff'], ci_low=scale * r['lo'], ci_high=scale * r['hi'],
+                p=r['p'], p_paper=math.nan, se=r['se'], df=r['df'], n=f"{r['n_a']}+{r['n_b']}",
+                method="Welch's interval", kind='lin', scale=scale)
+
 
 # %% ../nbs/11b_ledger.ipynb #e65f1fda
 def ratio_effect(
-    loss_a,                     # per-seed mean test losses (nats) of the side compared
-    loss_b,                     # per-seed losses of the reference side
-)->dict:                        # `EFFECT_KEYS`; effect and interval in per cent of b's perplexity
-    "Perplexity a against b as a change in per cent: Welch's interval on the per-seed losses, exponentiated."
+    loss_a,             # per-seed mean test losses (nats) of the side compared
+    loss_b,             # per-seed losses of the reference side
+)->dict:                # `EFFECT_KEYS`; effect and interval in per cent of b's perplexity
+    "Perplexity a against b in per cent: Welch's interval on the per-seed losses, exponentiated."
     r = welch(loss_a, loss_b)
     pct = lambda x: 100 * math.expm1(x)
-    return dict(effect=pct(r['diff']), ci_low=pct(r['lo']), ci_high=pct(r['hi']), p=r['p'], p_paper=math.nan,
-                se=r['se'], df=r['df'], n=f"{r['n_a']}+{r['n_b']}",
-                method="Welch's interval on the test losses, exponentiated", kind='log', scale=100.)
+    return dict(effect=pct(r['diff']), ci_low=pct(r['lo']), ci_high=pct(r['hi']), p=r['p'],
+                p_paper=math.nan, se=r['se'], df=r['df'], n=f"{r['n_a']}+{r['n_b']}",
+                method="Welch's interval on the test losses, exponentiated", kind='log',
+                scale=100.)
 
 # %% ../nbs/11b_ledger.ipynb #fc315b9c
 def level_effect(
-    x,                          # per-seed values (accuracies in [0, 1], or mean test losses in nats if `log`)
-    ref:float,                  # the constant they are compared with, in the same unit
-    log:bool=False,             # True: `x` and `ref` are losses, and the effect is the perplexity change in per cent
-    scale:float=100.,           # without `log`: the effect's unit per unit of the values
-)->dict:                        # `EFFECT_KEYS`
+    x,                  # per-seed accuracies in [0, 1], or mean test losses in nats if `log`
+    ref:float,          # the constant they are compared with, in the same unit
+    log:bool=False,     # True: `x` and `ref` are losses, the effect a perplexity change in %
+    scale:float=100.,   # without `log`: the effect's unit per unit of the values
+)->dict:                # `EFFECT_KEYS`
     "The seeds' mean against a constant: the one-sample t interval (exponentiated for losses)."
     x = np.asarray(x, dtype=float)
     if x.ndim != 1 or not x.size or not np.isfinite(x).all() or not np.isfinite(ref):
-        raise ValueError(f"x must be a 1-D array of finite per-seed values and ref a finite number; got {x}, {ref!r}")
+        raise ValueError("x must be a 1-D array of finite per-seed values and ref a finite "
+                         f"number; got {x}, {ref!r}")
     d, n = float(x.mean() - ref), x.size
     se, df = (float(x.std(ddof=1) / math.sqrt(n)), n - 1) if n > 1 else (math.nan, 0)
     half = st.t.ppf(1 - ALPHA / 2, df) * se if n > 1 else math.nan
     f = (lambda v: 100 * math.expm1(v)) if log else (lambda v: scale * v)
-    return dict(effect=f(d), ci_low=f(d - half), ci_high=f(d + half), p=_p_at(d, se, df), p_paper=math.nan,
-                se=se, df=df, n=f"{n}+ref", method='one-sample t interval' + (', exponentiated' if log else ''),
+    return dict(effect=f(d), ci_low=f(d - half), ci_high=f(d + half), p=_p_at(d, se, df),
+                p_paper=math.nan, se=se, df=df, n=f"{n}+ref",
+                method='one-sample t interval' + (', exponentiated' if log else ''),
                 kind='log' if log else 'lin', scale=100. if log else scale)
 
 # %% ../nbs/11b_ledger.ipynb #95e7fad1
 def spread_effect(
-    std_a:float, df_a:float,    # the standard deviation of the side claimed to vary less, and its degrees of freedom
+    std_a:float, df_a:float,    # s.d. of the side claimed to vary less, and its degrees of freedom
     std_b:float, df_b:float,    # the other side's
 )->dict:                        # `EFFECT_KEYS`; `df` holds (df_a, df_b)
-    "Spread a against spread b as a change of the standard deviation in per cent, the F test's interval."
+    "Spread a against spread b as a change of the s.d. in per cent, with the F test's interval."
     r = spread_test(std_a, df_a, std_b, df_b)
     pct = lambda v: 100 * (v - 1)
-    return dict(effect=pct(r['ratio']), ci_low=pct(r['lo']), ci_high=pct(r['hi']), p=r['p'], p_paper=math.nan,
-                se=math.nan, df=(float(df_a), float(df_b)), n=f"{int(df_a) + 1}+{int(df_b) + 1}", method='F interval',
-                kind='F', scale=100.)
+    return dict(effect=pct(r['ratio']), ci_low=pct(r['lo']), ci_high=pct(r['hi']), p=r['p'],
+                p_paper=math.nan, se=math.nan, df=(float(df_a), float(df_b)),
+                n=f"{int(df_a) + 1}+{int(df_b) + 1}", method='F interval', kind='F', scale=100.)
 
 def check_effect(
     value:float,                # what the check measured
     holds:bool,                 # whether it agrees with the claim
 )->dict:                        # `EFFECT_KEYS` with `holds`
-    "A theorem checked numerically: the measured value, no interval, and whether it agrees with the claim."
+    "A theorem checked numerically: the measured value, no interval, and whether it agrees."
     nan = math.nan
-    return dict(effect=float(value), ci_low=nan, ci_high=nan, p=nan, p_paper=nan, se=nan, df=nan, n='',
-                method='numerical check', kind='check', scale=nan, holds=bool(holds))
+    return dict(effect=float(value), ci_low=nan, ci_high=nan, p=nan, p_paper=nan, se=nan, df=nan,
+                n='', method='numerical check', kind='check', scale=nan, holds=bool(holds))
 
 def untested(
     reason:str,                 # why the claim was not tested here
@@ -98,42 +103,46 @@ def untested(
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("untested needs its reason, a non-empty string")
     nan = math.nan
-    return dict(effect=nan, ci_low=nan, ci_high=nan, p=nan, p_paper=nan, se=nan, df=nan, n='', method='',
-                kind='untested', scale=nan, why=reason)
+    return dict(effect=nan, ci_low=nan, ci_high=nan, p=nan, p_paper=nan, se=nan, df=nan, n='',
+                method='', kind='untested', scale=nan, why=reason)
 
 # %% ../nbs/11b_ledger.ipynb #5f52ab7a
-LEDGER_COLUMNS = ('paper', 'claim', 'family', 'test', 'n', 'unit', 'paper_effect', 'effect', 'ci_low', 'ci_high',
-                  'p', 'p_adj', 'p_paper', 'p_paper_adj', 'verdict', 'detectable', 'direction', 'method',
-                  'section', 'note')
+LEDGER_COLUMNS = ('paper', 'claim', 'family', 'test', 'n', 'unit', 'paper_effect', 'effect',
+                  'ci_low', 'ci_high', 'p', 'p_adj', 'p_paper', 'p_paper_adj', 'verdict',
+                  'detectable', 'direction', 'method', 'section', 'note')
 
 # %% ../nbs/11b_ledger.ipynb #84d09159
 def claim_row(
     paper:str,                  # the paper: 'TransJect', 'NeuTRENO', 'Yu & Zhang', …
     claim:str,                  # short, naming the paper's table, figure or section
-    family:str,                 # the family of tests it is adjusted with (one per headline question)
+    family:str,                 # the family of tests it is adjusted with (one per headline)
     test:str,                   # the task, size and budget of our test
-    effect:dict,                # from `diff_effect`, `ratio_effect`, `level_effect`, `spread_effect`, `check_effect`
-                                # or `untested`
-    section:str,                # the notebook anchor that shows the runs, e.g. '21_transject_paper.ipynb#the-answer'
+    effect:dict,                # from `diff_effect`, `ratio_effect`, `level_effect`,
+                                # `spread_effect`, `check_effect` or `untested`
+    section:str,                # the notebook anchor that shows the runs, 'page.ipynb#anchor'
     unit:str='points',          # the effect's unit
     paper_effect:float=math.nan,# the paper's effect in that unit (NaN: none)
     direction:int=1,            # +1: the paper claims the effect positive; -1: negative
     note:str='',                # one short remark
 )->dict:                        # a ledger row before `ledger` adjusts and judges it
     "One claim with its effect: the row `ledger` adjusts by family and judges."
-    if direction not in (1, -1): raise ValueError(f"direction must be +1 or -1, got {direction!r}")
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, got {direction!r}")
     note = note or effect.get('why', '')
-    if np.isfinite(paper_effect) and paper_effect * direction < 0:                # the claim's own table disagrees
+    # the claim's own table disagrees
+    if np.isfinite(paper_effect) and paper_effect * direction < 0:
         note = '; '.join(x for x in (note, "the paper's own number has the other sign") if x)
     if '#' not in section:
-        raise ValueError(f"section must be a link to a page anchor, 'page.ipynb#anchor'; got {section!r}")
-    return dict(paper=paper, claim=claim, family=family, test=test, unit=unit, paper_effect=float(paper_effect),
-                direction=direction, section=section, note=note) | effect | dict(
-                p_paper=_p_paper(effect, paper_effect))
+        raise ValueError("section must be a link to a page anchor, 'page.ipynb#anchor'; "
+                         f"got {section!r}")
+    return dict(paper=paper, claim=claim, family=family, test=test, unit=unit,
+                paper_effect=float(paper_effect), direction=direction, section=section,
+                note=note) | effect | dict(p_paper=_p_paper(effect, paper_effect))
 
 # %% ../nbs/11b_ledger.ipynb #3c03627c
 def _p_paper(e:dict, pe:float)->float:
-    "The two-sided p-value of 'the true effect is the paper's `pe`' for effect `e` (NaN without a test or a `pe`)."
+    ("The two-sided p-value of 'the true effect is the paper's `pe`' for effect `e` "
+     "(NaN without a test or a `pe`).")
     if not np.isfinite(pe) or e['kind'] in ('check', 'untested'): return math.nan
     if e['kind'] == 'F':
         (da, db), ratio = e['df'], 1 + e['effect'] / 100
@@ -145,11 +154,12 @@ def _p_paper(e:dict, pe:float)->float:
 
 # %% ../nbs/11b_ledger.ipynb #b42e866b
 def _detectable(r, m:int)->float:
-    "The smallest detectable effect of row `r` in its unit, at level ALPHA/m and 80% power (NaN: no test)."
+    "Row `r`'s smallest detectable effect, in its unit, at level ALPHA/m and 80% power (or NaN)."
     if r['kind'] == 'F':
         (da, db), a = r['df'], ALPHA / m
         return 100 * abs(math.sqrt(st.f.ppf(a / 2, da, db) / st.f.ppf(0.8, da, db)) - 1)
-    if r['kind'] not in ('lin', 'log') or not np.isfinite(r['se']) or not np.isfinite(r['df']): return math.nan
+    if r['kind'] not in ('lin', 'log') or not np.isfinite(r['se']) or not np.isfinite(r['df']):
+        return math.nan
     d = detectable(r['se'], r['df'], ALPHA / m)
     return 100 * math.expm1(d) if r['kind'] == 'log' else r['scale'] * d
 
@@ -157,7 +167,7 @@ def _detectable(r, m:int)->float:
 def ledger(
     rows:list,                  # `claim_row`s
 )->pd.DataFrame:                # `LEDGER_COLUMNS`, one row per claim, in the order given
-    "The rows' tests adjusted by Holm within each family, each row's verdict and its smallest detectable effect."
+    "The rows' tests Holm-adjusted by family, each row's verdict and smallest detectable effect."
     d = pd.DataFrame(rows)
     if not len(d): return pd.DataFrame(columns=list(LEDGER_COLUMNS))
     d['p_adj'], d['p_paper_adj'] = np.nan, np.nan
@@ -178,59 +188,72 @@ def effect_text(
     effect:float, lo:float=math.nan, hi:float=math.nan,  # an effect and its interval
     digits:int=1,                                        # decimals
 )->str:                                                  # e.g. '+0.3 [-0.1, +0.7]'; '' for NaN
-    "An effect with its interval, signed, in `digits` decimals, or more where it is below 1 (two figures)."
+    "An effect with its interval, signed, in `digits` decimals, or two figures below 1."
     if not np.isfinite(effect): return ''
-    if 0 < abs(effect) < 1: digits = max(digits, 1 - math.floor(math.log10(abs(effect))))
+    if 0 < abs(effect) < 1:
+        digits = max(digits, 1 - math.floor(math.log10(abs(effect))))
     f = lambda x: f"{x:+.{digits}f}".replace('-', '−')
     return f(effect) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else '')
 
 def answer_table(
     claims:pd.DataFrame,        # rows of `ledger`
     digits:int=1,               # decimals of the effects
-)->pd.DataFrame:                # claim, test, n, unit, paper, ours [95% CI], p (Holm), verdict, detectable
-    "The rows as a reader's table: the paper's effect beside ours and its interval, the adjusted p and the verdict."
+# claim, test, n, unit, paper, ours [95% CI], p (Holm), verdict, detectable
+)->pd.DataFrame:
+    "A reader's table: the paper's effect beside ours and its interval, adjusted p and verdict."
     c = claims
     f = lambda x: '' if not np.isfinite(x) else f"{x:.2g}"
-    return pd.DataFrame({'claim': c.claim, 'test': c.test, 'n': c.n.where(c.n.notna(), ''), 'unit': c.unit,
-                         'paper': [effect_text(x, digits=digits) for x in c.paper_effect],
-                         'ours [95% CI]': [effect_text(*r, digits=digits) for r in zip(c.effect, c.ci_low, c.ci_high)],
-                         'p (Holm)': c.p_adj.map(f), 'verdict': c.verdict,
-                         'could detect': [effect_text(d, digits=digits).lstrip('+') if v == 'not shown' else ''
-                                          for d, v in zip(c.detectable, c.verdict)]}).set_index('claim')
+    paper = [effect_text(x, digits=digits) for x in c.paper_effect]
+    ours = [effect_text(*r, digits=digits) for r in zip(c.effect, c.ci_low, c.ci_high)]
+    could = [effect_text(d, digits=digits).lstrip('+') if v == 'not shown' else ''
+             for d, v in zip(c.detectable, c.verdict)]
+    return pd.DataFrame({'claim': c.claim, 'test': c.test, 'n': c.n.where(c.n.notna(), ''),
+                         'unit': c.unit, 'paper': paper,
+                         'ours [95% CI]': ours, 'p (Holm)': c.p_adj.map(f), 'verdict': c.verdict,
+                         'could detect': could}).set_index('claim')
 
 # %% ../nbs/11b_ledger.ipynb #f4da87fd
-VERDICT_COLOURS = {'reproduced': 'tab:green', 'contradicted': 'tab:red', 'not shown': 'tab:gray', 'not tested': 'w'}
+VERDICT_COLOURS = {'reproduced': 'tab:green', 'contradicted': 'tab:red', 'not shown': 'tab:gray',
+                   'not tested': 'w'}
 
+# %% ../nbs/11b_ledger.ipynb #f4da87fdb
 def plot_forest(
     claims:pd.DataFrame,        # rows of `ledger` (one or more families)
     title:str|None=None,        # over the figure
     width:float=7.,             # inches
 ):                              # the figure
-    "Each tested row's effect and 95% interval, one panel per family, the paper's effect beside ours."
+    "Each tested row's effect and 95% interval, a panel per family, the paper's beside ours."
     import matplotlib.pyplot as plt
     d = claims[np.isfinite(claims.ci_low.astype(float))]
-    if not len(d): raise ValueError("no row with an interval to draw: the rows are checks or not tested")
+    if not len(d):
+        raise ValueError("no row with an interval to draw: the rows are checks or not tested")
     fams = list(dict.fromkeys(d.family))
-    fig, axs = plt.subplots(len(fams), 1, figsize=(width, 0.9 + 0.32 * len(d) + 0.5 * len(fams)), squeeze=False,
-                            gridspec_kw=dict(height_ratios=[max((d.family == f).sum(), 1) for f in fams]))
+    heights = [max((d.family == f).sum(), 1) for f in fams]
+    fig, axs = plt.subplots(len(fams), 1, figsize=(width, 0.9 + 0.32 * len(d) + 0.5 * len(fams)),
+                            squeeze=False, gridspec_kw=dict(height_ratios=heights))
     for ax, f in zip(axs[:, 0], fams):
         g = d[d.family == f].iloc[::-1]
         y = np.arange(len(g))
         for yi, r in zip(y, g.itertuples()):
-            ax.plot([r.ci_low, r.ci_high], [yi, yi], color=VERDICT_COLOURS[r.verdict], lw=2, solid_capstyle='butt')
-            ax.plot(r.effect, yi, 'o', color=VERDICT_COLOURS[r.verdict], mec='k', mew=.5, ms=5)
-            if np.isfinite(r.paper_effect): ax.plot(r.paper_effect, yi, 'D', mfc='none', mec='k', ms=6)
+            colour = VERDICT_COLOURS[r.verdict]
+            ax.plot([r.ci_low, r.ci_high], [yi, yi], color=colour, lw=2, solid_capstyle='butt')
+            ax.plot(r.effect, yi, 'o', color=colour, mec='k', mew=.5, ms=5)
+            if np.isfinite(r.paper_effect):
+                ax.plot(r.paper_effect, yi, 'D', mfc='none', mec='k', ms=6)
         ax.axvline(0, color='k', ls='--', lw=.8)
         ax.set_yticks(y, [f"{c} (n={n})" for c, n in zip(g.claim, g.n)], fontsize=7)
         ax.set_xlabel(f"{f}: effect ({', '.join(dict.fromkeys(g.unit))})", fontsize=8)
         ax.tick_params(axis='x', labelsize=7)
-    handles = [plt.Line2D([], [], color=c, marker='o', lw=2, label=v) for v, c in VERDICT_COLOURS.items()
-               if v in set(d.verdict)] + [plt.Line2D([], [], marker='D', mfc='none', mec='k', ls='', label='paper')]
+    handles = [plt.Line2D([], [], color=c, marker='o', lw=2, label=v)
+               for v, c in VERDICT_COLOURS.items() if v in set(d.verdict)]
+    handles += [plt.Line2D([], [], marker='D', mfc='none', mec='k', ls='', label='paper')]
+    # above the panels, never over a row
     axs[0, 0].legend(handles=handles, fontsize=7, loc='lower left', bbox_to_anchor=(0, 1.01),
-                     ncol=len(handles), frameon=False)          # above the panels, never over a row
+                     ncol=len(handles), frameon=False)
     if title: fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
 
 # %% ../nbs/11b_ledger.ipynb #a99e1b83
 def verdict_counts(

@@ -18,13 +18,14 @@ from scipy import stats as st
 from statsmodels.stats.multitest import multipletests
 
 # %% ../nbs/11a_stats.ipynb #792c3fc8
-ALPHA = 0.05                                                         # the level of every test in the package
+ALPHA = 0.05  # the level of every test in the package
 VERDICTS = ('reproduced', 'contradicted', 'not shown', 'not tested')  # what a claim can come to
 
 # %% ../nbs/11a_stats.ipynb #be38e48b
 def _check_alpha(alpha):
     if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; got {alpha!r}")
+        raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; "
+                         f"got {alpha!r}")
 
 # %% ../nbs/11a_stats.ipynb #d6d5646f
 def _is_p(p)->bool: return isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1
@@ -33,18 +34,20 @@ def judge(
     p:float,                   # the (family-adjusted) two-sided p-value of 'no effect'
     effect:float,              # the measured effect
     direction:int=1,           # the claim's sign: +1, the effect is claimed positive; -1, negative
-    p_source:float=math.nan,   # the p-value of 'the effect is the source's own' (NaN: the source printed none)
+    p_source:float=math.nan,   # p-value of 'the effect is the source's own' (NaN: none printed)
     alpha:float=ALPHA,         # the level
 )->str:                        # 'reproduced', 'contradicted' or 'not shown'
-    "The verdict on a claim with a direction, from its test of no effect and its test of the source's effect."
+    "The verdict on a signed claim from its tests of no effect and of the source's effect."
     _check_alpha(alpha)
     if direction not in (1, -1): raise ValueError(f"direction must be +1 or -1, got {direction!r}")
     if not _is_p(p): raise ValueError(f"p must be a p-value in [0, 1], got {p!r}")
     if not (_is_p(p_source) or p_source != p_source):
         raise ValueError(f"p_source must be a p-value in [0, 1] or NaN, got {p_source!r}")
-    if not math.isfinite(effect): raise ValueError(f"effect must be a finite number, got {effect!r}")
+    if not math.isfinite(effect):
+        raise ValueError(f"effect must be a finite number, got {effect!r}")
     if p < alpha and effect * direction > 0: return 'reproduced'
-    return 'contradicted' if p < alpha and effect * direction < 0 or p_source < alpha else 'not shown'
+    return ('contradicted' if p < alpha and effect * direction < 0 or p_source < alpha
+            else 'not shown')
 
 # %% ../nbs/11a_stats.ipynb #edc9e350
 def verdict_of(
@@ -57,28 +60,34 @@ def verdict_of(
     "The verdict on the claim 'a is better than b' from a two-sided test at level `alpha`."
     _check_alpha(alpha)
     for k, n in (('n_a', n_a), ('n_b', n_b)):
-        if not (isinstance(n, (int, float, np.integer, np.floating)) and float(n).is_integer() and n >= 1):
+        if not (isinstance(n, (int, float, np.integer, np.floating))
+                and float(n).is_integer() and n >= 1):
             raise ValueError(f"{k} must be a whole number of values, at least 1; got {n!r}")
     if n_a < 2 or n_b < 2: return 'not tested'
     if not _is_p(p):
-        why = " (NaN: with zero spread on both sides, let welch or welch_from_stats decide)" if p != p else ''
+        why = (" (NaN: with zero spread on both sides, let welch or welch_from_stats decide)"
+               if p != p else '')
         raise ValueError(f"p must be a p-value in [0, 1], got {p!r}" + why)
-    if not math.isfinite(diff): raise ValueError(f"diff must be a finite difference of means, got {diff!r}")
+    if not math.isfinite(diff):
+        raise ValueError(f"diff must be a finite difference of means, got {diff!r}")
     return judge(p, diff, alpha=alpha) if diff != 0 else 'not shown'
 
 # %% ../nbs/11a_stats.ipynb #74576af8
 def _arrays(**kw)->tuple:
-    "The inputs as float arrays of one common length (a scalar repeats), and whether every input was a scalar."
+    "The inputs as float arrays of one length (a scalar repeats), and whether all were scalars."
     arrs = {}
     for k, v in kw.items():
         try: a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise TypeError(f"{k} must be a number or a 1-D array of numbers, got {v!r}") from None
-        if a.ndim > 1: raise ValueError(f"{k} must be a number or a 1-D array, got an array of shape {a.shape}")
+        if a.ndim > 1:
+            raise ValueError(f"{k} must be a number or a 1-D array, "
+                             f"got an array of shape {a.shape}")
         arrs[k] = a
     lens = {k: a.size for k, a in arrs.items() if a.ndim == 1}
     if len(set(lens.values())) > 1:
-        raise ValueError("mismatched lengths: " + ', '.join(f"{k} has {n}" for k, n in lens.items())
+        raise ValueError("mismatched lengths: "
+                         + ', '.join(f"{k} has {n}" for k, n in lens.items())
                          + "; give one value per comparison, or a number shared by all")
     if empty := [k for k, n in lens.items() if n == 0]:
         raise ValueError(f"{empty[0]} is empty: give at least one comparison")
@@ -96,8 +105,8 @@ def _check_finite(x, k, where=None):
                          + ('' if where is None else ' where its side has a spread to estimate'))
 
 # %% ../nbs/11a_stats.ipynb #84f23b2c
-# spreads and differences below this are floating-point round-off (of accuracies in [0, 1] or points in [0, 100]),
-# and count as zero
+# spreads and differences below this are floating-point round-off (of accuracies in [0, 1]
+# or points in [0, 100]), and count as zero
 _TINY = 1e-12
 
 def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
@@ -111,7 +120,8 @@ def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
         df = (ua + ub) ** 2 / (ua ** 2 / df_a + ub ** 2 / df_b)
         t = diff / se
         p = 2 * st.t.sf(np.abs(t), df)
-        zero = ~one & (se == 0)                                             # neither side varies: t is 0/0 or +-inf
+        # neither side varies: t is 0/0 or +-inf
+        zero = ~one & (se == 0)
         same = np.abs(diff) < _TINY
         t = np.where(zero, np.where(same, 0.0, np.copysign(np.inf, diff)), t)
         p, df = np.where(zero, np.where(same, 1.0, 0.0), p), np.where(zero, np.nan, df)
@@ -120,48 +130,54 @@ def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
 
 # %% ../nbs/11a_stats.ipynb #b6c387b6
 def _finish(diff, se, t, df, p, n_a, n_b, alpha, scalar)->dict:
-    "Confidence interval and verdicts from the test's parts; plain Python numbers when the inputs were numbers."
+    "The interval and verdicts from the test's parts; plain numbers when the inputs were numbers."
     with np.errstate(invalid='ignore'):
-        half = np.where(se == 0, 0.0, st.t.ppf(1 - alpha / 2, df) * se)    # zero spread: the interval is the point diff
+        # zero spread: the interval is the point diff
+        half = np.where(se == 0, 0.0, st.t.ppf(1 - alpha / 2, df) * se)
     lo, hi = diff - half, diff + half
-    v = np.array([verdict_of(float(pi), float(d), int(a), int(b), alpha) for pi, d, a, b in zip(p, diff, n_a, n_b)],
-                 dtype=object)
-    out = dict(diff=diff, se=se, t=t, df=df, p=p, lo=lo, hi=hi, n_a=n_a.astype(int), n_b=n_b.astype(int), verdict=v)
-    return {k: x[0].item() if isinstance(x[0], np.generic) else x[0] for k, x in out.items()} if scalar else out
+    v = np.array([verdict_of(float(pi), float(d), int(a), int(b), alpha)
+                  for pi, d, a, b in zip(p, diff, n_a, n_b)], dtype=object)
+    out = dict(diff=diff, se=se, t=t, df=df, p=p, lo=lo, hi=hi, n_a=n_a.astype(int),
+               n_b=n_b.astype(int), verdict=v)
+    if not scalar: return out
+    return {k: x[0].item() if isinstance(x[0], np.generic) else x[0] for k, x in out.items()}
 
 # %% ../nbs/11a_stats.ipynb #3cacfe15
 def welch_from_var(
-    diff,               # mean of the claimed better side minus the claimed worse; a number or a 1-D array, one per pair
+    diff,               # the better side's mean minus the worse's: a number or a 1-D array
     var_a,              # side a's variance estimate $s_a^2$ (of one value, not of the mean)
     n_a,                # values behind side a's mean
     var_b,              # side b's variance estimate
     n_b,                # values behind side b's mean
-    df_a=None,          # degrees of freedom of `var_a` (default `n_a - 1`; pooled over cells: the sum of their `n - 1`)
+    df_a=None,          # `var_a`'s degrees of freedom (default `n_a - 1`; pooled: sum of `n - 1`)
     df_b=None,          # degrees of freedom of `var_b` (default `n_b - 1`)
     alpha:float=ALPHA,  # the test's level
-# diff, se, t, df, p, lo, hi (the 1-alpha interval of diff), n_a, n_b, verdict; arrays for array inputs
+# diff, se, t, df, p, lo, hi (the 1-alpha interval), n_a, n_b, verdict; arrays for array inputs
 )->dict:
     ("Welch's t-test from each side's variance estimate and its degrees of freedom, "
      "which may exceed `n - 1` when the variance is pooled.")
     _check_alpha(alpha)
-    dfs = {k: d if d is not None else np.asarray(n, dtype=float) - 1                    # default: n - 1
+    dfs = {k: d if d is not None else np.asarray(n, dtype=float) - 1    # default: n - 1
            for k, d, n in (('df_a', df_a, n_a), ('df_b', df_b, n_b))}
     a, scalar = _arrays(diff=diff, var_a=var_a, n_a=n_a, var_b=var_b, n_b=n_b, **dfs)
-    _check_counts(a['n_a'], 'n_a'); _check_counts(a['n_b'], 'n_b'); _check_finite(a['diff'], 'diff')
+    _check_counts(a['n_a'], 'n_a'); _check_counts(a['n_b'], 'n_b')
+    _check_finite(a['diff'], 'diff')
     for s in 'ab':
         d, v = a[f'df_{s}'], a[f'var_{s}']
         if not (np.isfinite(d).all() and (d >= 0).all()):
             raise ValueError(f"df_{s} must be finite and at least 0, got {d.tolist()}")
         _check_finite(v, f'var_{s}', where=d >= 1)
-        if (v[d >= 1] < 0).any(): raise ValueError(f"var_{s} must not be negative, got {v.tolist()}")
-    se, t, df, p = _parts(a['diff'], a['var_a'], a['n_a'], a['df_a'], a['var_b'], a['n_b'], a['df_b'])
+        if (v[d >= 1] < 0).any():
+            raise ValueError(f"var_{s} must not be negative, got {v.tolist()}")
+    se, t, df, p = _parts(a['diff'], a['var_a'], a['n_a'], a['df_a'],
+                          a['var_b'], a['n_b'], a['df_b'])
     return _finish(a['diff'], se, t, df, p, a['df_a'] + 1, a['df_b'] + 1, alpha, scalar) | (
         dict(n_a=int(a['n_a'][0]), n_b=int(a['n_b'][0])) if scalar
         else dict(n_a=a['n_a'].astype(int), n_b=a['n_b'].astype(int)))
 
 # %% ../nbs/11a_stats.ipynb #8d3ad8a6
 def welch_from_stats(
-    mean_a,             # mean of the claimed better side; a number or a 1-D array (one per comparison)
+    mean_a,             # mean of the claimed better side; a number or a 1-D array (one per pair)
     std_a,              # its sample standard deviation (ddof=1); NaN allowed where `n_a` is 1
     n_a,                # its number of values
     mean_b,             # mean of the claimed worse side
@@ -169,7 +185,7 @@ def welch_from_stats(
     n_b,                # its number of values
     alpha:float=ALPHA,  # the test's level
 )->dict:                # diff, se, t, df, p, lo, hi, n_a, n_b, verdict (see `welch_from_var`)
-    "Welch's t-test from each side's mean, sample standard deviation and count (scipy's `ttest_ind_from_stats`)."
+    "Welch's t-test from each side's mean, sample s.d. and count (scipy's `ttest_ind_from_stats`)."
     _check_alpha(alpha)
     a, scalar = _arrays(mean_a=mean_a, std_a=std_a, n_a=n_a, mean_b=mean_b, std_b=std_b, n_b=n_b)
     for s in 'ab':
@@ -178,10 +194,11 @@ def welch_from_stats(
         if (a[f'std_{s}'][a[f'n_{s}'] >= 2] < 0).any():
             raise ValueError(f"std_{s} must not be negative, got {a[f'std_{s}'].tolist()}")
     diff = a['mean_a'] - a['mean_b']
-    se, t, df, p = _parts(diff, a['std_a'] ** 2, a['n_a'], a['n_a'] - 1, a['std_b'] ** 2, a['n_b'], a['n_b'] - 1)
-    if (ok := np.isfinite(se) & (se > 0)).any():                    # scipy's t and p where the test is regular
-        r = st.ttest_ind_from_stats(a['mean_a'][ok], a['std_a'][ok], a['n_a'][ok], a['mean_b'][ok], a['std_b'][ok],
-                                    a['n_b'][ok], equal_var=False)
+    se, t, df, p = _parts(diff, a['std_a'] ** 2, a['n_a'], a['n_a'] - 1,
+                          a['std_b'] ** 2, a['n_b'], a['n_b'] - 1)
+    if (ok := np.isfinite(se) & (se > 0)).any():      # scipy's t and p where the test is regular
+        r = st.ttest_ind_from_stats(a['mean_a'][ok], a['std_a'][ok], a['n_a'][ok],
+                                    a['mean_b'][ok], a['std_b'][ok], a['n_b'][ok], equal_var=False)
         t, p = t.copy(), p.copy()
         t[ok], p[ok] = r.statistic, r.pvalue
     return _finish(diff, se, t, df, p, a['n_a'], a['n_b'], alpha, scalar)
@@ -192,49 +209,56 @@ def welch(
     b,                  # per-seed values of the claimed worse side
     alpha:float=ALPHA,  # the test's level
 )->dict:                # diff, se, t, df, p, lo, hi, n_a, n_b, verdict (see `welch_from_var`)
-    "Welch's t-test at level `alpha` on the claim that `a`'s values are higher than `b`'s, with its verdict."
+    "Welch's t-test at level `alpha` of the claim that `a`'s values exceed `b`'s, and its verdict."
     xs = {}
     for k, v in (('a', a), ('b', b)):
         try: x = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise TypeError(f"{k} must be a 1-D array of per-seed values, got {v!r}") from None
-        if x.ndim != 1: raise ValueError(f"{k} must be a 1-D array of per-seed values, got shape {x.shape}")
+        if x.ndim != 1:
+            raise ValueError(f"{k} must be a 1-D array of per-seed values, got shape {x.shape}")
         if not x.size: raise ValueError(f"{k} is empty: give at least one value per side")
         _check_finite(x, k)
         xs[k] = x
     sd = lambda x: float('nan') if x.size < 2 else 0.0 if np.ptp(x) == 0 else float(x.std(ddof=1))
-    mean = lambda x: float(x[0]) if np.ptp(x) == 0 else float(x.mean())     # equal values: exactly that, no round-off
-    return welch_from_stats(mean(xs['a']), sd(xs['a']), xs['a'].size, mean(xs['b']), sd(xs['b']), xs['b'].size, alpha)
+    # equal values: exactly that, no round-off
+    mean = lambda x: float(x[0]) if np.ptp(x) == 0 else float(x.mean())
+    return welch_from_stats(mean(xs['a']), sd(xs['a']), xs['a'].size,
+                            mean(xs['b']), sd(xs['b']), xs['b'].size, alpha)
 
 # %% ../nbs/11a_stats.ipynb #d6a860de
 def spread_test(
-    std_a:float,        # standard deviation of the side claimed to vary less (pooled over its variants, if several)
+    std_a:float,        # s.d. of the side claimed to vary less (pooled over its variants)
     df_a:float,         # its degrees of freedom (values minus 1, summed over the pooled groups)
     std_b:float,        # sample standard deviation of the other side
     df_b:float,         # its degrees of freedom
     alpha:float=ALPHA,  # the test's level
-# ratio (std_a / std_b), lo and hi (its 1-alpha interval), F (its square), df_a, df_b, p (two-sided),
-# diff (std_b - std_a), verdict
+# ratio (std_a / std_b), lo and hi (its 1-alpha interval), F (its square), df_a, df_b,
+# p (two-sided), diff (std_b - std_a), verdict
 )->dict:
-    "Two-sided F test of the claim that side a's spread is smaller than side b's, with its verdict."
+    "Two-sided F test of the claim that side a's spread is smaller than side b's, and its verdict."
     _check_alpha(alpha)
     for k, d in (('df_a', df_a), ('df_b', df_b)):
-        if not (isinstance(d, (int, float, np.integer, np.floating)) and math.isfinite(d) and d >= 0):
+        if not (isinstance(d, (int, float, np.integer, np.floating))
+                and math.isfinite(d) and d >= 0):
             raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
     nan = float('nan')
-    out = dict(ratio=nan, lo=nan, hi=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan, diff=nan)
+    out = dict(ratio=nan, lo=nan, hi=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan,
+               diff=nan)
     if df_a < 1 or df_b < 1: return out | dict(verdict='not tested')
     for k, s in (('std_a', std_a), ('std_b', std_b)):
-        if not (isinstance(s, (int, float, np.integer, np.floating)) and math.isfinite(s) and s >= 0):
+        if not (isinstance(s, (int, float, np.integer, np.floating))
+                and math.isfinite(s) and s >= 0):
             raise ValueError(f"{k} must be a finite standard deviation, at least 0; got {s!r}")
     va, vb = float(std_a) ** 2, float(std_b) ** 2
-    if va == vb == 0: F, p = float('nan'), 1.0                                       # neither varies
+    if va == vb == 0: F, p = float('nan'), 1.0                         # neither varies
     else:
         F = va / vb if vb > 0 else math.inf
         p = min(1.0, 2 * min(float(st.f.cdf(F, df_a, df_b)), float(st.f.sf(F, df_a, df_b))))
     diff = float(std_b) - float(std_a)
     ratio = float(std_a) / float(std_b) if std_b > 0 else (math.inf if std_a > 0 else float('nan'))
-    q = [float(st.f.ppf(x, df_a, df_b)) for x in (1 - alpha / 2, alpha / 2)]        # F's quantiles, high then low
+    # F's quantiles, high then low
+    q = [float(st.f.ppf(x, df_a, df_b)) for x in (1 - alpha / 2, alpha / 2)]
     lo, hi = (ratio / math.sqrt(x) for x in q) if math.isfinite(ratio) else (nan, nan)
     return out | dict(ratio=ratio, lo=lo, hi=hi, F=F, p=p, diff=diff,
                       verdict=verdict_of(p, diff, int(df_a) + 1, int(df_b) + 1, alpha))
@@ -243,12 +267,14 @@ def spread_test(
 def holm(
     p,                  # a family's p-values, one per test (NaN: no test was made)
 )->np.ndarray:          # the Holm-adjusted p-values, NaN where `p` is
-    "Holm's step-down adjustment of one family's p-values (statsmodels), NaN left out of the family."
+    "Holm's step-down adjustment of one family's p-values (statsmodels), NaN left out."
     try: p = np.asarray(p, dtype=float)
-    except (TypeError, ValueError): raise TypeError(f"p must be a 1-D array of p-values, got {p!r}") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"p must be a 1-D array of p-values, got {p!r}") from None
     if p.ndim != 1: raise ValueError(f"p must be a 1-D array of p-values, got shape {p.shape}")
     ok = ~np.isnan(p)
-    if ((p[ok] < 0) | (p[ok] > 1)).any(): raise ValueError(f"p must hold p-values in [0, 1], got {p.tolist()}")
+    if ((p[ok] < 0) | (p[ok] > 1)).any():
+        raise ValueError(f"p must hold p-values in [0, 1], got {p.tolist()}")
     out = np.full(p.shape, np.nan)
     if ok.any(): out[ok] = multipletests(p[ok], method='holm')[1]
     return out
@@ -259,10 +285,11 @@ def detectable(
     df,                 # its degrees of freedom
     alpha:float=ALPHA,  # its level (two-sided)
     power:float=0.8,    # the chance of detecting an effect of the returned size
-):                      # the smallest true effect the test detects with probability `power`, in `se`'s unit
-    "The smallest effect a two-sided t test with standard error `se` and `df` degrees of freedom would detect."
+):                      # smallest true effect detected with probability `power`, in `se`'s unit
+    "The smallest effect a two-sided t test detects, given its standard error `se` and its `df`."
     _check_alpha(alpha)
-    if not 0 < power < 1: raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
+    if not 0 < power < 1:
+        raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
     se, df = np.asarray(se, dtype=float), np.asarray(df, dtype=float)
     with np.errstate(invalid='ignore'):
         out = (st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * se
