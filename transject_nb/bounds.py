@@ -314,8 +314,8 @@ def plot_bounds(
     ax.axhline(math.e ** 2, ls='--', lw=1, c='C0', label=r'$e^{2}$')
     ax.axhline(math.exp(-2), ls='--', lw=1, c='C1', label=r'$e^{-2}$')
     ax.axhline(0.25, ls=':', lw=1.5, c='C3', label="paper's lower bound 0.25")
-    ax.set_yscale('log'); ax.set_xlabel('number of layers $L$'); ax.set_ylabel('token distance '
-                                                                               'ratio')
+    ax.set_yscale('log'); ax.set_xlabel('number of layers $L$')
+    ax.set_ylabel('token distance ratio')
     ax.set_title('Theorem 2: worst-case distance ratio after $L$ layers', fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc='center right')
     return ax
