@@ -19,12 +19,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.foundation import add_docs
-from .core import PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_fields, sinusoidal_pe
+from .core import (PAD_ID, BatchContext, EncoderConfig, EncoderClassifier, check_fields,
+                               sinusoidal_pe)
 from .gradflow import mean_pairwise_cosine
 from .similarity import remove_similarity
 
 # %% ../nbs/04_baselines.ipynb #fae8e607
-NORMS = ('post', 'pre', 'none')   # where the LayerNorm goes: after the residual add, before the sublayer, nowhere
+# where the LayerNorm goes: after the residual add, before the sublayer, nowhere
+NORMS = ('post', 'pre', 'none')
 
 # %% ../nbs/04_baselines.ipynb #53616a14
 @dataclass
@@ -33,13 +35,13 @@ class SoftmaxConfig(EncoderConfig):
      "the registered variants fix `norm`, `rezero` and the knobs they do not use.")
     n_heads:int = 4         # attention heads; must divide d_model
     d_ff:int = 128          # hidden width of the feed-forward sublayer
-    dropout:float = 0.0     # dropout on embeddings, attention probabilities, sublayer outputs and the FFN hidden layer
-    lam:float = 0.6         # NeuTRENO λ; 0.6 is the authors' value (`self.alpha = 0.6` in their DeiT `neutreno.py`)
-    tau:float = 1.0         # similarity-removal τ in $(I-\tau\Pi_{\mathbf 1})$; 1 removes the mean token
+    dropout:float = 0.0     # on embeddings, attention probs, sublayer outputs, FFN hidden units
+    lam:float = 0.6         # NeuTRENO λ; the authors' 0.6 (`self.alpha`, DeiT `neutreno.py`)
+    tau:float = 1.0         # removal τ in $(I-\tau\Pi_{\mathbf 1})$; 1 removes the mean token
     sym:bool = False        # symmetric attention: scores $QQ^\top$ (keys replaced by queries)
     norm:str = 'post'       # LayerNorm placement: 'post' (Vaswani), 'pre', or 'none'
     rezero:bool = False     # ReZero residuals $h + \alpha F(h)$, α initialised at 0
-    causal:bool = False     # causal attention: position t attends only to positions ≤ t (language models)
+    causal:bool = False     # position t attends only to positions <= t (language models)
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,24 +50,31 @@ class SoftmaxConfig(EncoderConfig):
                      choices={'norm': (NORMS, 'norm')})
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        if self.d_model % 2: raise ValueError(f"d_model must be even (sinusoidal positions), got {self.d_model}")
-        t = self.tau                                               # a share with both ends allowed; NaN fails the range
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (sinusoidal positions), got {self.d_model}")
+        # a share with both ends allowed; NaN fails the range
+        t = self.tau
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
             raise ValueError(f"{name}.tau (similarity removal τ) must lie in [0, 1], got {t!r}")
         for k in ('sym', 'rezero', 'causal'):
-            if not isinstance(v := getattr(self, k), bool): raise ValueError(f"{name}.{k} must be a bool, got {v!r}")
+            if not isinstance(v := getattr(self, k), bool):
+                raise ValueError(f"{name}.{k} must be a bool, got {v!r}")
 
 # %% ../nbs/04_baselines.ipynb #f93e588f
 def attention_mask(
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
     causal:bool=False,  # hide the keys after each query too
-)->torch.Tensor:        # boolean, True where query i may attend to key j: `(B, 1, 1, n)`, or `(B, 1, n, n)` when causal
-    "The mask SDPA takes: the real keys; when causal, the real keys at or before each query, and each query itself."
-    keys = mask[:, None, None, :]                                                       # (B, 1, 1, n)
+)->torch.Tensor:        # bool, query i may see key j: `(B, 1, 1, n)`; causal: `(B, 1, n, n)`
+    ("The mask SDPA takes: the real keys; when causal, the real keys at or before each query, and "
+     "each query itself.")
+    # (B, 1, 1, n)
+    keys = mask[:, None, None, :]
     if not causal: return keys
     n = mask.shape[1]
-    past = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()               # (n, n): j <= i
-    return (keys & past) | torch.eye(n, dtype=torch.bool, device=mask.device)          # (B, 1, n, n)
+    # (n, n): j <= i
+    past = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+    # (B, 1, n, n)
+    return (keys & past) | torch.eye(n, dtype=torch.bool, device=mask.device)
 
 # %% ../nbs/04_baselines.ipynb #601c2953
 def attention_probs(
@@ -74,8 +83,10 @@ def attention_probs(
     mask:torch.Tensor,  # `(B, n)`, True on real tokens (keys that may be attended to)
     causal:bool=False,  # also hide the keys after each query (see `attention_mask`)
 )->torch.Tensor:        # softmax probabilities `(B, H, n, n)` in float32, 0 on the hidden keys
-    "The attention probabilities that `scaled_dot_product_attention` uses internally, recomputed explicitly."
-    s = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])              # (B, H, n, n)
+    ("The attention probabilities that `scaled_dot_product_attention` uses internally, recomputed "
+     "explicitly.")
+    # (B, H, n, n)
+    s = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
     return s.masked_fill(~attention_mask(mask, causal), float('-inf')).softmax(-1)
 
 # %% ../nbs/04_baselines.ipynb #8ffe5c14
@@ -126,66 +137,82 @@ class SoftmaxBlock(nn.Module):
 # %% ../nbs/04_baselines.ipynb #b1a5e002
 add_docs(SoftmaxBlock,
     ffn="The feed-forward sublayer, dropout on its output: `(B, n, d) -> (B, n, d)`.",
-    keys="The scores hook: what the queries are scored against; `q` itself for the symmetric kernel.",
+    keys="The scores hook: what the queries are scored against; `q` itself for the symmetric "
+         "kernel.",
     value_update="The value-update hook, on each head's output before `proj`; the identity here.",
     correct="The attention-output hook, before the residual add; the identity here.",
     residual="The residual hook: `h + y`, or `h + α·y` with ReZero.",
-    sublayer="The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, or none.")
+    sublayer=("The norm-placement hook: post-LN `norm(h + f(h))`, pre-LN `h + f(norm(h))`, "
+              "or none."))
 
 # %% ../nbs/04_baselines.ipynb #7319f4ea
 def remove_similarity_causal(
     Y:torch.Tensor,               # attention output `(..., n, d)`
-    mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; the prefix means are over real tokens only
+    mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens (the only ones in prefix means)
     tau:float=1.0,                # removal strength τ; 0 leaves `Y` unchanged
 )->torch.Tensor:                  # $(I-\tau C)Y$, same shape and dtype as `Y`
-    "Subtract from every token τ times the mean of the real tokens at or before it: the causal $(I-\\tau C)Y$."
+    ("Subtract from every token τ times the mean of the real tokens at or before it: the causal "
+     "$(I-\\tau C)Y$.")
     Yf = Y if Y.dtype == torch.float64 else Y.float()
-    m = torch.ones_like(Yf[..., :1]) if mask is None else mask[..., None].to(Yf.dtype)  # (..., n, 1)
-    prefix = (Yf * m).cumsum(-2) / m.cumsum(-2).clamp_min(1)               # (..., n, d): mean of real tokens <= t
+    # (..., n, 1)
+    m = torch.ones_like(Yf[..., :1]) if mask is None else mask[..., None].to(Yf.dtype)
+    # (..., n, d): mean of real tokens <= t
+    prefix = (Yf * m).cumsum(-2) / m.cumsum(-2).clamp_min(1)
     return Y - (tau * prefix).to(Y.dtype)
 
 # %% ../nbs/04_baselines.ipynb #f7a2baa4
 class NeuTRENOBlock(SoftmaxBlock):
-    "NeuTRENO (Nguyen et al., 2023): adds $\\lambda(V^0 - V^\\ell)$ to every head's attention output from layer 1 on."
+    ("NeuTRENO (Nguyen et al., 2023): adds $\\lambda(V^0 - V^\\ell)$ to every head's attention "
+     "output from layer 1 on.")
     def value_update(self, o, v, mask, ctx):
         "Layer 0 stores $V^0$ in `ctx.v0`; later layers add $\\lambda(V^0 - V^\\ell)$."
         if self.layer == 0:
-            ctx.v0 = v                                                                  # (B, H, n, d_h), not detached
+            # (B, H, n, d_h), not detached
+            ctx.v0 = v
             return o
         if ctx.v0 is None:
-            raise ValueError(f"NeuTRENO block at layer {self.layer} needs ctx.v0, the values of layer 0; "
-                             "run it inside a NeuTRENOEncoder")
-        return o + self.cfg.lam * (ctx.v0 - v)                                          # (B, H, n, d_h)
+            raise ValueError(f"NeuTRENO block at layer {self.layer} needs ctx.v0, the values of "
+                             "layer 0; run it inside a NeuTRENOEncoder")
+        # (B, H, n, d_h)
+        return o + self.cfg.lam * (ctx.v0 - v)
 
 
 # %% ../nbs/04_baselines.ipynb #b1a5e005
 class SimilarityRemovalBlock(SoftmaxBlock):
-    "Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention output, before the residual."
+    ("Similarity removal (Yu & Zhang, 2023): $(I-\\tau\\Pi_{\\mathbf 1})$ on the attention "
+     "output, before the residual.")
     def correct(self, a, mask, ctx):
-        "$(I-\\tau\\Pi_{\\mathbf 1})a$, the mean over real tokens; when causal, $(I-\\tau C)a$ with the prefix mean."
-        return (remove_similarity_causal if self.cfg.causal else remove_similarity)(a, mask, self.cfg.tau)
+        ("$(I-\\tau\\Pi_{\\mathbf 1})a$, the mean over real tokens; when causal, $(I-\\tau C)a$ "
+         "with the prefix mean.")
+        return (remove_similarity_causal if self.cfg.causal else remove_similarity)(
+            a, mask, self.cfg.tau)
 
 # %% ../nbs/04_baselines.ipynb #82c90317
 class SoftmaxEncoder(EncoderClassifier):
-    "Softmax-attention encoder classifier: embedding + sinusoidal positions, `Block`s, masked pooling, linear head."
+    ("Softmax-attention encoder classifier: embedding + sinusoidal positions, `Block`s, masked "
+     "pooling, linear head.")
     Block = SoftmaxBlock
     def __init__(self,
         cfg:SoftmaxConfig, # the model config
     ):
         if not isinstance(cfg, SoftmaxConfig):
-            raise TypeError(f"{type(self).__name__} needs a SoftmaxConfig, got {type(cfg).__name__}")
+            raise TypeError(f"{type(self).__name__} needs a SoftmaxConfig, got "
+                            f"{type(cfg).__name__}")
         super().__init__(cfg)
         self.emb = nn.Embedding(cfg.vocab_sz, cfg.d_model, padding_idx=PAD_ID)
         nn.init.normal_(self.emb.weight, std=cfg.d_model ** -0.5)
         with torch.no_grad(): self.emb.weight[PAD_ID].zero_()
-        self.register_buffer('pe', sinusoidal_pe(cfg.max_len, cfg.d_model), persistent=False)  # (max_len, d)
+        # (max_len, d)
+        self.register_buffer('pe', sinusoidal_pe(cfg.max_len, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([self.Block(cfg, i) for i in range(cfg.n_layers)])
-        self.keep_attn = False                                                          # set by `attention_maps`
+        # set by `attention_maps`
+        self.keep_attn = False
 
     def embed(self, x, mask):
         "Scaled token embedding plus sinusoidal positions `(B, n, d)`."
-        return self.drop(self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]])   # (B, n, d)
+        # (B, n, d)
+        return self.drop(self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]])
 
     def begin(self, h0, mask)->BatchContext:
         "The batch's context: `keep_attn` from the model's flag (`attention_maps` sets it)."
@@ -209,7 +236,8 @@ def attention_maps(
     model:SoftmaxEncoder,  # any softmax-attention encoder of this module
     x:torch.Tensor,        # token ids `(B, n)`, 0 is padding
 )->list:                   # one `(B, H, n, n)` float32 tensor of attention probabilities per layer
-    "Attention probabilities of every layer, recomputed from each block's queries and keys (SDPA does not return them)."
+    ("Attention probabilities of every layer, recomputed from each block's queries and keys (SDPA "
+     "does not return them).")
     prev, model.keep_attn = model.keep_attn, True
     try: return model.trace(x).ctx.attn
     finally: model.keep_attn = prev
@@ -221,7 +249,7 @@ def layer_measure(
     model:nn.Module,       # an `EncoderClassifier`
     x:torch.Tensor,        # token ids `(B, n)`, 0 is padding
     measure=mean_pairwise_cosine,  # function `(B, n, d), mask -> (B,)`, e.g. `token_similarity`
-)->torch.Tensor:           # `(n_layers + 1,)`: the batch mean of `measure` at every layer, embedding first
+)->torch.Tensor:           # `(n_layers + 1,)`: `measure`'s batch mean per layer, layer 0 first
     "A padding-aware similarity measure of every layer's tokens, averaged over the batch."
     mask = x != PAD_ID
     return torch.stack([measure(h, mask).float().mean() for h in model.encode(x)])
@@ -233,13 +261,16 @@ def future_leak(
     x:torch.Tensor,    # token ids `(B, n)`, 0 is padding
     t:int,             # the last position that must not change; token t+1 is replaced
 )->float:              # the largest absolute change of any layer's hidden states at positions <= t
-    "How much the hidden states at positions ≤ t move when token t+1 of every sequence is replaced by another id."
+    ("How much the hidden states at positions ≤ t move when token t+1 of every sequence is "
+     "replaced by another id.")
     if not 0 <= t < x.shape[1] - 1:
-        raise ValueError(f"t must lie in [0, {x.shape[1] - 2}] for sequences of length {x.shape[1]} "
-                         f"(token t+1 is replaced), got {t}")
+        raise ValueError(f"t must lie in [0, {x.shape[1] - 2}] for sequences of length "
+                         f"{x.shape[1]} (token t+1 is replaced), got {t}")
     if model.training:
-        raise ValueError("future_leak needs the model in eval mode (dropout would change every position); "
-                         "call model.eval()")
+        raise ValueError("future_leak needs the model in eval mode (dropout would change every "
+                         "position); call model.eval()")
     x2 = x.clone()
-    x2[:, t + 1] = x[:, t + 1] % (model.cfg.vocab_sz - 1) + 1              # another real id (padding becomes a token)
-    return max((a[:, :t + 1] - b[:, :t + 1]).abs().max().item() for a, b in zip(model.encode(x), model.encode(x2)))
+    # another real id (padding becomes a token)
+    x2[:, t + 1] = x[:, t + 1] % (model.cfg.vocab_sz - 1) + 1
+    return max((a[:, :t + 1] - b[:, :t + 1]).abs().max().item()
+               for a, b in zip(model.encode(x), model.encode(x2)))

@@ -18,31 +18,39 @@ import torch
 
 # %% ../nbs/01_bounds.ipynb #47266e8d
 def _check_float(x, name:str):
-    if not isinstance(x, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point(): raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 def _randn_like(x:torch.Tensor, seed:int)->torch.Tensor:
-    "Standard normal noise shaped like `x`, drawn on the CPU from `seed` so that every device sees the same numbers."
+    ("Standard normal noise shaped like `x`, drawn on the CPU from `seed` so that every device "
+     "sees the same numbers.")
     g = torch.Generator().manual_seed(int(seed))
-    return torch.randn(tuple(x.shape), generator=g, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
+    return (torch.randn(tuple(x.shape), generator=g, dtype=torch.float64)
+            .to(device=x.device, dtype=x.dtype))
 
 def _unit(v:torch.Tensor, dim=-1)->torch.Tensor:
     "`v` scaled to unit norm along `dim` (zero stays zero)."
-    return v / torch.linalg.vector_norm(v, dim=dim, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
+    return v / (torch.linalg.vector_norm(v, dim=dim, keepdim=True)
+                .clamp_min(torch.finfo(v.dtype).tiny))
 
 # %% ../nbs/01_bounds.ipynb #bfd3e9ca
 def power_iteration(
     A:torch.Tensor,   # a matrix `(m, k)` or a batch of them `(..., m, k)`, floating point
     iters:int=100,    # maximum number of multiplications by $A^\top A$
-    tol:float=1e-7,   # stop once every estimate changes by less than `tol` (relative) in one step; 0 runs all `iters`
-)->torch.Tensor:      # $\sigma_{\max}$ of each matrix, shape `(...)`, dtype of `A`; a lower bound that converges to it
+    tol:float=1e-7,   # stop when every estimate moves < `tol` (relative) in a step; 0: all `iters`
+)->torch.Tensor:      # $\sigma_{\max}$ per matrix, `(...)`, `A`'s dtype: converges from below
     "Largest singular value of `A` (of each matrix in a batch) by power iteration on $A^\\top A$."
     _check_float(A, 'A')
-    if A.ndim < 2: raise ValueError(f"A must be a matrix (m, k) or a batch (..., m, k), got shape {tuple(A.shape)}")
+    if A.ndim < 2:
+        raise ValueError("A must be a matrix (m, k) or a batch (..., m, k), got shape "
+                         f"{tuple(A.shape)}")
     if A.shape[-1] == 0 or A.shape[-2] == 0:
         raise ValueError(f"A must have non-empty matrix dimensions, got shape {tuple(A.shape)}")
     if int(iters) < 1: raise ValueError(f"iters must be a positive int, got {iters}")
-    wd = torch.float32 if A.dtype in (torch.float16, torch.bfloat16) else A.dtype  # iterate in at least fp32
+    # iterate in at least fp32
+    wd = torch.float32 if A.dtype in (torch.float16, torch.bfloat16) else A.dtype
     with torch.autocast(A.device.type, enabled=False):
         M = A.detach().to(wd)                                          # (..., m, k)
         with torch.no_grad():
@@ -51,10 +59,12 @@ def power_iteration(
             for _ in range(int(iters)):
                 u = (M @ v[..., None])[..., 0]                         # (..., m)  A v
                 s_new = torch.linalg.vector_norm(u, dim=-1)            # (...)     current estimate
-                v = _unit((M.mT @ u[..., None])[..., 0])               # (..., k)  A^T A v, normalised
-                if s is not None and tol > 0 and bool(((s_new - s).abs() <= tol * s_new).all()): break
+                # (..., k)  A^T A v, normalised
+                v = _unit((M.mT @ u[..., None])[..., 0])
+                if s is not None and tol > 0 and bool(((s_new - s).abs() <= tol * s_new).all()):
+                    break
                 s = s_new
-        # ||A v|| with v held fixed: differentiable in A, with gradient u1 v1^T (as torch's spectral_norm)
+        # ||A v|| with v fixed: differentiable in A, gradient u1 v1^T (as torch's spectral_norm)
         return torch.linalg.vector_norm((A.to(wd) @ v[..., None])[..., 0], dim=-1).to(A.dtype)
 
 # %% ../nbs/01_bounds.ipynb #94b65462
@@ -64,16 +74,21 @@ def row_stochastic(
     ("Normalise non-negative scores by their row sums: the paper's $D^{-1}A$ "
      "(softmax attention is `row_stochastic(scores.exp())`).")
     _check_float(A, 'A')
-    if A.ndim < 2: raise ValueError(f"A must be a matrix (n, k) or a batch (..., n, k), got shape {tuple(A.shape)}")
+    if A.ndim < 2:
+        raise ValueError("A must be a matrix (n, k) or a batch (..., n, k), got shape "
+                         f"{tuple(A.shape)}")
     if bool((A < 0).any()):
-        raise ValueError("A must be entrywise non-negative (e.g. exp of attention scores), got negative entries")
+        raise ValueError("A must be entrywise non-negative (e.g. exp of attention scores), got "
+                         "negative entries")
     d = A.sum(-1, keepdim=True)                                          # (..., n, 1)
-    if bool((d <= 0).any()): raise ValueError("every row of A needs a positive sum; got a row of zeros")
+    if bool((d <= 0).any()):
+        raise ValueError("every row of A needs a positive sum; got a row of zeros")
     return A / d
 
 # %% ../nbs/01_bounds.ipynb #4ac13794
 def _jvp_quiet(f, x, v):
-    with warnings.catch_warnings():  # torch scripts its forward-AD decompositions on first use, with a FutureWarning
+    # torch scripts its forward-AD decompositions on first use, with a FutureWarning
+    with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='.*torch.jit.script.*', category=FutureWarning)
         return torch.func.jvp(f, (x,), (v,))[1]
 
@@ -82,10 +97,9 @@ def local_lipschitz(
     f:Callable,       # a differentiable map from a tensor of any shape to a tensor of any shape
     x:torch.Tensor,   # the point at which to take the Jacobian, floating point
     iters:int=50,     # maximum number of products with $J^\top J$ (one `jvp` and one `vjp` each)
-    tol:float=1e-6,   # stop once the Ritz residual is below `tol` relative to the estimate of $\|J\|^2$
-)->float:             # $\|J_f(x)\|_2$, the local Lipschitz constant of `f` at `x` (approached from below)
-    ("Largest singular value of the Jacobian of `f` at `x`: Lanczos-accelerated power iteration on $J^\\top J$ "
-     "with `torch.func.jvp`/`vjp` (no full Jacobian).")
+    tol:float=1e-6,   # stop once the Ritz residual is below `tol` times the estimate of $\|J\|^2$
+)->float:             # $\|J_f(x)\|_2$, `f`'s local Lipschitz constant at `x` (from below)
+    "Largest singular value of $J_f(x)$: Lanczos on $J^\\top J$ via `jvp`/`vjp`, no full Jacobian."
     if not callable(f): raise TypeError(f"f must be callable, got {type(f).__name__}")
     _check_float(x, 'x')
     if int(iters) < 1: raise ValueError(f"iters must be a positive int, got {iters}")
@@ -93,29 +107,30 @@ def local_lipschitz(
     with torch.enable_grad():
         y, vjp_fn = torch.func.vjp(f, x)
         if not (isinstance(y, torch.Tensor) and y.is_floating_point()):
-            raise TypeError(f"f must return a floating-point tensor, got {type(y).__name__} {getattr(y, 'dtype', '')}")
+            raise TypeError(f"f must return a floating-point tensor, got {type(y).__name__} "
+                            f"{getattr(y, 'dtype', '')}")
         fwd = [True]
         def jvp(v):                                                      # J v, shaped like f(x)
             if fwd[0]:
                 try: return _jvp_quiet(f, x, v)
-                except (RuntimeError, NotImplementedError): fwd[0] = False  # an op without forward-mode AD
-            _, vjp2 = torch.func.vjp(lambda u: vjp_fn(u)[0], torch.zeros_like(y))  # J v as the vjp of the (linear) vjp
-            return vjp2(v)[0]
+                except (RuntimeError, NotImplementedError): fwd[0] = False   # no forward AD
+            _, vjp2 = torch.func.vjp(lambda u: vjp_fn(u)[0], torch.zeros_like(y))
+            return vjp2(v)[0]                                  # J v as the vjp of the (linear) vjp
         q = _unit(_randn_like(x, seed=0).reshape(-1)).reshape(x.shape)   # shaped like x, unit norm
         q_prev, beta, diag, off, theta = torch.zeros_like(q), 0., [], [], 0.
         for _ in range(int(iters)):                                      # Lanczos on M = J^T J
             w = vjp_fn(jvp(q))[0]                                        # M q, shaped like x
             a = torch.vdot(q.reshape(-1), w.reshape(-1)).item()
-            w = w - a * q - beta * q_prev
-            diag.append(a)
-            T = torch.diag(torch.tensor(diag, dtype=torch.float64))     # (k, k) tridiagonal T_k = Q^T M Q
-            if off: b = torch.tensor(off, dtype=torch.float64); T += torch.diag(b, 1) + torch.diag(b, -1)
+            w = w - a * q - beta * q_prev; diag.append(a)
+            T = torch.diag(torch.tensor(diag, dtype=torch.float64))      # (k, k) T_k = Q^T M Q
+            if off:
+                b = torch.tensor(off, dtype=torch.float64)
+                T += torch.diag(b, 1) + torch.diag(b, -1)
             evals, evecs = torch.linalg.eigh(T)
             theta, beta = max(evals[-1].item(), 0.), torch.linalg.vector_norm(w).item()
-            if beta * abs(evecs[-1, -1].item()) <= tol * theta or beta <= torch.finfo(w.dtype).eps * max(theta, 1e-300):
-                break
-            off.append(beta)
-            q_prev, q = q, w / beta
+            if (beta * abs(evecs[-1, -1].item()) <= tol * theta
+                    or beta <= torch.finfo(w.dtype).eps * max(theta, 1e-300)): break
+            off.append(beta); q_prev, q = q, w / beta
         return math.sqrt(theta)
 
 # %% ../nbs/01_bounds.ipynb #cb73ebe6
@@ -123,8 +138,8 @@ def _check_out(fx, x):
     if not (isinstance(fx, torch.Tensor) and fx.is_floating_point()):
         raise TypeError(f"f must return a floating-point tensor, got {type(fx).__name__}")
     if fx.ndim != x.ndim or fx.shape[:-1] != x.shape[:-1]:
-        raise ValueError("f must map points (..., d) to points (..., d') with the same leading shape; "
-                         f"input {tuple(x.shape)} gave output {tuple(fx.shape)}")
+        raise ValueError("f must map points (..., d) to points (..., d') with the same leading "
+                         f"shape; input {tuple(x.shape)} gave output {tuple(fx.shape)}")
 
 # %% ../nbs/01_bounds.ipynb #a3b07b13
 def pair_ratios(
@@ -132,13 +147,16 @@ def pair_ratios(
     x:torch.Tensor,   # first points `(..., d)`
     y:torch.Tensor,   # second points, same shape, every pair distinct
 )->torch.Tensor:      # `(...)`: $\|f(x)-f(y)\|/\|x-y\|$ for every pair
-    "Distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ of every pair of points (last dimension = the point)."
+    ("Distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ of every pair of points (last dimension = the "
+     "point).")
     _check_float(x, 'x'); _check_float(y, 'y')
     if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
     den = torch.linalg.vector_norm(x - y, dim=-1)                         # (...)
     if bool((den == 0).any()):
-        raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (den == 0).nonzero()[0])}; "
+        raise ValueError("x and y coincide at index "
+                         f"{tuple(int(i) for i in (den == 0).nonzero()[0])}; "
                          "every pair must be distinct")
     fx, fy = f(x), f(y)
     _check_out(fx, x)
@@ -148,38 +166,44 @@ def pair_ratios(
 def _rms(t): return t.pow(2).mean(-1, keepdim=True).sqrt()              # (..., 1)
 
 def _start_pair(f, x, y, steps, lr, seed):
-    "`worst_ratio`'s checked start: `x`, `y` (default: `x` plus a small seeded offset) and their distances `(..., 1)`."
+    ("`worst_ratio`'s checked start: `x`, `y` (default: `x` plus a small seeded offset) and their "
+     "distances `(..., 1)`.")
     if not callable(f): raise TypeError(f"f must be callable, got {type(f).__name__}")
     _check_float(x, 'x')
-    if x.ndim == 0: raise ValueError("x must hold points along its last dimension, shape (..., d); got a scalar")
-    if int(steps) < 0 or not lr > 0: raise ValueError(f"steps must be >= 0 and lr > 0, got steps={steps}, lr={lr}")
+    if x.ndim == 0:
+        raise ValueError("x must hold points along its last dimension, shape (..., d); "
+                         "got a scalar")
+    if int(steps) < 0 or not lr > 0:
+        raise ValueError(f"steps must be >= 0 and lr > 0, got steps={steps}, lr={lr}")
     x = x.detach()
     if y is None: y = x + 1e-2 * (_rms(x) + 1) * _unit(_randn_like(x, seed + 1))
     _check_float(y, 'y')
     if y.shape != x.shape:
-        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
     y = y.detach().to(x)
-    r0 = torch.linalg.vector_norm(x - y, dim=-1, keepdim=True)          # (..., 1) starting distances
+    # (..., 1) starting distances
+    r0 = torch.linalg.vector_norm(x - y, dim=-1, keepdim=True)
     if bool((r0 == 0).any()):
-        raise ValueError(f"x and y coincide at index {tuple(int(i) for i in (r0[..., 0] == 0).nonzero()[0])}; "
+        raise ValueError("x and y coincide at index "
+                         f"{tuple(int(i) for i in (r0[..., 0] == 0).nonzero()[0])}; "
                          "every pair must be distinct")
     return x, y, r0
 
 # %% ../nbs/01_bounds.ipynb #1ff44a69
 def worst_ratio(
-    f:Callable,            # a map acting on points along the last dimension: `(..., d) -> (..., d')`
+    f:Callable,            # a map of points along the last dimension: `(..., d) -> (..., d')`
     x:torch.Tensor,        # starting points `(..., d)`, floating point
-    y:torch.Tensor=None,   # second starting points, same shape; default `x` + a random offset of length 0.01*(rms(x)+1)
+    y:torch.Tensor=None,   # like `x`; default `x` + a random offset of length 0.01*(rms(x)+1)
     steps:int=200,         # Adam steps
     lr:float=1e-2,         # Adam learning rate (steps are relative to the scale of the points)
     minimize:bool=False,   # search for the smallest ratio instead of the largest
     seed:int=0,            # seed of the default offset
-)->tuple:                  # `(ratio, x, y)`: the worst ratio over the batch (float), the pair of batches giving it
-    ("Gradient-based search for the largest (or smallest) distance ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ "
-     "near the given points.")
-    x, y, r0 = _start_pair(f, x, y, steps, lr, seed)                     # (..., d), (..., d), (..., 1) distances
-    scale = (_rms(x) + _rms(y)) / 2 + r0                                  # (..., 1) step scale of the centre
-    c0, u0 = (x + y) / 2, (x - y) / r0                                    # (..., d) centre, unit direction
+)->tuple:                  # `(ratio, x, y)`: the batch's worst ratio (float), the pair giving it
+    "Gradient search for the largest (or least) ratio $\\|f(x)-f(y)\\|/\\|x-y\\|$ near `x`, `y`."
+    x, y, r0 = _start_pair(f, x, y, steps, lr, seed)     # (..., d), (..., d), (..., 1) distances
+    scale = (_rms(x) + _rms(y)) / 2 + r0                 # (..., 1) step scale of the centre
+    c0, u0 = (x + y) / 2, (x - y) / r0                   # (..., d) centre, unit direction
     z, u, rho = torch.zeros_like(c0), u0.clone(), torch.zeros_like(r0)
     ps = [p.requires_grad_() for p in (z, u, rho)]
     opt = torch.optim.Adam(ps, lr=lr)
@@ -188,50 +212,55 @@ def worst_ratio(
         for step in range(int(steps) + 1):
             dirn, r = _unit(u), r0 * rho.clamp(-K, K).exp()
             c = c0 + scale * z
-            xs, ys = c + r / 2 * dirn, c - r / 2 * dirn                   # (..., d) the current pair
+            xs, ys = c + r / 2 * dirn, c - r / 2 * dirn                # (..., d) the current pair
             fx, fy = f(xs), f(ys)
             if step == 0: _check_out(fx, xs)
             num, den = (fx - fy).pow(2).sum(-1), (xs - ys).pow(2).sum(-1) # (...) squared distances
             with torch.no_grad():
                 ratio = (num / den).sqrt()
                 w = (ratio.min() if minimize else ratio.max()).item()
-                if math.isfinite(w) and (best is None or (w < best[0] if minimize else w > best[0])):
+                if math.isfinite(w) and (best is None
+                                         or (w < best[0] if minimize else w > best[0])):
                     best = (w, xs.detach().clone(), ys.detach().clone())
             if step == steps: break
-            logr = 0.5 * ((num + tiny).log() - den.log())                 # (...) log ratio of every pair
+            logr = 0.5 * ((num + tiny).log() - den.log())              # (...) log ratio per pair
             gs = torch.autograd.grad(logr.sum() if minimize else -logr.sum(), ps)
             for p, g in zip(ps, gs): p.grad = g
             opt.step()
-    if best is None: raise ValueError("f gave no finite distance ratio at any step; check f for NaN/inf outputs")
+    if best is None: raise ValueError("f gave no finite distance ratio at any step; check f for "
+                                      "NaN/inf outputs")
     return best
 
 # %% ../nbs/01_bounds.ipynb #0f5a90a9
 def residual_bounds(
     a:float,          # residual weight $a$ (a float or a 0-d tensor); only $|a|$ matters
     lip:float=1.0,    # Lipschitz constant $L_F$ of the residual branch $F$
-)->tuple:             # `(lo, hi)` $=(1-|a|L_F,\ 1+|a|L_F)$, the bi-Lipschitz constants of $x+aF(x)$
-    "Bi-Lipschitz constants of the residual map $x \\mapsto x + a F(x)$ when $|a| \\mathrm{Lip}(F) < 1$ (Lemma 3)."
+)->tuple:             # `(lo, hi)` $=(1-|a|L_F,\ 1+|a|L_F)$, bi-Lipschitz constants of $x+aF(x)$
+    ("Bi-Lipschitz constants of the residual map $x \\mapsto x + a F(x)$ when $|a| "
+     "\\mathrm{Lip}(F) < 1$ (Lemma 3).")
     a, lip = float(a), float(lip)
     if not (math.isfinite(a) and math.isfinite(lip)) or lip < 0:
         raise ValueError(f"a must be finite and lip finite and >= 0, got a={a}, lip={lip}")
     if abs(a) * lip >= 1:
-        raise ValueError(f"x + a*F(x) is guaranteed injective only when |a|*Lip(F) < 1; got |a|*lip = {abs(a) * lip:g}")
+        raise ValueError("x + a*F(x) is guaranteed injective only when |a|*Lip(F) < 1; got "
+                         f"|a|*lip = {abs(a) * lip:g}")
     return 1 - abs(a) * lip, 1 + abs(a) * lip
 
 # %% ../nbs/01_bounds.ipynb #55f247e0
 def layer_bounds(
-    alphas,           # $|\alpha_k|$ of each layer so far: a list or 1-D tensor of values in [-1, 1] (signs are ignored)
-    L:int=None,       # total number of layers $L$ of the encoder (the $1/L$ in $\alpha_k/L$); default `len(alphas)`
-)->tuple:             # `(lo, hi)`: float64, length `len(alphas)+1`, the bounds after 0, 1, ... layers (starting at 1)
+    alphas,           # $\alpha_k$ per layer so far, in [-1, 1] (sign ignored): list or 1-D tensor
+    L:int=None,       # layers $L$ of the encoder ($1/L$ in $\alpha_k/L$); default `len(alphas)`
+)->tuple:             # `(lo, hi)`, float64 `(len(alphas)+1,)`: bounds after 0 (=1), 1, ... layers
     ("Cumulative bounds on the distance ratio of two tokens after each layer, "
      "two residual sublayers of weight $|\\alpha_k|/L$ per layer (Theorem 2).")
     a = alphas.detach() if isinstance(alphas, torch.Tensor) else torch.as_tensor(alphas)
     if a.ndim != 1:
-        raise ValueError(f"alphas must be a 1-D list or tensor (one value per layer), got shape {tuple(a.shape)}")
+        raise ValueError("alphas must be a 1-D list or tensor (one value per layer), got shape "
+                         f"{tuple(a.shape)}")
     a = a.to(torch.float64).abs()
     if bool((~torch.isfinite(a)).any()) or bool((a > 1).any()):
-        raise ValueError(f"every |alpha| must be finite and at most 1 (TransJect uses alpha = tanh(w)), "
-                         f"got {a.tolist()}")
+        raise ValueError("every |alpha| must be finite and at most 1 (TransJect uses alpha = "
+                         f"tanh(w)), got {a.tolist()}")
     L = len(a) if L is None else L
     if not isinstance(L, int) or isinstance(L, bool) or L < max(1, len(a)):
         raise ValueError(f"L must be an int >= max(1, len(alphas)) = {max(1, len(a))}, got {L!r}")
@@ -242,23 +271,29 @@ def layer_bounds(
 
 def transject_bounds(
     L:int,            # number of layers
-)->tuple:             # `(lo, hi)` $=((1-1/L)^{2L},\ (1+1/L)^{2L})$: the α-free worst case after all $L$ layers
-    "Worst-case bounds on the distance ratio of two tokens after a whole $L$-layer TransJect encoder (Theorem 2)."
-    if not isinstance(L, int) or isinstance(L, bool) or L < 1: raise ValueError(f"L must be a positive int, got {L!r}")
+)->tuple:             # `(lo, hi)` $=((1-1/L)^{2L},\ (1+1/L)^{2L})$, the α-free worst case
+    ("Worst-case bounds on the distance ratio of two tokens after a whole $L$-layer TransJect "
+     "encoder (Theorem 2).")
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        raise ValueError(f"L must be a positive int, got {L!r}")
     return (1 - 1 / L) ** (2 * L), (1 + 1 / L) ** (2 * L)
 
 # %% ../nbs/01_bounds.ipynb #e1a5e002
-ENTROPIC_CASES = ((1.5, 1.), (1.5, -1.), (0., 4.), (1., 0.))  # (coefficient of x, of F): 1.5x+F, 1.5x-F, 4F, x
+# (coefficient of x, of F): 1.5x+F, 1.5x-F, 4F, x
+ENTROPIC_CASES = ((1.5, 1.), (1.5, -1.), (0., 4.), (1., 0.))
 
 
 # %% ../nbs/01_bounds.ipynb #fab19427
 def entropic_gain_bound(
     L:int,            # number of layers
-)->float:             # $((1.5+4/L)(1+1/L))^L$: worst-case expansion of a training-mode entropic TransJect encoder
-    "Upper bound on the distance ratio after $L$ training-mode entropic layers, with a random case per channel."
-    if not isinstance(L, int) or isinstance(L, bool) or L < 1: raise ValueError(f"L must be a positive int, got {L!r}")
+)->float:             # $((1.5+4/L)(1+1/L))^L$: the worst-case expansion in training mode
+    ("Upper bound on the distance ratio after $L$ training-mode entropic layers, with a random "
+     "case per channel.")
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        raise ValueError(f"L must be a positive int, got {L!r}")
     try: return ((1.5 + 4 / L) * (1 + 1 / L)) ** L
-    except OverflowError: return math.inf                               # beyond float range (L > ~1750)
+    # beyond float range (L > ~1750)
+    except OverflowError: return math.inf
 
 # %% ../nbs/01_bounds.ipynb #1a95843f
 def plot_bounds(
@@ -269,7 +304,8 @@ def plot_bounds(
      "and the paper's 0.25 (log y axis).")
     import matplotlib.pyplot as plt
     Ls = [int(L) for L in Ls]
-    if not Ls or min(Ls) < 1: raise ValueError(f"Ls must be a non-empty collection of positive ints, got {Ls}")
+    if not Ls or min(Ls) < 1:
+        raise ValueError(f"Ls must be a non-empty collection of positive ints, got {Ls}")
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     lo, hi = zip(*(transject_bounds(L) for L in Ls))
     ax.plot(Ls, hi, 'o-', ms=3, c='C0', label=r'upper $(1+1/L)^{2L}$')
@@ -278,7 +314,8 @@ def plot_bounds(
     ax.axhline(math.e ** 2, ls='--', lw=1, c='C0', label=r'$e^{2}$')
     ax.axhline(math.exp(-2), ls='--', lw=1, c='C1', label=r'$e^{-2}$')
     ax.axhline(0.25, ls=':', lw=1.5, c='C3', label="paper's lower bound 0.25")
-    ax.set_yscale('log'); ax.set_xlabel('number of layers $L$'); ax.set_ylabel('token distance ratio')
+    ax.set_yscale('log'); ax.set_xlabel('number of layers $L$')
+    ax.set_ylabel('token distance ratio')
     ax.set_title('Theorem 2: worst-case distance ratio after $L$ layers', fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc='center right')
     return ax

@@ -21,63 +21,69 @@ import torch.nn as nn
 
 # %% ../nbs/00_core.ipynb #28ee1e82
 class EncoderClassifier(nn.Module):
-    "Base class of every encoder: token ids `(B, n)` -> every layer's hidden states -> pooled logits `(B, n_classes)`."
+    ("Base class of every encoder: token ids `(B, n)` -> every layer's hidden states -> pooled "
+     "logits `(B, n_classes)`.")
     def __init__(self,
         cfg:EncoderConfig,  # the model's config
     ):
         super().__init__()
         self.cfg = cfg
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
-        self.register_buffer('aux_loss', torch.zeros(()), persistent=False)   # the last pass's auxiliary loss
+        self.register_buffer('aux_loss', torch.zeros(()), persistent=False)  # last pass's aux loss
 
     def trace(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
-    )->Trace:             # every layer's hidden states, the padding mask, the batch's context, the auxiliary loss
-        "The forward pass kept whole, up to the pooling; it also leaves the auxiliary loss in `self.aux_loss`."
-        mask = self.check(x)                                             # (B, n), True on real tokens
+    )->Trace:             # each layer's hidden states, the padding mask, the context, the aux loss
+        ("The forward pass kept whole, up to the pooling; it also leaves the auxiliary loss in "
+         "`self.aux_loss`.")
+        mask = self.check(x)                                             # (B, n), True if real
         h = self.embed(x, mask)                                          # (B, n, d): layer 0
-        ctx = self.begin(h, mask)                                        # BatchContext: what the blocks share
+        ctx = self.begin(h, mask)                                        # BatchContext, shared
         hs = [h]
         for block in self.blocks:
             h = block(h, mask, ctx)                                      # (B, n, d)
             hs.append(h)
         aux_loss = h.new_zeros(()) if ctx.aux_loss is None else ctx.aux_loss   # ()
-        self.aux_loss = aux_loss                                         # the side effect: training adds it to its loss
+        self.aux_loss = aux_loss                                         # training adds it
         return Trace(hs, mask, ctx, aux_loss)
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
     )->torch.Tensor:      # logits `(B, n_classes)`
-        "The logits of a batch: `trace`, then the last layer pooled over the real tokens, then the head."
-        hs, mask, ctx, aux_loss = self.trace(x)                          # n_layers + 1 tensors (B, n, d), ...
+        ("The logits of a batch: `trace`, then the last layer pooled over the real tokens, then "
+         "the head.")
+        hs, mask, ctx, aux_loss = self.trace(x)                          # hs: (B, n, d) each
         return self.head(masked_pool(hs[-1], mask, self.cfg.pooling))    # (B, d) -> (B, n_classes)
 
-    def embed(self, x, mask): raise NotImplementedError("a variant must define embed(x, mask) -> (B, n, d)")
-    def begin(self, h0, mask): return BatchContext()                    # the hook's default: an empty context
-    def check(self, x): return check_tokens(x, self.cfg.vocab_sz, self.cfg.max_len)   # the padding mask (B, n)
-    def encode(self, x): return self.trace(x).hidden                    # n_layers + 1 tensors (B, n, d)
+    def embed(self, x, mask): raise NotImplementedError("a variant must define embed(x, mask) -> "
+                                                        "(B, n, d)")
+    def begin(self, h0, mask): return BatchContext()                    # default: empty context
+    def check(self, x): return check_tokens(x, self.cfg.vocab_sz, self.cfg.max_len)   # mask (B, n)
+    def encode(self, x): return self.trace(x).hidden                    # n_layers+1 × (B, n, d)
 
 
 # %% ../nbs/00_core.ipynb #f0a1c003
 @dataclass
 class BatchContext:
-    "What the blocks of one forward pass share: made by `begin` from layer 0, read and extended by the blocks."
-    sigma:torch.Tensor|None = None     # TransJect: Σ's diagonal per sequence `(B, d)`, max|σ| = 1 (`TransJect.begin`)
-    aux_loss:torch.Tensor|None = None  # a 0-d loss to add to the task's (TransJect's Σ reconstruction); None: none
-    expert_weights:list = field(default_factory=list)  # TransJect: each layer's λ, `(E,)` (static gate) or `(B, E)`
-    entropic_cases:list = field(default_factory=list)  # TransJect: each layer's cases `(E, d)`, 0..3; None: plain/eval
-    v0:torch.Tensor|None = None        # NeuTRENO: layer 0's values `(B, H, n, d_h)`, not detached (`NeuTRENOBlock`)
-    keep_attn:bool = False             # softmax blocks: also record their attention probabilities in `attn`
-    attn:list = field(default_factory=list)  # softmax blocks, if `keep_attn`: one `(B, H, n, n)` float32 per layer
+    ("What the blocks of one forward pass share: made by `begin` from layer 0, read and extended "
+     "by the blocks.")
+    sigma:torch.Tensor|None = None     # TransJect: Σ's diagonal `(B, d)`, max|σ| = 1
+    aux_loss:torch.Tensor|None = None  # 0-d loss added to the task's (TransJect: Σ's fit error)
+    expert_weights:list = field(default_factory=list)  # TransJect: each layer's λ `(E,)`/`(B, E)`
+    entropic_cases:list = field(default_factory=list)  # TransJect: per-layer cases `(E, d)`/None
+    v0:torch.Tensor|None = None        # NeuTRENO: layer 0's values `(B, H, n, d_h)`, not detached
+    keep_attn:bool = False             # softmax blocks: also record their attention in `attn`
+    attn:list = field(default_factory=list)  # if `keep_attn`: one `(B, H, n, n)` float32 per layer
 
 
 # %% ../nbs/00_core.ipynb #f0a1c007
 class Trace(NamedTuple):
-    "One forward pass kept whole (`EncoderClassifier.trace`): what the analyses of every layer read."
-    hidden:list              # `n_layers + 1` tensors `(B, n, d)`: layer 0 (the embedding), then every block's output
+    ("One forward pass kept whole (`EncoderClassifier.trace`): what the analyses of every layer "
+     "read.")
+    hidden:list              # `n_layers + 1` tensors `(B, n, d)`: the embedding, then each block's
     mask:torch.Tensor        # `(B, n)`, True on real tokens
-    ctx:BatchContext         # what the blocks shared: Σ, λ, V⁰, attention, ... (see `BatchContext`)
-    aux_loss:torch.Tensor    # 0-d: the auxiliary loss to add to the task's while training (0 for models without one)
+    ctx:BatchContext         # what the blocks shared: Σ, λ, V⁰, attention (see `BatchContext`)
+    aux_loss:torch.Tensor    # 0-d: the auxiliary loss to add in training (0 if a model has none)
 
 
 # %% ../nbs/00_core.ipynb #5d8f88be
@@ -91,7 +97,8 @@ def check_tokens(
 )->torch.Tensor:   # the padding mask `(B, n)`, True on real tokens
     "Validate a batch of token ids and return its padding mask, raising a clear error otherwise."
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"expected token ids as a torch.LongTensor of shape (batch, seq_len), got {type(x).__name__}")
+        raise TypeError("expected token ids as a torch.LongTensor of shape (batch, seq_len), got "
+                        f"{type(x).__name__}")
     if x.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"expected integer token ids (torch.long), got dtype {x.dtype}")
     if x.ndim != 2:
@@ -113,8 +120,8 @@ def check_tokens(
     mask = x != PAD_ID
     empty = ~mask.any(1)
     if bool(empty.any()):
-        raise ValueError(f"sequence {int(empty.nonzero()[0])} of the batch is all padding (id {PAD_ID}); "
-                         "every sequence needs at least one real token")
+        raise ValueError(f"sequence {int(empty.nonzero()[0])} of the batch is all padding (id "
+                         f"{PAD_ID}); every sequence needs at least one real token")
     return mask
 
 # %% ../nbs/00_core.ipynb #c22a1b6c
@@ -127,7 +134,9 @@ def sinusoidal_pe(
     "The sinusoidal positional code of Vaswani et al. (2017)."
     if d % 2: raise ValueError(f"positional code dimension must be even, got d={d}")
     pos = torch.arange(n, device=device, dtype=torch.float32)[:, None]               # (n, 1)
-    inv = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)  # (d/2,)
+    # (d/2,)
+    inv = torch.exp(-math.log(10000.0)
+                    * torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
     pe = torch.stack([torch.sin(pos * inv), torch.cos(pos * inv)], -1).flatten(1)      # (n, d)
     return pe.to(dtype)
 
@@ -154,7 +163,8 @@ def check_choice(
     "`value` if it is in `valid`, else a `ValueError` saying so and listing the valid names."
     valid = list(valid)
     if value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid {what}s are: {', '.join(map(str, valid))}")
+        raise ValueError(f"unknown {what} {value!r}; valid {what}s are: "
+                         f"{', '.join(map(str, valid))}")
     return value
 
 # %% ../nbs/00_core.ipynb #c4f1e1d1
@@ -166,17 +176,21 @@ def check_fields(
     nonneg=(),        # finite numbers >= 0
     unit=(),          # finite numbers in [0, 1)
     open_unit=(),     # finite numbers in (0, 1)
-    choices=None,     # field -> (its valid names, what an error calls them), checked by `check_choice`
+    choices=None,     # field -> (valid names, what errors call them), checked by `check_choice`
 ):                    # `obj`, when every field passes
-    "Check a config's fields by kind; a `ValueError` names the first that fails, what it must be and what it got."
+    ("Check a config's fields by kind; a `ValueError` names the first that fails, what it must be "
+     "and what it got.")
     name, unset = type(obj).__name__, {f.name for f in fields(obj) if f.default is None}
     lows = (ints if isinstance(ints, dict) else dict.fromkeys(ints, 1)) | dict.fromkeys(counts, 0)
     for k, lo in lows.items():
         v = getattr(obj, k)
-        if (v is not None or k not in unset) and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
-            raise ValueError(f"{name}.{k} must be {'a positive int' if lo == 1 else f'an int >= {lo}'}, got {v!r}")
+        if (v is not None or k not in unset) and (
+                not isinstance(v, int) or isinstance(v, bool) or v < lo):
+            raise ValueError(f"{name}.{k} must be "
+                             f"{'a positive int' if lo == 1 else f'an int >= {lo}'}, got {v!r}")
     ranges = ((positive, lambda v: v > 0, 'be > 0'), (nonneg, lambda v: v >= 0, 'be >= 0'),
-              (unit, lambda v: 0 <= v < 1, 'lie in [0, 1)'), (open_unit, lambda v: 0 < v < 1, 'lie in (0, 1)'))
+              (unit, lambda v: 0 <= v < 1, 'lie in [0, 1)'),
+              (open_unit, lambda v: 0 < v < 1, 'lie in (0, 1)'))
     for ks, ok, must in ranges:
         for k in ks:
             if (v := getattr(obj, k)) is None and k in unset: continue
@@ -198,7 +212,8 @@ class EncoderConfig:
     pooling:str = 'mean'    # 'mean' or 'max' over non-padding tokens
 
     def __post_init__(self):
-        check_fields(self, ints=dict(vocab_sz=2, n_classes=1, d_model=1, n_layers=1, max_len=1),   # id 0 is padding
+        # id 0 is padding
+        check_fields(self, ints=dict(vocab_sz=2, n_classes=1, d_model=1, n_layers=1, max_len=1),
                      choices={'pooling': (POOLINGS, 'pooling')})
 
 # %% ../nbs/00_core.ipynb #c2f58d20
@@ -206,30 +221,35 @@ def unwrap(
     # an encoder or a model built around one (`.encoder`), possibly compiled or data-parallel,
     # or a fastai `Learner` (anything with `.model`) holding one
     model_or_learner,
-)->nn.Module:  # the `EncoderClassifier`, or the model around it (a `lm.LanguageModel`: its weights are the run's)
-    ("The model inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, in any nesting: "
-     "an encoder, or a model around one.")
+)->nn.Module:  # the `EncoderClassifier`, or the model around it (a `lm.LanguageModel`)
+    ("The model inside a `Learner`, `torch.compile`, `DataParallel` or `DistributedDataParallel`, "
+     "in any nesting: an encoder, or a model around one.")
     m = model_or_learner
-    if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model                 # a Learner
+    # a Learner
+    if not isinstance(m, nn.Module) and hasattr(m, 'model'): m = m.model
     while True:
-        if hasattr(m, '_orig_mod'): m = m._orig_mod                                      # torch.compile
+        # torch.compile
+        if hasattr(m, '_orig_mod'): m = m._orig_mod
         elif isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)): m = m.module
         else: break
-    if not isinstance(m, EncoderClassifier) and not isinstance(getattr(m, 'encoder', None), EncoderClassifier):
-        raise TypeError("expected an EncoderClassifier (from create_model), a model around one (.encoder), "
-                        f"or a fastai Learner holding either; got {type(model_or_learner).__name__}")
+    if (not isinstance(m, EncoderClassifier)
+            and not isinstance(getattr(m, 'encoder', None), EncoderClassifier)):
+        raise TypeError("expected an EncoderClassifier (from create_model), a model around one "
+                        "(.encoder), or a fastai Learner holding either; got "
+                        f"{type(model_or_learner).__name__}")
     return m
 
 # %% ../nbs/00_core.ipynb #32a5a1c1
 class VariantSpec(NamedTuple):
-    "A registered variant: what builds it, what its name fixes, its family, its knob and a one-line description."
+    ("A registered variant: what builds it, what its name fixes, its family, its knob and a "
+     "one-line description.")
     name:str          # the public name, e.g. 'entropic-transject'
     config_cls:type   # dataclass of its config, a subclass of `EncoderConfig`
     model_cls:type    # `EncoderClassifier` subclass built from that config
     fixed:dict        # config fields the name fixes
     doc:str           # one line for the variants table
     family:str        # the model family, e.g. 'transject' or 'softmax'
-    knob:str|None     # what the explorers turn: a config field, 'alpha' (every layer's residual weight) or None
+    knob:str|None     # what the explorers turn: a config field, 'alpha' (residual weights) or None
 
 _REGISTRY:dict = {}   # name -> VariantSpec, in registration order
 
@@ -238,7 +258,7 @@ def register_variant(
     config_cls:type,       # dataclass of its config, a subclass of `EncoderConfig`
     model_cls:type,        # `EncoderClassifier` subclass built from that config
     doc:str='',            # one line for the variants table
-    family:str|None=None,  # the model family; default: the config class's name without 'Config', lower case
+    family:str|None=None,  # default: the config class's name without 'Config', in lower case
     knob:str|None=None,    # a config field, or 'alpha' for every layer's residual weight, or None
     **fixed,               # config fields the name fixes
 )->VariantSpec:
@@ -246,11 +266,13 @@ def register_variant(
      "registering a name again replaces its entry in place.")
     names = {f.name for f in fields(config_cls)}
     if bad := set(fixed) - names:
-        raise ValueError(f"{name}: fixed fields {sorted(bad)} are not fields of {config_cls.__name__}")
+        raise ValueError(f"{name}: fixed fields {sorted(bad)} are not fields of "
+                         f"{config_cls.__name__}")
     if knob is not None and knob != 'alpha' and knob not in names:
         raise ValueError(f"{name}: knob {knob!r} is neither a field of {config_cls.__name__} "
                          "nor 'alpha' (the residual weight)")
-    if knob in fixed: raise ValueError(f"{name}: knob {knob!r} is one of the fields the name fixes, {fixed}")
+    if knob in fixed:
+        raise ValueError(f"{name}: knob {knob!r} is one of the fields the name fixes, {fixed}")
     family = family or config_cls.__name__.removesuffix('Config').lower()
     _REGISTRY[name] = VariantSpec(name, config_cls, model_cls, dict(fixed), doc, family, knob)
     return _REGISTRY[name]
@@ -259,7 +281,8 @@ def register_variant(
 def registered_variants(
     family:str|None=None,  # only the variants of this family; None: all
 )->tuple:                  # names, in registration order
-    "The names of the registered variants, in the order they were registered (the package's in its table's order)."
+    ("The names of the registered variants, in the order they were registered (the package's in "
+     "its table's order).")
     return tuple(n for n, s in _REGISTRY.items() if family is None or s.family == family)
 
 def variant_spec(
@@ -270,8 +293,8 @@ def variant_spec(
     try: check_choice(name, _REGISTRY, 'variant')
     except ValueError as e:
         if 'transject_nb.models' in sys.modules: raise
-        raise ValueError(f"{e} (the package's own variants are registered by `import transject_nb.models`, "
-                         "which has not run)") from None
+        raise ValueError(f"{e} (the package's own variants are registered by `import "
+                         "transject_nb.models`, which has not run)") from None
 
 # %% ../nbs/00_core.ipynb #fef8ed75
 def config_fields(cfg_cls:type)->list:
@@ -284,11 +307,13 @@ def build_config(
     n_classes:int,  # number of classes
     **config,       # any other config field
 ):
-    "The config of variant `name` with `config` overrides, rejecting unknown or contradicting fields."
+    ("The config of variant `name` with `config` overrides, rejecting unknown or contradicting "
+     "fields.")
     spec = variant_spec(name)
     valid = [k for k in config_fields(spec.config_cls) if k not in ('vocab_sz', 'n_classes')]
     if bad := [k for k in config if k not in valid]:
-        raise TypeError(f"unknown config field(s) {bad} for variant {name!r}; valid fields are: {', '.join(valid)}")
+        raise TypeError(f"unknown config field(s) {bad} for variant {name!r}; valid fields are: "
+                        f"{', '.join(valid)}")
     if clash := {k: v for k, v in config.items() if k in spec.fixed and v != spec.fixed[k]}:
         raise ValueError(f"variant {name!r} fixes {spec.fixed}; got contradicting {clash}")
     return spec.config_cls(vocab_sz=vocab_sz, n_classes=n_classes, **{**config, **spec.fixed})

@@ -30,10 +30,11 @@ def attention_kernel(
 def nonlocal_energy(
     u:torch.Tensor,  # token values `(..., n, D)`
     K:torch.Tensor,  # kernel `(..., n, n)`, held fixed
-)->torch.Tensor:     # $J_n(U) = \frac{1}{2n^2}\sum_{ij}\lVert u_i-u_j\rVert^2 K_{ij}$, shape `(...)`
+)->torch.Tensor:     # $J_n(U)=\frac{1}{2n^2}\sum_{ij}\lVert u_i-u_j\rVert^2K_{ij}$, `(...)`
     "Monte-Carlo discretisation of the nonlocal functional $J(u)$ at the `n` tokens."
     n = u.shape[-2]
-    sq = (u[..., :, None, :] - u[..., None, :, :]).pow(2).sum(-1)                 # (..., n, n) squared distances
+    # (..., n, n) squared distances
+    sq = (u[..., :, None, :] - u[..., None, :, :]).pow(2).sum(-1)
     return 0.5 * (sq * K).sum((-2, -1)) / n**2
 
 # %% ../nbs/03_gradflow.ipynb #e3f1c4ce
@@ -41,14 +42,16 @@ def energy_grad(
     u:torch.Tensor,  # token values `(n, D)`
     K:torch.Tensor,  # kernel `(n, n)`, held fixed
 )->torch.Tensor:     # $\nabla_U J_n$, `(n, D)`, computed by autograd
-    "Gradient of the discretised functional with respect to the token values, by `torch.func.grad`."
+    ("Gradient of the discretised functional with respect to the token values, by "
+     "`torch.func.grad`.")
     return grad(nonlocal_energy)(u, K)
 
 def euler_step(
     u:torch.Tensor,  # token values `(n, D)`
     K:torch.Tensor,  # kernel `(n, n)`
 )->torch.Tensor:     # $u_i - \frac{n^2}{2 d_i}\,(\nabla_U J_n)_i$, `(n, D)`
-    "One Euler step of the gradient flow of $J$ with the adaptive step size $\\Delta t(x_i) = 1/(2\\int k(x_i,y)dy)$."
+    ("One Euler step of the gradient flow of $J$ with the adaptive step size $\\Delta t(x_i) = "
+     "1/(2\\int k(x_i,y)dy)$.")
     n = u.shape[-2]
     d = K.sum(-1, keepdim=True)                                                   # (n, 1) row sums
     return u - n**2 / (2 * d) * energy_grad(u, K)
@@ -64,8 +67,9 @@ def attention_update(
 def grad_cosine(
     u:torch.Tensor,  # token values `(n, D)`
     K:torch.Tensor,  # kernel `(n, n)`, symmetric or not
-)->torch.Tensor:     # per-token cosine `(n,)` between $\nabla_{u_i}J_n$ and the attention direction $u_i - (PU)_i$
-    "Cosine between the true gradient of $J_n$ and the direction in which attention moves each token."
+)->torch.Tensor:     # per-token cosine `(n,)`: $\nabla_{u_i}J_n$ vs the attention's $u_i-(PU)_i$
+    ("Cosine between the true gradient of $J_n$ and the direction in which attention moves each "
+     "token.")
     return F.cosine_similarity(energy_grad(u, K), u - attention_update(u, K), dim=-1)
 
 def asymmetry_sweep(
@@ -92,14 +96,16 @@ def estimate_cosine(
     u:torch.Tensor,                # values `(..., n, D)`
     q:torch.Tensor,                # queries `(..., n, D)`
     k:torch.Tensor,                # keys `(..., n, D)`
-    mask:torch.Tensor|None=None,   # `(..., n)` True on real tokens (keys that count), broadcast over heads; None: all
-)->torch.Tensor:                   # per-token cosine `(..., n)` between $g^{\rm sym}_i$ and $g^{\rm asym}_i$
-    ("NeuTRENO's Table 4: cosine between the symmetric-kernel estimate $\\sum_j(u_i-u_j)e^{k_i^\\top k_j/\\sqrt D}$ "
+    mask:torch.Tensor|None=None,   # `(..., n)`, True on real keys, broadcast over heads; None: all
+)->torch.Tensor:                   # per-token $\cos(g^{\rm sym}_i, g^{\rm asym}_i)$, `(..., n)`
+    ("NeuTRENO's Table 4: cosine between the symmetric-kernel estimate "
+     "$\\sum_j(u_i-u_j)e^{k_i^\\top k_j/\\sqrt D}$ "
      "and the asymmetric one $\\sum_j(u_i-u_j)e^{q_i^\\top k_j/\\sqrt D}$.")
     if not (u.shape == q.shape == k.shape):
         raise ValueError(f"u, q and k must have the same shape (..., n, D), "
                          f"got {tuple(u.shape)}, {tuple(q.shape)}, {tuple(k.shape)}")
-    scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (2, ..., n, n): symmetric, asymmetric
+    # (2, ..., n, n): symmetric, asymmetric
+    scores = torch.stack([k, q]) @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None: scores = scores.masked_fill(~mask[..., None, :], float('-inf'))
     eye = torch.eye(scores.shape[-1], dtype=torch.bool, device=scores.device)
     # (2, ..., n, n) over j ≠ i: the j = i term is 0 anyway
@@ -121,7 +127,8 @@ def stationary_distribution(
 def dobrushin(
     P:torch.Tensor,  # row-stochastic `(..., n, n)`
 )->torch.Tensor:     # $\delta(P) = 1 - \min_{i,i'}\sum_j\min(P_{ij},P_{i'j})$, shape `(...)`
-    "Dobrushin's ergodicity coefficient: the factor by which `P` contracts the spread of every coordinate."
+    ("Dobrushin's ergodicity coefficient: the factor by which `P` contracts the spread of every "
+     "coordinate.")
     overlap = torch.minimum(P[..., :, None, :], P[..., None, :, :]).sum(-1)       # (..., n, n)
     return 1 - overlap.amin((-2, -1))
 
@@ -135,14 +142,17 @@ def spread(
 def mean_pairwise_cosine(
     X:torch.Tensor,               # token vectors `(..., n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; None: all real
-)->torch.Tensor:                  # mean $\cos(x_i, x_j)$ over real pairs $i \ne j$, shape `(...)`; 1 for a single token
+)->torch.Tensor:                  # mean $\cos(x_i, x_j)$, real $i \ne j$, `(...)`; 1 for one token
     "Mean pairwise cosine similarity of the (real) tokens: 1 when all tokens point the same way."
-    Xn = F.normalize(X if X.dtype == torch.float64 else X.float(), dim=-1)         # (..., n, d); a zero token stays 0
-    m = torch.full(X.shape[:-2], X.shape[-2], dtype=Xn.dtype, device=X.device)       # (...) number of real tokens
+    # (..., n, d); a zero token stays 0
+    Xn = F.normalize(X if X.dtype == torch.float64 else X.float(), dim=-1)
+    # (...) number of real tokens
+    m = torch.full(X.shape[:-2], X.shape[-2], dtype=Xn.dtype, device=X.device)
     if mask is not None:
         Xn = Xn * mask[..., None].to(Xn.dtype)
         m = mask.sum(-1).to(Xn.dtype)
-    tot = Xn.sum(-2).pow(2).sum(-1) - Xn.pow(2).sum((-2, -1))                         # sum_{i != j} cos_ij
+    # sum_{i != j} cos_ij
+    tot = Xn.sum(-2).pow(2).sum(-1) - Xn.pow(2).sum((-2, -1))
     pairs = m * (m - 1)
     return torch.where(pairs > 0, tot / pairs.clamp_min(1), torch.ones_like(tot))
 
@@ -153,7 +163,8 @@ def attention_flow(
     n_steps:int=50,                # number of layers / Euler steps
     lam:float=0.,                  # NeuTRENO fidelity weight λ; 0 is plain attention
 )->list:                           # `n_steps + 1` tensors like `u0`
-    "Iterate $U \\leftarrow \\operatorname{softmax}(UW_Q(UW_K)^\\top/\\sqrt D)\\,U + \\lambda(U_0 - U)$."
+    ("Iterate $U \\leftarrow \\operatorname{softmax}(UW_Q(UW_K)^\\top/\\sqrt D)\\,U + "
+     "\\lambda(U_0 - U)$.")
     us = [u0]
     for _ in range(n_steps):
         u = us[-1]
@@ -169,7 +180,8 @@ def plot_cosine_curves(
     title:str='',   # axes title
 ):                  # the Axes
     "Plot mean pairwise cosine against depth for several flows."
-    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
+    # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items():
         ax.plot(torch.as_tensor(c).tolist(), label=label)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
-if TYPE_CHECKING: import pandas as pd   # `variants_table`'s annotation; it imports pandas when it runs
+# `variants_table`'s annotation; it imports pandas when it runs
+if TYPE_CHECKING: import pandas as pd
 
 # %% auto #0
 __all__ = ['VARIANTS', 'BASELINES', 'create_model', 'variants_table', 'preset_config', 'n_params', 'check_contract']
@@ -22,15 +23,16 @@ from .transject import TransJectConfig, TransJect
 from .baselines import SoftmaxConfig, SoftmaxEncoder, NeuTRENOEncoder, SimilarityRemovalEncoder
 
 # %% ../nbs/05_models.ipynb #c4441998
-_PACKAGE = (   # each: name, config and model classes, knob; the fields the name fixes; the one-line description
+# each: name, config and model classes, knob; the fields the name fixes; the one-line description
+_PACKAGE = (
     register_variant('transject', TransJectConfig, TransJect, knob='alpha',
         sigma='approx', residual='plain',
-        doc='TransJect: orthogonal attention XUΣV, Σ from a learned eigenbasis of X⁰ᵀX⁰, injective residuals '
-            '(Sengupta, Akhtar & Chakraborty, 2023)'),
+        doc='TransJect: orthogonal attention XUΣV, Σ from a learned eigenbasis of X⁰ᵀX⁰, '
+            'injective residuals (Sengupta, Akhtar & Chakraborty, 2023)'),
     register_variant('entropic-transject', TransJectConfig, TransJect, knob='alpha',
         sigma='approx', residual='entropic',
-        doc='TransJect with the entropic residual (Eq. 4): a random case per channel while training, '
-            'its expectation x+F in eval'),
+        doc='TransJect with the entropic residual (Eq. 4): a random case per channel while '
+            'training, its expectation x+F in eval'),
     register_variant('random-transject', TransJectConfig, TransJect, knob='alpha',
         sigma='random', residual='plain',
         doc='TransJect with a learned input-independent Σ: no token mixing before pooling'),
@@ -45,36 +47,42 @@ _PACKAGE = (   # each: name, config and model classes, knob; the fields the name
         doc='pre-LN softmax Transformer, h + F(LN(h)), no final LayerNorm (Xiong et al., 2020)'),
     register_variant('transformer-rezero', SoftmaxConfig, SoftmaxEncoder, knob='alpha',
         norm='none', rezero=True, lam=0.0, tau=0.0,
-        doc='Transformer with ReZero residuals, α=0 at init, no LayerNorm (Bachlechner et al., 2021)'),
+        doc='Transformer with ReZero residuals, α=0 at init, no LayerNorm '
+            '(Bachlechner et al., 2021)'),
     register_variant('neutreno', SoftmaxConfig, NeuTRENOEncoder, knob='lam',
         norm='post', rezero=False, tau=0.0,
         doc='NeuTRENO: post-LN Transformer + λ(V⁰ − V) per head (Nguyen et al., 2023)'),
     register_variant('similarity-removal', SoftmaxConfig, SimilarityRemovalEncoder, knob='tau',
         norm='post', rezero=False, lam=0.0,
-        doc='post-LN Transformer with (I − τ·11ᵀ/n) on the attention output (Yu & Zhang, 2023)'),
+        doc='post-LN Transformer with (I − τ·11ᵀ/n) on the attention output '
+            '(Yu & Zhang, 2023)'),
 )
-VARIANTS = tuple(s.name for s in _PACKAGE)                                # the package's variants, in the table's order
-BASELINES = tuple(s.name for s in _PACKAGE if s.family == 'softmax')      # the softmax-attention ones
+VARIANTS = tuple(s.name for s in _PACKAGE)  # the package's variants, in the table's order
+BASELINES = tuple(s.name for s in _PACKAGE if s.family == 'softmax')  # the softmax-attention ones
 
 # %% ../nbs/05_models.ipynb #6fb2b347
 def create_model(
     variant:str,     # one of `VARIANTS`
     vocab_sz:int,    # number of token ids, padding (0) included
     n_classes:int,   # number of output classes
-    **config,        # any field of the variant's config, e.g. `d_model`, `n_layers`, `max_len`, `pooling`, `causal`
+    **config,        # any field of the variant's config: `d_model`, `n_layers`, `causal`, ...
 )->EncoderClassifier:
     ("Build the encoder-classifier `variant`; "
      "unknown variants or config fields raise an error that lists the valid ones.")
     spec = variant_spec(variant)
     if 'causal' in config and 'causal' not in config_fields(spec.config_cls):
         if config['causal'] is not False:
-            why = (" TransJect's Σ(X⁰) is computed from the whole sequence (a learned eigenbasis of X⁰ᵀX⁰ over all its "
+            why = (" TransJect's Σ(X⁰) is computed from the whole sequence (a learned "
+                   "eigenbasis of X⁰ᵀX⁰ over all its "
                    "tokens), so every position depends on every other, the future included."
                    if spec.family == 'transject' else '')
-            causal = [v for v in registered_variants() if 'causal' in config_fields(variant_spec(v).config_cls)]
-            raise ValueError(f"variant {variant!r} cannot be causal: its config {spec.config_cls.__name__} "
+            causal = [v for v in registered_variants()
+                      if 'causal' in config_fields(variant_spec(v).config_cls)]
+            raise ValueError(f"variant {variant!r} cannot be causal: its config "
+                             f"{spec.config_cls.__name__} "
                              f"has no causal attention.{why} Causal variants: {', '.join(causal)}")
-        config = {k: v for k, v in config.items() if k != 'causal'}     # causal=False is what such a variant is
+        # causal=False is what such a variant is
+        config = {k: v for k, v in config.items() if k != 'causal'}
     return spec.model_cls(build_config(variant, vocab_sz, n_classes, **config))
 
 # %% ../nbs/05_models.ipynb #27eaecb2
@@ -83,7 +91,8 @@ def variants_table()->pd.DataFrame:
      "its knob and what it is.")
     import pandas as pd
     names = VARIANTS + tuple(v for v in registered_variants() if v not in VARIANTS)
-    rows = [dict(variant=s.name, family=s.family, fixes=', '.join(f"{k}={v!r}" for k, v in s.fixed.items()),
+    rows = [dict(variant=s.name, family=s.family,
+                 fixes=', '.join(f"{k}={v!r}" for k, v in s.fixed.items()),
                  knob=s.knob or '', description=s.doc) for s in map(variant_spec, names)]
     return pd.DataFrame(rows).set_index('variant')
 
@@ -91,12 +100,13 @@ def variants_table()->pd.DataFrame:
 def preset_config(
     variant:str,     # one of `VARIANTS`
     task:str,        # one of `utils.TASKS`
-    kind:str='paper',  # one of `utils.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
+    kind:str='paper',  # `utils.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
 )->dict:             # config fields for `create_model`
     "The fields of a task preset that `variant`'s config takes."
     spec = variant_spec(variant)
     keep = set(config_fields(spec.config_cls)) - {'vocab_sz', 'n_classes'} - set(spec.fixed)
-    return {k: v for k, v in load_preset(task, kind, configs=[spec.config_cls], strict=False).items() if k in keep}
+    return {k: v for k, v in load_preset(task, kind, configs=[spec.config_cls],
+                                         strict=False).items() if k in keep}
 
 # %% ../nbs/05_models.ipynb #64cc7efe
 def n_params(model:nn.Module)->int:
@@ -112,7 +122,7 @@ def check_contract(
     device='cpu',          # where to run
     **config,              # config overrides
 )->dict:                   # what was checked, with the measured worst deviations
-    "Check the encoder contract for `variant` on a small random model; raise AssertionError on a violation."
+    "Check the encoder contract of `variant` on a small random model; AssertionError if violated."
     torch.manual_seed(seed)
     cfg = dict(d_model=16, n_layers=2, max_len=24) | config
     m = create_model(variant, vocab_sz, n_classes, **cfg).to(device).eval()
@@ -124,20 +134,22 @@ def check_contract(
         det_dev = (m(x) - y).abs().max().item()
         hs = m.encode(x)
     assert y.shape == (3, n_classes), f"{variant}: logits of shape {tuple(y.shape)}"
-    assert len(hs) == cfg['n_layers'] + 1 and all(h.shape == (3, 10, cfg['d_model']) for h in hs), \
-        f"{variant}: bad encode shapes"
+    assert len(hs) == cfg['n_layers'] + 1 and all(
+        h.shape == (3, 10, cfg['d_model']) for h in hs), f"{variant}: bad encode shapes"
     assert pad_dev < 1e-5, f"{variant}: appending padding moved the logits by {pad_dev:.2e}"
     assert det_dev == 0, f"{variant}: evaluation is not deterministic ({det_dev:.2e})"
     too_long = torch.ones(1, cfg['max_len'] + 1, dtype=torch.long, device=device)
     for bad, msg in [(x.float(), 'integer token ids'), (x[0], 'rank 2'), (x[:0], 'empty batch'),
-                     (x.clamp_min(vocab_sz - 1) + 1, 'out of vocabulary'), (too_long, 'exceeds max_len')]:
+                     (x.clamp_min(vocab_sz - 1) + 1, 'out of vocabulary'),
+                     (too_long, 'exceeds max_len')]:
         try: m(bad)
-        except (TypeError, ValueError) as e: assert msg in str(e), f"{variant}: unexpected error {e}"
+        except (TypeError, ValueError) as e:
+            assert msg in str(e), f"{variant}: unexpected error {e}"
         else: raise AssertionError(f"{variant}: no error for bad input ({msg})")
-    m.train()
-    dt = torch.bfloat16 if device == 'cpu' else torch.float16
+    m.train(); dt = torch.bfloat16 if device == 'cpu' else torch.float16
     with torch.autocast(torch.device(device).type, dtype=dt):
-        loss = nn.functional.cross_entropy(m(x), torch.zeros(3, dtype=torch.long, device=device)) + m.aux_loss
+        loss = nn.functional.cross_entropy(
+            m(x), torch.zeros(3, dtype=torch.long, device=device)) + m.aux_loss
     loss.backward()
     assert torch.isfinite(loss), f"{variant}: non-finite loss under autocast"
     return dict(variant=variant, padding_dev=pad_dev, eval_dev=det_dev, autocast_loss=loss.item())

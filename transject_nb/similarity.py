@@ -29,33 +29,40 @@ def ones_projector(
 def _real_mean(X, mask):
     "Mean over the real tokens `(..., 1, d)` and the count `(..., 1, 1)`, in float32 or float64."
     Xf = X if X.dtype == torch.float64 else X.float()
-    if mask is None: return Xf.mean(-2, keepdim=True), torch.full_like(Xf[..., :1, :1], X.shape[-2])
+    if mask is None:
+        return Xf.mean(-2, keepdim=True), torch.full_like(Xf[..., :1, :1], X.shape[-2])
     m = mask[..., None].to(Xf.dtype)                                                  # (..., n, 1)
     cnt = m.sum(-2, keepdim=True)                                                     # (..., 1, 1)
     return (Xf * m).sum(-2, keepdim=True) / cnt.clamp_min(1), cnt
 
+# %% ../nbs/03a_similarity.ipynb #5b13acde
 def token_similarity(
     X:torch.Tensor,               # tokens `(..., n, d)`, e.g. `(B, n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; None: all real
-# $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, `(...)`; 0 for an all-zero X
+# $t_{\rm sim} = \lVert\Pi_{\mathbf 1}X\rVert_F^2/\lVert X\rVert_F^2$ over real tokens, `(...)`;
+# 0 for an all-zero X
 )->torch.Tensor:
     "Share of the squared Frobenius norm of the (real) tokens that lies in span{1}."
-    mean, cnt = _real_mean(X, mask)                                                    # (..., 1, d), (..., 1, 1)
+    # (..., 1, d), (..., 1, 1)
+    mean, cnt = _real_mean(X, mask)
     Xf = X if X.dtype == torch.float64 else X.float()
     if mask is not None: Xf = Xf * mask[..., None].to(Xf.dtype)
-    num = cnt[..., 0, 0] * mean.pow(2).sum((-2, -1))                                   # n_real * ||mean||^2
+    # n_real * ||mean||^2
+    num = cnt[..., 0, 0] * mean.pow(2).sum((-2, -1))
     return num / Xf.pow(2).sum((-2, -1)).clamp_min(torch.finfo(Xf.dtype).tiny)
 
 def token_diversity(
     X:torch.Tensor,               # tokens `(..., n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens
-# $t_{\rm div} = \lVert(I-\Pi_{\mathbf 1})X\rVert_F^2/\lVert X\rVert_F^2 = 1 - t_{\rm sim}$, shape `(...)`
+# $t_{\rm div} = \lVert(I-\Pi_{\mathbf 1})X\rVert_F^2/\lVert X\rVert_F^2 = 1 - t_{\rm sim}$,
+# shape `(...)`
 )->torch.Tensor:
     ("Share of the squared Frobenius norm of the (real) tokens orthogonal to span{1} "
      "(computed directly, accurate when tiny).")
     mean, _ = _real_mean(X, mask)
     Xf = X if X.dtype == torch.float64 else X.float()
-    R = Xf - mean                                                                     # (I - Pi) X on real rows
+    # (I - Pi) X on real rows
+    R = Xf - mean
     if mask is not None: Xf, R = (t * mask[..., None].to(Xf.dtype) for t in (Xf, R))
     return R.pow(2).sum((-2, -1)) / Xf.pow(2).sum((-2, -1)).clamp_min(torch.finfo(Xf.dtype).tiny)
 
@@ -63,13 +70,15 @@ def token_diversity(
 def deflate(
     P:torch.Tensor,  # row-stochastic `(..., n, n)`
 )->torch.Tensor:     # $\tilde P = (I-\Pi_{\mathbf 1})P(I-\Pi_{\mathbf 1})$, `(..., n, n)`
-    "`P` restricted to the complement of span{1}: its eigenvalues are those of `P` with one 1 replaced by 0."
+    ("`P` restricted to the complement of span{1}: its eigenvalues are those of `P` with one 1 "
+     "replaced by 0.")
     Q = P - P.mean(-1, keepdim=True)                                                  # P (I - Pi)
-    return Q - Q.mean(-2, keepdim=True)                                               # (I - Pi) P (I - Pi)
+    # (I - Pi) P (I - Pi)
+    return Q - Q.mean(-2, keepdim=True)
 
 def second_eigenvalue(
     P:torch.Tensor,  # row-stochastic `(n, n)`
-)->torch.Tensor:     # complex $\lambda_2$: the largest-modulus eigenvalue once one eigenvalue 1 is removed
+)->torch.Tensor:     # complex $\lambda_2$, largest in modulus once one eigenvalue 1 is removed
     "The subdominant eigenvalue $\\lambda_2(P)$ that sets the rate of escalation."
     ev = torch.linalg.eigvals(P)
     rest = ev[torch.arange(len(ev), device=ev.device) != (ev - 1).abs().argmin()]
@@ -79,7 +88,8 @@ def second_eigenvalue(
 def residual_rate(
     P:torch.Tensor,  # row-stochastic `(n, n)`
 )->float:            # $r = \max_{i\ge2}|1+\lambda_i|/2$
-    "Predicted per-step factor by which $\\sqrt{t_{\\rm div}}$ shrinks under $X \\leftarrow X + PX$."
+    ("Predicted per-step factor by which $\\sqrt{t_{\\rm div}}$ shrinks under $X \\leftarrow X + "
+     "PX$.")
     ev = torch.linalg.eigvals(P)
     rest = ev[torch.arange(len(ev), device=ev.device) != (ev - 1).abs().argmin()]
     return ((1 + rest).abs().max() / 2).item()
@@ -92,14 +102,17 @@ def escalation_curve(
     tau:float=0.,       # similarity removal: the branch is $(I-\tau\Pi_{\mathbf 1})PX$
     measure=None,       # function of the tokens to record; default `token_similarity`
 )->torch.Tensor:        # the measure after each step, `(n_steps + 1,)`
-    "Token similarity (or another measure) along repeated (residual) attention with a fixed attention matrix."
+    ("Token similarity (or another measure) along repeated (residual) attention with a fixed "
+     "attention matrix.")
     measure = measure or token_similarity
     out = [measure(X)]
     for _ in range(n_steps):
         Y = P @ X
-        Y = Y - tau * Y.mean(-2, keepdim=True)                                        # (I - τΠ) P X
+        # (I - τΠ) P X
+        Y = Y - tau * Y.mean(-2, keepdim=True)
         X = X + Y if residual else Y
-        X = X / X.norm()                                                              # rescale: t_sim is scale-free
+        # rescale: t_sim is scale-free
+        X = X / X.norm()
         out.append(measure(X))
     return torch.stack(out)
 
@@ -112,7 +125,8 @@ def plot_escalation(
     logy:bool=False,                 # log-scale y axis
 ):                                   # the Axes
     "Plot similarity (or diversity) curves against depth."
-    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
+    # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for label, c in curves.items(): ax.plot(torch.as_tensor(c).tolist(), label=label)
     ax.set(xlabel='step / layer', ylabel=ylabel, title=title)
@@ -126,12 +140,14 @@ def plot_spectral_rate(
     ax=None,          # matplotlib Axes; a new figure if None
 ):                    # the Axes
     "Measured against predicted escalation rate, with the identity line."
-    import matplotlib.pyplot as plt                  # plotting only: importing the module stays light
+    # plotting only: importing the module stays light
+    import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([0, 1], [0, 1], 'k:', lw=1, label='measured = predicted')
     ax.scatter(predicted, measured, zorder=3)
     lo = min(min(predicted), min(measured)) - 0.05
-    ax.set(xlabel=r'predicted rate $\max_{i\geq2}|1+\lambda_i|/2$', ylabel=r'measured rate of $\sqrt{t_{div}}$',
+    ax.set(xlabel=r'predicted rate $\max_{i\geq2}|1+\lambda_i|/2$', ylabel=r'measured rate of '
+                                                                           r'$\sqrt{t_{div}}$',
            xlim=(lo, 1.01), ylim=(lo, 1.01))
     ax.legend(fontsize=8)
     return ax
@@ -139,11 +155,13 @@ def plot_spectral_rate(
 # %% ../nbs/03a_similarity.ipynb #0596f087
 def remove_similarity(
     Y:torch.Tensor,               # attention output `(..., n, d)`
-    mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens; the mean is over real tokens only
-    tau:float=1.0,                # removal strength τ; 0 leaves `Y` unchanged, 1 removes the mean token
+    mask:torch.Tensor|None=None,  # `(..., n)`, True on the real tokens, the only ones averaged
+    tau:float=1.0,                # removal strength τ: 0 keeps `Y`, 1 removes the mean token
 )->torch.Tensor:                  # $(I-\tau\Pi_{\mathbf 1})Y$, same shape and dtype as `Y`
-    "Subtract τ times the mean real token from every token: $(I-\\tau\\Pi_{\\mathbf 1})Y$, padding-aware."
-    mean, _ = _real_mean(Y, mask)                                                      # (..., 1, d)
+    ("Subtract τ times the mean real token from every token: $(I-\\tau\\Pi_{\\mathbf 1})Y$, "
+     "padding-aware.")
+    # (..., 1, d)
+    mean, _ = _real_mean(Y, mask)
     return Y - (tau * mean).to(Y.dtype)
 
 # %% ../nbs/03a_similarity.ipynb #b1179ed8
@@ -162,7 +180,8 @@ def simulate_post_norm(
     d = X.shape[-1]
     xs = [X]
     for _ in range(n_layers):
-        Wq, Wk, Wv, Wo = (torch.randn(d, d, generator=g, dtype=X.dtype) / math.sqrt(d) for _ in range(4))
+        Wq, Wk, Wv, Wo = (torch.randn(d, d, generator=g, dtype=X.dtype) / math.sqrt(d)
+                          for _ in range(4))
         V = X @ Wv                                                                    # (n, d)
         if where == 'values': V = remove_similarity(V, tau=tau)
         A = torch.softmax((X @ Wq) @ (X @ Wk).T / math.sqrt(d), -1) @ V @ Wo         # (n, d)

@@ -20,11 +20,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% ../nbs/02_transject.ipynb #58ba1c64
-from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe, PAD_ID, check_fields,
-                               unwrap)
+from .core import (BatchContext, EncoderConfig, EncoderClassifier, sinusoidal_pe,
+                               PAD_ID, check_fields, unwrap)
 from .bounds import ENTROPIC_CASES, layer_bounds, transject_bounds
 from .cpu import ORTH_MAPS, OrthogonalBank, fused_layer
-from .cpu import CayleyOrthogonal   # noqa: F401 (exported Learners of earlier versions find it here)
+# exported Learners of earlier versions find it here
+from .cpu import CayleyOrthogonal  # noqa: F401
 
 # %% ../nbs/02_transject.ipynb #53d039cf
 def orthogonal_attention(
@@ -35,47 +36,58 @@ def orthogonal_attention(
 )->torch.Tensor:         # `(B, n, E, d)`: ELU(h U_e Σ V_e) for every expert e
     "TransJect's orthogonal attention $\\mathrm{ELU}(H U_e \\Sigma V_e)$ of all experts at once."
     z = torch.einsum('bnd,edk->bnek', h, U)                  # (B, n, E, d)  H U_e
-    z = z * sigma[:, None, None, :]                          # (B, n, E, d)  H U_e Σ (Σ diagonal: scale columns)
+    # (B, n, E, d)  H U_e Σ (Σ diagonal: scale columns)
+    z = z * sigma[:, None, None, :]
     return F.elu(torch.einsum('bnek,ekj->bnej', z, V))       # (B, n, E, d)  ELU(H U_e Σ V_e)
 
 # %% ../nbs/02_transject.ipynb #95bc35b7
 SIGMAS = ('approx', 'random')
 
 class _GramDiag(torch.autograd.Function):
-    "σ*_i = (U^T G U)_ii and ||G||_F^2 from the Gram G = X^T X (B, d, d), with the backward in d x d products."
+    ("σ*_i = (U^T G U)_ii and ||G||_F^2 from the Gram G = X^T X (B, d, d), with the backward in "
+     "d x d products.")
     @staticmethod
     def forward(ctx, X, U):
         G = X.mT @ X                                                     # (B, d, d)
         GU = G @ U                                                       # (B, d, d)
         ctx.save_for_backward(X, U, G, GU)
-        return (U * GU).sum(-2), G.pow(2).sum((-2, -1))                  # (B, d) diag(U^T G U), (B,) ||G||_F^2
+        # (B, d) diag(U^T G U), (B,) ||G||_F^2
+        return (U * GU).sum(-2), G.pow(2).sum((-2, -1))
 
     @staticmethod
     def backward(ctx, ds, dg2):
         X, U, G, GU = ctx.saved_tensors
         W = 2 * (U * ds[:, None, :]) @ U.mT + 4 * dg2[:, None, None] * G  # (B, d, d): dX = X W
         dX = X @ W if ctx.needs_input_grad[0] else None
-        dU = 2 * (GU * ds[:, None, :]).sum(0) if ctx.needs_input_grad[1] else None   # Σ_b 2 G_b U diag(ds_b)
+        # Σ_b 2 G_b U diag(ds_b)
+        dU = 2 * (GU * ds[:, None, :]).sum(0) if ctx.needs_input_grad[1] else None
         return dX, dU
 
+# %% ../nbs/02_transject.ipynb #0a79fc54
 def approx_sigma(
     x:torch.Tensor,     # layer-0 tokens `(B, n, d)`
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
     U:torch.Tensor,     # the shared orthogonal eigenbasis `(d, d)`
-    eps:float=1e-6,     # guard of the standardisation $\sigma^\ast/\max(\max_i\sigma^\ast_i, \epsilon)$
-# `(sigma (B, d), sigma_star (B, d), recon (B,))`: standardised and raw diagonal, scale-free reconstruction loss
+    eps:float=1e-6,     # the guard $\epsilon$ of $\sigma^\ast/\max(\max_i\sigma^\ast_i, \epsilon)$
+# `(sigma (B, d), sigma_star (B, d), recon (B,))`: standardised, raw diagonal; scale-free loss
 )->tuple:
     ("Best diagonal $\\Sigma^\\ast$ of $X^\\top X$ in the basis $U$, standardised to max 1, "
      "and the scale-free loss $1-\\sum\\sigma^{\\ast2}/\\|X^\\top X\\|_F^2$.")
-    wd = torch.promote_types(x.dtype, torch.float32)                     # at least float32, also under autocast
+    # at least float32, also under autocast
+    wd = torch.promote_types(x.dtype, torch.float32)
     with torch.autocast(x.device.type, enabled=False):
-        X = x.to(wd) * mask[..., None].to(wd)                            # (B, n, d) padding rows zeroed
+        # (B, n, d) padding rows zeroed
+        X = x.to(wd) * mask[..., None].to(wd)
         n, d = X.shape[-2:]
-        if d <= n: s, g2 = _GramDiag.apply(X, U.to(wd))      # from the d x d Gram: 2nd^2 + 2d^3 flops per sequence
+        # from the d x d Gram: 2nd^2 + 2d^3 flops per sequence
+        if d <= n: s, g2 = _GramDiag.apply(X, U.to(wd))
         else:
-            s = (X @ U.to(wd)).pow(2).sum(1)                             # (B, d)  σ*_i = ||(XU)_{:,i}||^2
-            g2 = (X @ X.mT).pow(2).sum((-2, -1))                         # (B,) ||X X^T||_F^2 = ||X^T X||_F^2
-        recon = 1 - s.pow(2).sum(-1) / g2.clamp_min(torch.finfo(wd).tiny)  # (B,) off-diagonal energy fraction
+            # (B, d)  σ*_i = ||(XU)_{:,i}||^2
+            s = (X @ U.to(wd)).pow(2).sum(1)
+            # (B,) ||X X^T||_F^2 = ||X^T X||_F^2
+            g2 = (X @ X.mT).pow(2).sum((-2, -1))
+        # (B,) off-diagonal energy fraction
+        recon = 1 - s.pow(2).sum(-1) / g2.clamp_min(torch.finfo(wd).tiny)
         sigma = s / s.amax(-1, keepdim=True).clamp_min(eps)              # (B, d) max sigma = 1
     return sigma, s, recon
 
@@ -92,20 +104,25 @@ def random_sigma(
 def mix_experts(
     h:torch.Tensor,      # tokens `(B, n, d)`
     A:torch.Tensor,      # expert outputs `(B, n, E, d)` (from `orthogonal_attention`)
-    lam:torch.Tensor,    # expert weights, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` (input gate)
+    lam:torch.Tensor,    # expert weights (>= 0, sum 1): `(E,)` static gate, `(B, E)` input gate
     a,                   # residual weight α/L (a 0-d tensor or float)
-    cases=None,          # `(E, d)` ints in 0..3: the entropic case of each expert and channel; None: the plain residual
+    cases=None,          # `(E, d)` ints in 0..3: entropic case per expert, channel; None: plain
 )->torch.Tensor:         # `(B, n, d)`: $\sum_e \lambda_e R(h, a A_e)$
-    "Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$, $R$ the injective residual $h+F$ or the entropic one."
+    ("Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$, $R$ the injective residual "
+     "$h+F$ or the entropic one.")
     B, E = A.shape[0], A.shape[-2]
     if lam.shape != (E,) and lam.shape != (B, E):
-        raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} sequences, "
-                         f"got {tuple(lam.shape)}")
-    if lam.ndim == 2: lam = lam[:, None]                                       # (B, 1, E): one λ per sequence
-    if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)  # h + a Σ_e λ_e A_e
+        raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} "
+                         f"sequences, got {tuple(lam.shape)}")
+    # (B, 1, E): one λ per sequence
+    if lam.ndim == 2: lam = lam[:, None]
+    # h + a Σ_e λ_e A_e
+    if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)
     coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]   # (E, d, 2)
-    cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]   # λc^x, λc^F: (E, d) | (B, 1, E, d)
-    return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)       # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+    # λc^x, λc^F: (E, d) | (B, 1, E, d)
+    cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]
+    # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
+    return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)
 
 
 # %% ../nbs/02_transject.ipynb #a4e1c7b2
@@ -116,21 +133,27 @@ def input_gate(
     # gate weights `(d,)`: the authors' `attn_combine`, a `Linear(d, 1)` shared by the experts
     # (its bias cancels in the softmax)
     w:torch.Tensor,
-    mask=None,           # `(B, n)`, True on real tokens (every sequence needs one); None: every token is real
+    mask=None,           # `(B, n)`, True on real tokens (one or more per sequence); None: all real
     cases=None,          # `(E, d)` entropic cases, or None for the plain residual
 )->torch.Tensor:         # `(B, E)`: λ of each sequence, rows summing to 1, in float32 or wider
     ("The authors' input-dependent expert gate: "
      "$\\lambda_b=\\mathrm{softmax}_e\\bigl(w\\cdot\\max_{t}R(h,aA_e)_{b,t}\\bigr)$, "
      "each expert's residual output maxed over the real tokens.")
-    wd = torch.promote_types(h.dtype, torch.float32)        # the gate in float32 or wider, also under autocast
+    # the gate in float32 or wider, also under autocast
+    wd = torch.promote_types(h.dtype, torch.float32)
     with torch.autocast(h.device.type, enabled=False):
         h, A = h.to(wd), A.to(wd)
-        if cases is None: R = h[:, :, None] + a * A                      # (B, n, E, d)  R(h, a A_e) = h + a A_e
+        # (B, n, E, d)  R(h, a A_e) = h + a A_e
+        if cases is None: R = h[:, :, None] + a * A
         else:
-            coef = torch.tensor(ENTROPIC_CASES, dtype=wd, device=h.device)[cases]        # (E, d, 2)
-            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A      # (B, n, E, d)  c^x_e h + c^F_e a A_e
-        if mask is not None: R = R.masked_fill(~mask[:, :, None, None], float('-inf'))   # padding never wins the max
-        return torch.softmax(R.amax(1) @ w.to(wd), -1)                   # (B, E) softmax_e(w · max_t R_e)
+            # (E, d, 2)
+            coef = torch.tensor(ENTROPIC_CASES, dtype=wd, device=h.device)[cases]
+            # (B, n, E, d)  c^x_e h + c^F_e a A_e
+            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A
+        # padding never wins the max
+        if mask is not None: R = R.masked_fill(~mask[:, :, None, None], float('-inf'))
+        # (B, E) softmax_e(w · max_t R_e)
+        return torch.softmax(R.amax(1) @ w.to(wd), -1)
 
 # %% ../nbs/02_transject.ipynb #bd040930
 def orthogonal_ffn(
@@ -141,32 +164,33 @@ def orthogonal_ffn(
     b2:torch.Tensor,    # bias `(d,)`
 )->torch.Tensor:        # `(B, n, d)`: ELU(ELU(h W1 + b1) W2 + b2)
     "The branch of TransJect's orthogonal residual FFN, 1-Lipschitz on every token; no dropout."
-    return F.elu(F.linear(F.elu(F.linear(h, W1.mT, b1)), W2.mT, b2))     # F.linear(h, W^T, b) = h W + b
+    # F.linear(h, W^T, b) = h W + b
+    return F.elu(F.linear(F.elu(F.linear(h, W1.mT, b1)), W2.mT, b2))
 
 # %% ../nbs/02_transject.ipynb #1c727558
 class LayerWeights(NamedTuple):
     "One layer's weights for one forward pass, named as in the equations."
     U:torch.Tensor         # `(E, d, d)` orthogonal $U_1..U_E$
     V:torch.Tensor         # `(E, d, d)` orthogonal $V_1..V_E$
-    # expert weights λ, non-negative, summing to 1: `(E,)` (static gate) or `(B, E)` per sequence (input gate)
+    # expert weights λ (>= 0, sum 1): `(E,)` (static gate) or `(B, E)` per sequence (input gate)
     lam:torch.Tensor
     a:torch.Tensor         # residual weight $a=\alpha_l/L$ (0-d tensor or float)
     W1:torch.Tensor        # `(d, d)` orthogonal
     b1:torch.Tensor        # `(d,)`
     W2:torch.Tensor        # `(d, d)` orthogonal
     b2:torch.Tensor        # `(d,)`
-    cases:torch.Tensor|None = None  # `(E, d)` entropic cases (training, entropic residual); None: plain residual
+    cases:torch.Tensor|None = None  # `(E, d)` entropic cases (entropic residual, training) or None
 
 def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
     sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1
     p:LayerWeights,      # the layer's weights
-    # the experts' outputs `orthogonal_attention(h, sigma, p.U, p.V)` `(B, n, E, d)` if already computed
+    # the experts' outputs `orthogonal_attention(h, sigma, p.U, p.V)` `(B, n, E, d)` if computed
     # (the input gate reads them first), else None
     A=None,
 )->torch.Tensor:         # `(B, n, d)`
-    ("One TransJect layer by its equations: the mixture of orthogonal-attention experts with residuals, "
-     "then the orthogonal residual FFN.")
+    ("One TransJect layer by its equations: the mixture of orthogonal-attention experts with "
+     "residuals, then the orthogonal residual FFN.")
     if A is None: A = orthogonal_attention(h, sigma, p.U, p.V)           # (B, n, E, d)
     h1 = mix_experts(h, A, p.lam, p.a, p.cases)                          # (B, n, d)
     return h1 + p.a * orthogonal_ffn(h1, p.W1, p.b1, p.W2, p.b2)        # (B, n, d)
@@ -181,23 +205,25 @@ GATES = ('static', 'input')                # the expert weights λ: `gate`
 class TransJectConfig(EncoderConfig):
     "TransJect's fields on top of `EncoderConfig`; small CPU defaults."
     n_experts:int = 4         # E, experts per layer
-    sigma:str = 'approx'      # 'approx': Σ from X⁰ in a learned orthogonal eigenbasis; 'random': a learned diagonal
-    residual:str = 'plain'    # 'plain' injective residual, or 'entropic' (Eq. 4: a random case per channel in training)
+    sigma:str = 'approx'      # 'approx': Σ from X⁰, learned basis; 'random': learned diagonal
+    residual:str = 'plain'    # 'plain' (injective) or 'entropic' (Eq. 4; random per-channel case)
     orth_map:str = 'cayley'   # orthogonal parametrization: 'cayley', 'matrix_exp' or 'householder'
-    sigma_eps:float = 1e-6    # guard of the standardisation of Σ (not the optimiser's `eps` of the presets)
-    kernel:str = 'auto'       # 'readable' (`transject_layer`), 'fused' (`cpu.fused_layer`), 'auto' (`uses_fused`)
-    gate:str = 'static'       # λ: 'static' (the paper's: softmax of E logits) or 'input' (the authors': `input_gate`)
+    sigma_eps:float = 1e-6    # guard of Σ's standardisation (not the presets' optimiser `eps`)
+    kernel:str = 'auto'       # 'readable', 'fused' (`cpu.fused_layer`) or 'auto' (`uses_fused`)
+    gate:str = 'static'       # λ: 'static' (paper: softmax of E logits) or 'input' (`input_gate`)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.d_model % 4: raise ValueError("d_model must be a multiple of 4 (half token embedding, half sinusoidal "
-                                              f"code of even width), got {self.d_model}")
+        if self.d_model % 4:
+            raise ValueError("d_model must be a multiple of 4 (half token "
+                             f"embedding, half sinusoidal code of even width), got {self.d_model}")
         check_fields(self, ints=('n_experts',), open_unit=('sigma_eps',),
-                     choices={k: (valid, k) for k, valid in dict(sigma=SIGMAS, residual=RESIDUALS, orth_map=ORTH_MAPS,
-                                                                 kernel=KERNELS, gate=GATES).items()})
+                     choices={k: (valid, k) for k, valid in dict(
+                         sigma=SIGMAS, residual=RESIDUALS, orth_map=ORTH_MAPS,
+                         kernel=KERNELS, gate=GATES).items()})
         if self.gate == 'input' and self.kernel == 'fused':
-            raise ValueError("gate='input' runs on the readable layer only (the fused kernel takes one λ for the whole "
-                             "batch); use kernel='auto' or 'readable'")
+            raise ValueError("gate='input' runs on the readable layer only (the fused kernel "
+                             "takes one λ for the whole batch); use kernel='auto' or 'readable'")
 
 
 # %% ../nbs/02_transject.ipynb #f557b3ef
@@ -208,7 +234,7 @@ class TransJectLayer(nn.Module):
         self.E, self.L, self.kernel, self.gate = E, cfg.n_layers, cfg.kernel, cfg.gate
         self.entropic = cfg.residual == 'entropic'
         self.bank = OrthogonalBank(2 * E + 2, d, cfg.orth_map)    # U_1..U_E, V_1..V_E, W_1, W_2
-        self.alpha_raw = nn.Parameter(torch.zeros(()))            # w_l: α_l = tanh(w_l), 0 at init
+        self.alpha_raw = nn.Parameter(torch.zeros(()))            # w_l: α_l = tanh(w_l), init 0
         if cfg.gate == 'static': self.gate_logits = nn.Parameter(torch.zeros(E))  # λ = softmax
         else: self.gate_w = nn.Parameter(torch.zeros(d))          # λ = input_gate(..., w)
         self.b1, self.b2 = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
@@ -248,15 +274,17 @@ class TransJectLayer(nn.Module):
 
 # %% ../nbs/02_transject.ipynb #76b3e116
 class TransJect(EncoderClassifier):
-    ("The TransJect encoder-classifier: injective embedding, Σ from layer 0, L `TransJectLayer`s, "
-     "masked pooling and a linear head.")
+    ("The TransJect encoder-classifier: injective embedding, Σ from layer 0, L "
+     "`TransJectLayer`s, masked pooling and a linear head.")
     def __init__(self, cfg:TransJectConfig):
         super().__init__(cfg)
         d = cfg.d_model
         self.emb = nn.Embedding(cfg.vocab_sz, d // 2, padding_idx=PAD_ID)
-        self.register_buffer('pe', sinusoidal_pe(cfg.max_len, d // 2), persistent=False)   # (max_len, d/2)
-        if cfg.sigma == 'approx': self.eigenbasis = OrthogonalBank(1, d, cfg.orth_map)       # the shared U
-        else: self.sigma_param = nn.Parameter(torch.rand(d))                               # p, σ = tanh(p)/max|tanh(p)|
+        # (max_len, d/2)
+        self.register_buffer('pe', sinusoidal_pe(cfg.max_len, d // 2), persistent=False)
+        if cfg.sigma == 'approx': self.eigenbasis = OrthogonalBank(1, d, cfg.orth_map)  # shared U
+        # p, σ = tanh(p)/max|tanh(p)|
+        else: self.sigma_param = nn.Parameter(torch.rand(d))
         self.blocks = nn.ModuleList([TransJectLayer(cfg) for _ in range(cfg.n_layers)])
 
     def embed(self,
@@ -275,10 +303,12 @@ class TransJect(EncoderClassifier):
         "Σ of each sequence from its real layer-0 tokens, and the reconstruction loss."
         cfg = self.cfg
         if cfg.sigma == 'approx':
-            sigma, _, recon = approx_sigma(h0, mask, self.eigenbasis()[0], cfg.sigma_eps)      # (B, d), (B,)
+            # (B, d), (B,)
+            sigma, _, recon = approx_sigma(h0, mask, self.eigenbasis()[0], cfg.sigma_eps)
             aux = recon.mean()
         else:
-            sigma = random_sigma(self.sigma_param, cfg.sigma_eps).expand(h0.shape[0], -1)      # (B, d)
+            # (B, d)
+            sigma = random_sigma(self.sigma_param, cfg.sigma_eps).expand(h0.shape[0], -1)
             aux = h0.new_zeros(())
         return BatchContext(sigma=sigma, aux_loss=aux)
 
@@ -288,19 +318,24 @@ class TransJect(EncoderClassifier):
 
 # %% ../nbs/02_transject.ipynb #3ca0e608
 def token_distance_ratios(
-    hs:list,            # hidden states of every layer, `n_layers+1` tensors `(B, n, d)` (from `model.encode`)
+    hs:list,            # every layer's hidden states, `n_layers+1` tensors `(B, n, d)`
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
-)->tuple:        # `(lo, hi)`: float64 `(n_layers+1,)`, min and max over pairs of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
+)->tuple:        # `(lo, hi)`, float64 `(n_layers+1,)`: range of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
     ("Smallest and largest distance ratio, layer $l$ against layer 0, "
      "over every pair of real tokens of each sequence that differ at layer 0.")
     pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
     pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
-    if not bool(pair.any()): raise ValueError("no pair of real tokens: every sequence has a single real token")
-    dist = lambda t: torch.cdist(t.double(), t.double(), compute_mode='donot_use_mm_for_euclid_dist')   # (B, n, n)
-    D0 = dist(hs[0])                                                     # (B, n, n)
-    pair &= D0 > 0          # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
     if not bool(pair.any()):
-        raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is defined")
+        raise ValueError("no pair of real tokens: every sequence has a single real token")
+    # (B, n, n)
+    dist = lambda t: torch.cdist(t.double(), t.double(),
+                                 compute_mode='donot_use_mm_for_euclid_dist')
+    D0 = dist(hs[0])                                                     # (B, n, n)
+    # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
+    pair &= D0 > 0
+    if not bool(pair.any()):
+        raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is "
+                         "defined")
     d0 = D0[pair]                                                        # (P,)
     r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
     return r.min(1).values, r.max(1).values
@@ -311,7 +346,8 @@ def plot_distance_ratios(
     x:torch.Tensor,     # token ids `(B, n)`
     ax=None,            # matplotlib Axes; a new (6, 3.5) figure if None
 ):                      # the matplotlib Axes
-    "Measured min/max token distance ratio per layer against Theorem 2's `layer_bounds` and `transject_bounds`."
+    ("Measured min/max token distance ratio per layer against Theorem 2's `layer_bounds` and "
+     "`transject_bounds`.")
     import matplotlib.pyplot as plt
     with torch.no_grad():
         hs = model.encode(x)
@@ -319,7 +355,8 @@ def plot_distance_ratios(
         blo, bhi = layer_bounds(model.alphas().detach().cpu(), model.cfg.n_layers)
     L = model.cfg.n_layers; ls = range(L + 1)
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
-    ax.fill_between(ls, lo.cpu(), hi.cpu(), alpha=0.4, color='C0', label='measured: min..max over token pairs')
+    ax.fill_between(ls, lo.cpu(), hi.cpu(), alpha=0.4, color='C0', label='measured: min..max over '
+                                                                         'token pairs')
     ax.plot(ls, blo, 'k--', lw=1, label=r'layer_bounds ($\alpha$ of the model)')
     ax.plot(ls, bhi, 'k--', lw=1)
     tlo, thi = transject_bounds(L)
@@ -327,7 +364,8 @@ def plot_distance_ratios(
     ax.axhline(max(tlo, 1e-3), c='C3', ls=':', lw=1.2)
     ax.set_xticks(list(ls)); ax.set_yscale('log'); ax.set_xlabel('layer $l$')
     ax.set_ylabel(r'$\|h^l_i-h^l_j\| / \|h^0_i-h^0_j\|$')
-    ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}", fontsize=10)
+    ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}",
+                 fontsize=10)
     ax.legend(fontsize=7)
     return ax
 
@@ -337,10 +375,12 @@ def token_map(
     sigma:torch.Tensor,   # `(d,)` the Σ of one sequence (`model.begin(...).sigma[b]`)
     layers:int|None=None, # apply the first `layers` blocks (default: all)
 ):                        # a map `(..., d) -> (..., d)` acting on every token separately
-    "The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`, Σ held fixed."
+    ("The map TransJect's layers apply to each token of a sequence whose Σ is `sigma`, Σ held "
+     "fixed.")
     m = unwrap(model)
     def f(t):
-        h = t.reshape(1, -1, t.shape[-1])                                # (1, N, d): the tokens as one sequence
+        # (1, N, d): the tokens as one sequence
+        h = t.reshape(1, -1, t.shape[-1])
         ctx = BatchContext(sigma=sigma.reshape(1, -1).to(t.dtype))      # Σ `(1, d)`
         for blk in m.blocks[:layers]: h = blk(h, None, ctx)             # (1, N, d)
         return h.reshape(t.shape)
