@@ -132,6 +132,7 @@ def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
     tcb.run_config, tcb.state, tcb.epoch0 = learn.config | dict(stage=s._asdict(), data_epoch=e0), st, e0
     return st
 
+# %% ../nbs/14a_finetune.ipynb #f4c74f15
 def fine_tune(
     # a classification `Learner` (e.g. `learner.get_learner`)
     # whose model holds the pretrained encoder (`load_pretrained`)
@@ -181,8 +182,6 @@ def fine_tune(
         tcb = learn.train_checkpoint
         tcb.fname, tcb.run_config, tcb.state, tcb.epoch0 = 'checkpoint', learn.config, None, 0
     return pd.DataFrame(rows)
-
-
 
 # %% ../nbs/14a_finetune.ipynb #c0c8362e
 KIND_NAMES = dict(ulmfit='fine-tuned', scratch='from scratch')   # a plan's classifiers, and their names in words
@@ -407,6 +406,7 @@ def _arm_done(plan, v, out)->bool:
             if not f.exists() or (lr is not None and not np.isclose(json.loads(f.read_text())['lr'], lr)): return False
     return True
 
+# %% ../nbs/14a_finetune.ipynb #819de3dd
 def _train_arm(plan, v, out, source, progress):
     ("One arm of a pretraining plan, resumably: its language model, each kind's rate search (`next_clf_rate`), "
      "then both kinds at every seed, at the search's choice.")
@@ -794,6 +794,7 @@ def control_seeds(
     "The seeds the controls run at: the one the rate was chosen at, then those of the runs a verdict compares."
     return tuple(dict.fromkeys(((0,) if plan.clf_lrs('scratch') else ()) + tuple(plan.seeds)))
 
+# %% ../nbs/14a_finetune.ipynb #8d5402b4
 def run_controls(
     plan:PretrainPlan,      # the plan: its causal arms' language models and classifiers from scratch finished
     data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
@@ -839,8 +840,6 @@ def run_controls(
             res_c = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
             atomic_write(f, json.dumps(res_c, indent=1, default=str))
     return control_results(plan, out)
-
-
 
 # %% ../nbs/14a_finetune.ipynb #ce6c407e
 CONTROL_STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # scratch -> causal -> pretrained -> fine-tuned

@@ -671,6 +671,7 @@ def _retry_cut(storage, study, trial_id, name, progress):
                        + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
                           else "retried too often already: `--retry-failed` queues it again"), flush=True)
 
+# %% ../nbs/13_protocol.ipynb #c01e7705
 def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
     "Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a trial runs elsewhere)."
     busy = False
