@@ -19,42 +19,47 @@ from .utils import PRESET_KINDS, TASKS, load_preset, preset_section
 from .models import VARIANTS
 
 # %% ../nbs/07a_config.ipynb #a7c0f007
-SCHEDS = ('constant', '1cycle')             # `learn.fit` at a fixed rate (the paper's), or fastai's `fit_one_cycle`
-AMP_MODES = ('auto', 'bf16', 'fp16', 'off')   # mixed precision on CUDA ('auto': bf16 where supported, else fp16)
+# `learn.fit` at a fixed rate (the paper's), or fastai's `fit_one_cycle`
+SCHEDS = ('constant', '1cycle')
+# mixed precision on CUDA ('auto': bf16 where supported, else fp16)
+AMP_MODES = ('auto', 'bf16', 'fp16', 'off')
 
 # %% ../nbs/07a_config.ipynb #72b9b133
 @dataclass
 class TrainConfig:
-    "How to train: the paper's Adam and schedule (`settings.ini` [DEFAULT]), batch size, stopping, clipping, seed."
+    ("How to train: the paper's Adam and schedule (`settings.ini` [DEFAULT]), batch size, "
+     "stopping, clipping, seed.")
     lr:float = 5e-4            # Adam learning rate (constant; the peak for '1cycle')
     beta1:float = 0.9          # Adam β1 (fastai: `mom`)
     beta2:float = 0.98         # Adam β2 (fastai: `sqr_mom`)
     eps:float = 1e-9           # Adam ε
-    weight_decay:float = 0.0   # weight decay (decoupled, as fastai's Adam does); the paper uses none
+    weight_decay:float = 0.0   # weight decay (decoupled, as fastai's Adam); the paper uses none
     bs:int = 32                # training batch size (per process when distributed)
     epochs:int = 30            # most epochs to train
     patience:int = 4           # early stopping: epochs without a better validation loss
     grad_clip:float = 1.0      # clip the gradient norm to this; 0 turns clipping off
-    recon_weight:float = 1.0   # weight of the model's `aux_loss` (TransJect's Σ reconstruction) in the training loss
+    recon_weight:float = 1.0   # weight of `aux_loss` (TransJect's Σ reconstruction) in the loss
     seed:int = 42              # seed of the weights and the batch order
     sched:str = 'constant'     # 'constant' (the paper's) or '1cycle'
-    amp:str = 'auto'           # mixed precision: 'auto' (bf16, else fp16, on CUDA; off on CPU), 'bf16', 'fp16', 'off'
+    amp:str = 'auto'           # one of `AMP_MODES`; 'auto': bf16, else fp16, on CUDA; off on CPU
     bucket:int = 50            # batches per length-sorted chunk of `BucketDL`
 
     def __post_init__(self):
-        check_fields(self, ints=('bs', 'epochs', 'patience', 'bucket'), counts=('seed',), positive=('lr', 'eps'),
-                     nonneg=('weight_decay', 'grad_clip', 'recon_weight'), unit=('beta1', 'beta2'),
+        check_fields(self, ints=('bs', 'epochs', 'patience', 'bucket'), counts=('seed',),
+                     positive=('lr', 'eps'), nonneg=('weight_decay', 'grad_clip', 'recon_weight'),
+                     unit=('beta1', 'beta2'),
                      choices={'sched': (SCHEDS, 'schedule'), 'amp': (AMP_MODES, 'amp mode')})
 
 # %% ../nbs/07a_config.ipynb #91b17cba
 @dataclass
 class DataConfig:
-    "Which data: sizes, validation share, data seed, a local source, the ListOps generator's trees (`data.load_task`)."
+    ("Which data: sizes, validation share, data seed, a local source, the ListOps generator's "
+     "trees (`data.load_task`).")
     n_train:int|None = None    # training examples (None: all; the ListOps generator: 96,000)
     n_valid:int|None = None    # validation examples (None: all / 2,000 generated)
     n_test:int|None = None     # test examples (None: all / 2,000 generated)
-    valid_pct:float = 0.1      # share of train carved out for validation (not ListOps, which has its own)
-    data_seed:int = 42         # seed of the data (carving, subsets, the ListOps generator); fixed across training seeds
+    valid_pct:float = 0.1      # share of train held out for validation (ListOps has its own)
+    data_seed:int = 42         # the data's seed (carving, subsets, generator), fixed across seeds
     source:str|None = None     # local data folder (None: generate ListOps, download the others)
     min_length:int|None = None # ListOps generator: keep trees longer than this ...
     max_length:int|None = None # ... and shorter than this
@@ -67,9 +72,10 @@ class DataConfig:
 
     def load_kwargs(self)->dict:
         "Keyword arguments for `load_task` (the ListOps generator's only when set)."
-        kw = dict(source=self.source, n_train=self.n_train, n_valid=self.n_valid, n_test=self.n_test,
-                  valid_pct=self.valid_pct, seed=self.data_seed)
-        return kw | {k: getattr(self, k) for k in ('min_length', 'max_length', 'max_depth', 'max_args')
+        kw = dict(source=self.source, n_train=self.n_train, n_valid=self.n_valid,
+                  n_test=self.n_test, valid_pct=self.valid_pct, seed=self.data_seed)
+        return kw | {k: getattr(self, k)
+                     for k in ('min_length', 'max_length', 'max_depth', 'max_args')
                      if getattr(self, k) is not None}
 
 # %% ../nbs/07a_config.ipynb #a7c0f00d
@@ -77,37 +83,47 @@ PRESETS = ('auto',) + PRESET_KINDS   # 'auto': the paper's preset with CUDA, the
 
 # %% ../nbs/07a_config.ipynb #a7c0f00f
 def model_fields(variant:str)->list:
-    "Config fields of `variant` that a run may set (its name's fixed fields and `vocab_sz`, `n_classes` excluded)."
+    ("Config fields of `variant` that a run may set (its name's fixed fields and `vocab_sz`, "
+     "`n_classes` excluded).")
     spec = variant_spec(variant)
-    return [k for k in config_fields(spec.config_cls) if k not in ('vocab_sz', 'n_classes') and k not in spec.fixed]
+    return [k for k in config_fields(spec.config_cls)
+            if k not in ('vocab_sz', 'n_classes') and k not in spec.fixed]
 
 # %% ../nbs/07a_config.ipynb #a7c0f012
-TRAIN_FIELDS, DATA_FIELDS = tuple(f.name for f in fields(TrainConfig)), tuple(f.name for f in fields(DataConfig))
+TRAIN_FIELDS, DATA_FIELDS = (tuple(f.name for f in fields(TrainConfig)),
+                              tuple(f.name for f in fields(DataConfig)))
 
 # %% ../nbs/07a_config.ipynb #0f6b55b3
 def valid_fields(variant:str)->dict:
     "The names `get_learner` accepts for `variant`, by group."
-    return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS], train=list(TRAIN_FIELDS),
-                data=list(DATA_FIELDS))
+    return dict(model=[k for k in model_fields(variant) if k not in TRAIN_FIELDS],
+                train=list(TRAIN_FIELDS), data=list(DATA_FIELDS))
 
 # %% ../nbs/07a_config.ipynb #a7c0f015
 def preset_configs()->tuple:
-    "The dataclasses a preset's values feed, in the order `utils.load_preset` types them: the run's, then variants'."
+    ("The dataclasses a preset's values feed, in the order `utils.load_preset` types them: "
+     "the run's, then variants'.")
     return (TrainConfig, DataConfig, *dict.fromkeys(variant_spec(v).config_cls for v in VARIANTS))
 
 # %% ../nbs/07a_config.ipynb #2550dc85
-_GENERATOR = ('min_length', 'max_length', 'max_depth', 'max_args')   # `DataConfig`'s fields of the ListOps generator
+# `DataConfig`'s fields of the ListOps generator
+_GENERATOR = ('min_length', 'max_length', 'max_depth', 'max_args')
 
 def _listops_fields(vals:dict, overrides:dict)->dict:
-    "ListOps' settings `vals` as they apply: no `valid_pct`; read from `source`, none of the generator's fields."
+    ("ListOps' settings `vals` as they apply: no `valid_pct`; read from `source`, none of the "
+     "generator's fields.")
     if 'valid_pct' in overrides:
-        raise ValueError("valid_pct carves validation out of the training split, and ListOps has a validation split of "
-                         "its own (generated, or basic_val.tsv): drop valid_pct")
+        raise ValueError("valid_pct carves validation out of the training split, and ListOps "
+                         "has a validation split of its own (generated, or basic_val.tsv): "
+                         "drop valid_pct")
     if vals.get('source') is None: return vals
     if given := [k for k in _GENERATOR if overrides.get(k) is not None]:
-        raise ValueError(f"{', '.join(given)}: the ListOps generator's, and source={vals['source']!r} reads ListOps "
-                         f"files instead: drop {', '.join(given)}, or source")
-    return {k: v for k, v in vals.items() if k not in _GENERATOR}                # the preset's: they do not apply
+        raise ValueError(f"{', '.join(given)}: the ListOps generator's, and "
+                         f"source={vals['source']!r} reads ListOps files instead: "
+                         f"drop {', '.join(given)}, or source")
+    # the preset's: they do not apply
+    return {k: v for k, v in vals.items() if k not in _GENERATOR}
+
 
 
 # %% ../nbs/07a_config.ipynb #2ec462aa
@@ -116,11 +132,14 @@ def check_listops_len(
     max_len:int,        # the model's longest sequence
     data:DataConfig,    # the run's data fields
 ):
-    "Refuse a `max_len` that would cut the expressions the ListOps generator makes with `data`'s window."
+    ("Refuse a `max_len` that would cut the expressions the ListOps generator makes with `data`'s "
+     "window.")
     top = data.max_length
     if task == 'listops' and data.source is None and top is not None and max_len < top - 1:
-        raise ValueError(f"max_len={max_len} would cut the generated ListOps expressions, which run to {top - 1} "
-                         f"tokens (max_length={top}): pass max_length={max_len + 1} or less, or max_len={top - 1}")
+        raise ValueError(f"max_len={max_len} would cut the generated ListOps expressions, "
+                         f"which run to {top - 1} tokens (max_length={top}): "
+                         f"pass max_length={max_len + 1} or less, or max_len={top - 1}")
+
 
 
 # %% ../nbs/07a_config.ipynb #e86a8961
@@ -131,10 +150,11 @@ def _preset_kind(preset:str)->str:
 def resolve_config(
     task:str,           # one of `TASKS`
     variant:str,        # one of `VARIANTS`
-    preset:str='auto',  # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU preset unless CUDA is available)
+    preset:str='auto',  # one of `PRESETS`, or 'auto' (the CPU preset unless CUDA is available)
     **overrides,        # any model, training or data field
-)->dict:                # {'model': dict, 'train': TrainConfig, 'data': DataConfig, 'preset': section name}
-    "A run's settings: the task's preset from `settings.ini`, then `overrides`; unknown names are an error."
+)->dict:                # {'model': dict, 'train': TrainConfig, 'data': DataConfig, 'preset': ...}
+    ("A run's settings: the task's preset from `settings.ini`, then `overrides`; unknown names "
+     "are an error.")
     check_choice(task, TASKS, 'task')
     check_choice(variant, VARIANTS, 'variant')
     kind = _preset_kind(preset)
@@ -152,4 +172,5 @@ def resolve_config(
     model = {k: vals[k] for k in vf['model'] if k in vals}
     train = TrainConfig(**{k: vals[k] for k in TRAIN_FIELDS if k in vals})
     data = DataConfig(**{k: vals[k] for k in DATA_FIELDS if k in vals})
-    return dict(model=model, train=train, data=data, preset=preset_section(task, kind), n_classes=vals.get('n_classes'))
+    return dict(model=model, train=train, data=data, preset=preset_section(task, kind),
+                n_classes=vals.get('n_classes'))
