@@ -32,14 +32,16 @@ from .utils import atomic_save, atomic_write, error_line
 
 # %% ../nbs/07b_checkpoint.ipynb #8d465a8c
 class SaveBestCallback(SaveModelCallback):
-    "fastai's `SaveModelCallback` on validation loss: saved atomically, never in a replay, loaded `weights_only`."
+    ("fastai's `SaveModelCallback` on validation loss: saved atomically, never in a replay, "
+     "loaded `weights_only`.")
     def __init__(self, monitor='valid_loss', fname='best'):
         super().__init__(monitor=monitor, fname=fname, with_opt=False)
     @property
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
     def _save(self, name):
         if rank_distrib(): return
-        self.last_saved_path = atomic_save(unwrap(self.model).state_dict(), self.path/self.model_dir/f'{name}.pth')
+        self.last_saved_path = atomic_save(unwrap(self.model).state_dict(),
+                                           self.path/self.model_dir/f'{name}.pth')
     def after_epoch(self):
         TrackerCallback.after_epoch(self)
         if self.new_best and not getattr(self.learn, 'replaying', False): self._save(self.fname)
@@ -54,7 +56,8 @@ def _floats(xs)->list: return [float(x) for x in xs]
 
 def _opt_state(opt)->dict:
     sd = opt.state_dict()
-    hypers = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in h.items()} for h in sd['hypers']]
+    hypers = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in h.items()}
+              for h in sd['hypers']]
     return dict(state=[dict(s) for s in sd['state']], hypers=hypers)
 
 def checkpoint_state(
@@ -63,13 +66,16 @@ def checkpoint_state(
     epoch:int,       # the last epoch finished
     times:list,      # seconds of each epoch so far
     config:dict,     # the run's config (`learn.config`)
-)->dict:             # tensors, numbers, strings, lists and dicts: loadable with `weights_only=True`
-    "What a checkpoint holds: weights, optimiser, epoch, history, times, torch's random state and the run's config."
+)->dict:             # tensors, numbers, strings, lists, dicts: loadable `weights_only=True`
+    ("What a checkpoint holds: weights, optimiser, epoch, history, times, torch's random "
+     "state and the run's config.")
     rec = learn.recorder
-    return dict(version=CKPT_VERSION, epoch=epoch, done=done, early_stopped=done and epoch + 1 < learn.n_epoch,
+    return dict(version=CKPT_VERSION, epoch=epoch, done=done,
+                early_stopped=done and epoch + 1 < learn.n_epoch,
                 model=unwrap(learn.model).state_dict(), opt=_opt_state(learn.opt),
-                metric_names=list(rec.metric_names), values=[_floats(v) for v in rec.values], times=_floats(times),
-                iters=[int(i) for i in rec.iters], losses=_floats(rec.losses), lrs=_floats(rec.lrs),
+                metric_names=list(rec.metric_names), values=[_floats(v) for v in rec.values],
+                times=_floats(times), iters=[int(i) for i in rec.iters],
+                losses=_floats(rec.losses), lrs=_floats(rec.lrs),
                 smooth=dict(val=float(rec.smooth_loss.val), count=int(rec.smooth_loss.count)),
                 torch_rng=torch.get_rng_state(), config=config)
 
@@ -77,7 +83,8 @@ def checkpoint_state(
 def load_checkpoint(
     file,          # a checkpoint written by `TrainCheckpoint`
 )->dict:           # its content
-    "Read a training checkpoint with `torch.load(weights_only=True)`, with a clear error for a damaged or foreign file."
+    ("Read a training checkpoint with `torch.load(weights_only=True)`, "
+     "with a clear error for a damaged or foreign file.")
     file = Path(file)
     if not file.is_file(): raise FileNotFoundError(f"no checkpoint at {file}")
     try: st = torch.load(file, map_location='cpu', weights_only=True)
@@ -85,7 +92,8 @@ def load_checkpoint(
         raise ValueError(f"checkpoint {file} is damaged or not a transject_nb checkpoint "
                          f"({type(e).__name__}: {e})") from None
     if not isinstance(st, dict) or st.get('version') != CKPT_VERSION:
-        raise ValueError(f"{file} is not a transject_nb training checkpoint (version {CKPT_VERSION})")
+        raise ValueError(f"{file} is not a transject_nb training checkpoint "
+                         f"(version {CKPT_VERSION})")
     return st
 
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f014
@@ -93,48 +101,58 @@ def restore_state(
     learn:Learner,   # a learner in `before_fit`: its optimiser made
     st:dict,         # a checkpoint (`load_checkpoint`)
 ):
-    "Put a checkpoint's weights, optimiser, per-batch history, smoothed loss and torch's random state into `learn`."
+    ("Put a checkpoint's weights, optimiser, per-batch history, smoothed loss "
+     "and torch's random state into `learn`.")
     unwrap(learn.model).load_state_dict(st['model'])
-    # the checkpoint was read onto the CPU: each optimiser state goes to its parameter's device (a GPU run's)
+    # the checkpoint was read onto the CPU: each optimiser state goes to its parameter's device
+    # (a GPU run's)
     ps = learn.opt.all_params().itemgot(0)
     state = [{k: v.to(p.device) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
              for p, s in zip(ps, st['opt']['state'])]
     learn.opt.load_state_dict(dict(state=state, hypers=L(st['opt']['hypers'])))
     rec = learn.recorder
     rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
-    rec.smooth_loss.val, rec.smooth_loss.count = torch.tensor(st['smooth']['val']), st['smooth']['count']
+    rec.smooth_loss.val, rec.smooth_loss.count = (torch.tensor(st['smooth']['val']),
+                                                  st['smooth']['count'])
     torch.set_rng_state(st['torch_rng'])
 
 # %% ../nbs/07b_checkpoint.ipynb #20792c6b
 def epoch_loader(
     learn:Learner,   # a learner
 ):                   # its training loader that takes `set_epoch`, or the plain one
-    "The training loader whose order (`BucketDL`) or part (`lm.ShardedLoader`) follows the epoch, unwrapped."
+    ("The training loader whose order (`BucketDL`) or part (`lm.ShardedLoader`) "
+     "follows the epoch, unwrapped.")
     dl = learn.dls.train
     return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)
 
+# %% ../nbs/07b_checkpoint.ipynb #99bcd006
 class TrainCheckpoint(Callback):
-    "Save a run's state atomically after every epoch; on resume, restore it and replay the finished epochs."
-    order = 65   # after Recorder (50), progress/CSV (60), SaveBest (61), EarlyStopping (63); before SkipToEpoch (70)
-    _only_train_loop = True   # fastai's mark of callbacks that belong to `fit` alone: `learn.summary()` leaves them out
+    ("Save a run's state atomically after every epoch; on resume, restore it and "
+     "replay the finished epochs.")
+    # after Recorder 50, progress/CSV 60, SaveBest 61, EarlyStopping 63; before SkipToEpoch 70
+    order = 65
+    _only_train_loop = True   # fastai's mark: `fit` alone (`learn.summary()` leaves it out)
     def __init__(self, fname:str='checkpoint', config:dict|None=None,
-                 epoch0:int=0):   # the data's epoch at the fit's first (a fine-tuning stage goes on with its loader's)
-        self.fname, self.run_config, self.epoch0, self.state, self.times = fname, config or {}, epoch0, None, []
+                 epoch0:int=0):   # the data's epoch at the fit's first (fine-tuning: its loader's)
+        self.fname, self.run_config, self.epoch0, self.state, self.times = (
+            fname, config or {}, epoch0, None, [])
     @property
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
     def _save(self, done, epoch):
-        atomic_save(checkpoint_state(self.learn, done, epoch, self.times, self.run_config), self.file)
+        atomic_save(checkpoint_state(self.learn, done, epoch, self.times, self.run_config),
+                    self.file)
 
     def before_fit(self):
         self.learn.replaying, self.start, self.times = False, 0, []
-        self.active = not hasattr(self.learn, 'lr_finder')        # fastai's lr_find also calls fit: no checkpoints then
+        self.active = not hasattr(self.learn, 'lr_finder')   # lr_find calls fit too: none then
         if self.state is None or not self.active: return
         self.start = self.state['epoch'] + 1
         restore_state(self.learn, self.state)
 
     def before_epoch(self):
         self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
-        if hasattr(dl := epoch_loader(self.learn), 'set_epoch'): dl.set_epoch(self.epoch0 + self.epoch)
+        if hasattr(dl := epoch_loader(self.learn), 'set_epoch'):
+            dl.set_epoch(self.epoch0 + self.epoch)
 
     def after_train(self): self.trained = True
 
@@ -143,7 +161,8 @@ class TrainCheckpoint(Callback):
         if self.learn.replaying:
             self.recorder.iters[-1] = self.state['iters'][self.epoch]
             self.times.append(self.state['times'][self.epoch])
-        elif getattr(self, 'trained', False) and not rank_distrib(): self._save(False, self.epoch)   # it trained
+        elif getattr(self, 'trained', False) and not rank_distrib():   # it trained
+            self._save(False, self.epoch)
 
     def after_fit(self):
         self.learn.replaying = False
@@ -156,45 +175,55 @@ class TrainCheckpoint(Callback):
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f027
 @patch
 def after_cancel_epoch(self:TrainCheckpoint):
-    "A skipped epoch of a resumed run: hand its stored row to the Recorder, which logs it and feeds the trackers."
+    ("A skipped epoch of a resumed run: hand its stored row to the Recorder, "
+     "which logs it and feeds the trackers.")
     if not self.learn.replaying: return
     self.recorder.log = L(self.epoch) + self.state['values'][self.epoch]
     self.recorder.start_epoch = time.time() - self.state['times'][self.epoch]
 
 @patch
 def after_validate(self:TrainCheckpoint):
-    "An epoch's time, taken here: early stopping may end the fit before `after_epoch` reaches this callback."
-    if getattr(self, 'active', False) and self.training is False and not self.learn.replaying and hasattr(self, 't0'):
+    ("An epoch's time, taken here: early stopping may end the fit before `after_epoch` "
+     "reaches this callback.")
+    if (getattr(self, 'active', False) and self.training is False and not self.learn.replaying
+            and hasattr(self, 't0')):
         self.times.append(time.time() - self.t0); del self.t0
 
 # %% ../nbs/07b_checkpoint.ipynb #f0caaa8a
 class HistoryCSV(CSVLogger):
-    "fastai's `CSVLogger` (each epoch's row to `history.csv`), the file rewritten whole and atomically at each row."
+    ("fastai's `CSVLogger` (each epoch's row to `history.csv`), the file rewritten whole "
+     "and atomically at each row.")
     _only_train_loop = True   # `learn.summary()` must not rewrite the history
     def before_fit(self):
-        if hasattr(self, 'gather_preds') or hasattr(self.learn, 'lr_finder'): return   # `lr_find` keeps the history
+        # `lr_find` keeps the history
+        if hasattr(self, 'gather_preds') or hasattr(self.learn, 'lr_finder'): return
         f = self.path/self.fname
-        self.text = (f.read_text() if self.append and f.exists() else '') + ','.join(self.recorder.metric_names) + '\n'
+        self.text = ((f.read_text() if self.append and f.exists() else '')
+                     + ','.join(self.recorder.metric_names) + '\n')
         atomic_write(f, self.text)
         self.old_logger, self.learn.logger = self.logger, self._write_line
 
     def _write_line(self, log):
         self.text += ','.join([str(t) for t in log]) + '\n'
-        atomic_write(self.path/self.fname, self.text)           # a failed write leaves the file as it was
+        atomic_write(self.path/self.fname, self.text)   # a failed write leaves the file as it was
         self.old_logger(log)
 
     def after_fit(self):
-        self.__dict__.pop('text', None)                           # an exported learner carries no history text
+        self.__dict__.pop('text', None)   # an exported learner carries no history text
         if 'old_logger' in self.__dict__: self.learn.logger = self.__dict__.pop('old_logger')
 
 
+
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f01b
-_MAY_GROW = {'epochs'}   # the one training field a resumed run may change: more epochs extend it (`train_learner`)
+# the one training field a resumed run may change: more epochs extend it (`train_learner`)
+_MAY_GROW = {'epochs'}
 
 def _differences(part:str, old:dict, new:dict)->dict:
-    "'part.field' -> (checkpoint's, now) for the fields both have that differ; an `amp` recorded as 'auto' is not told."
-    same = lambda k: old[k] == new[k] or (part, k, old[k]) == ('train', 'amp', 'auto')   # before amp was resolved
-    return {f'{part}.{k}': (old[k], new[k]) for k in old if k in new           # the checkpoint's order
+    ("'part.field' -> (checkpoint's, now) for the fields both have that differ; "
+     "an `amp` recorded as 'auto' is not told.")
+    # 'auto': recorded before amp was resolved
+    same = lambda k: old[k] == new[k] or (part, k, old[k]) == ('train', 'amp', 'auto')
+    return {f'{part}.{k}': (old[k], new[k]) for k in old if k in new   # the checkpoint's order
             if not (part == 'train' and k in _MAY_GROW) and not same(k)}
 
 def check_resumable(
@@ -202,16 +231,19 @@ def check_resumable(
     st:dict,         # the checkpoint in its run folder
     file,            # where that checkpoint is, for the error
 ):
-    ("Refuse a checkpoint of another run, naming what differs: task, variant, model, data, vocabulary, classes, "
-     "a training or language-model field (of those both have: an older checkpoint lacks the newer fields).")
+    ("Refuse a checkpoint of another run, naming what differs: task, variant, model, data, "
+     "vocabulary, classes, a training or language-model field (of those both have: an older "
+     "checkpoint lacks the newer fields).")
     old, new = st.get('config', {}), learn.config
     keys = ('task', 'variant', 'model', 'data_key', 'vocab_sz', 'n_classes')
     diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
-    for part in ('train', 'lm'): diff |= _differences(part, old.get(part) or {}, new.get(part) or {})
+    for part in ('train', 'lm'):
+        diff |= _differences(part, old.get(part) or {}, new.get(part) or {})
     if diff:
-        raise ValueError(f"checkpoint {file} was written by a different run; differences (checkpoint, now): {diff}. "
-                         "Resume it with its own settings, or train in another folder (from Python: another path, "
-                         "or resume=False)")
+        raise ValueError(f"checkpoint {file} was written by a different run; differences "
+                         f"(checkpoint, now): {diff}. Resume it with its own settings, or train "
+                         "in another folder (from Python: another path, or resume=False)")
+
 
 
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f01f
@@ -219,7 +251,8 @@ def restore_history(
     learn:Learner,   # a learner whose run has finished
     st:dict,         # the run's last checkpoint
 ):
-    "Put a finished run's history into `learn`: every epoch's row, the per-batch losses and rates, the epoch times."
+    ("Put a finished run's history into `learn`: every epoch's row, "
+     "the per-batch losses and rates, the epoch times.")
     rec = learn.recorder
     rec.values, rec.iters = [list(v) for v in st['values']], list(st['iters'])
     rec.losses, rec.lrs = [torch.tensor(v) for v in st['losses']], list(st['lrs'])
@@ -229,23 +262,26 @@ def restore_history(
 # %% ../nbs/07b_checkpoint.ipynb #b7c0f023
 def load_weights(
     learn:Learner,  # the learner whose model receives the weights
-    file,           # a state dict saved by `SaveBestCallback`, fastai's `learn.save`, or a `TrainCheckpoint`
+    file,           # a state dict from `SaveBestCallback`, `learn.save` or a `TrainCheckpoint`
 )->Learner:
     "Load model weights safely, with `torch.load(weights_only=True)`: no code in the file is run."
     if not Path(file).is_file(): raise FileNotFoundError(f"no weights at {file}")
     try: st = torch.load(file, map_location='cpu', weights_only=True)
-    except Exception as e:                                    # truncated, damaged, or not a weights file
-        raise ValueError(f"{file} is damaged or holds no weights ({error_line(e, with_type=True)[:300]}): restore it, "
+    except Exception as e:   # truncated, damaged, or not a weights file
+        raise ValueError(f"{file} is damaged or holds no weights "
+                         f"({error_line(e, with_type=True)[:300]}): restore it, "
                          "or train the run again in another folder") from None
     if isinstance(st, dict) and 'model' in st and isinstance(st['model'], dict): st = st['model']
     unwrap(learn.model).load_state_dict(st)
     return learn
 
 
+
 # %% ../nbs/07b_checkpoint.ipynb #ed1e19c4
 @dataclass
 class ModelRecipe:
-    "What rebuilds an encoder: its class, its config and its weights (picklable even when the model is not)."
+    ("What rebuilds an encoder: its class, its config and its weights "
+     "(picklable even when the model is not).")
     cls:type        # an `EncoderClassifier` subclass, built as `cls(cfg)`
     cfg:object      # its config dataclass
     state:dict      # its `state_dict()`
@@ -266,13 +302,15 @@ def load_trained(
     fname,            # a file written by `learn.export()` (or a run folder holding `export.pkl`)
     cpu:bool=True,    # put the model on the CPU
 )->Learner:           # the exported `learner.TaskLearner`
-    "Load an exported Learner with fastai's `load_learner`. This unpickles the file: only load files you trust."
+    ("Load an exported Learner with fastai's `load_learner`. "
+     "This unpickles the file: only load files you trust.")
     fname = Path(fname)
     if fname.is_dir(): fname = fname/'export.pkl'
     if not fname.is_file(): raise FileNotFoundError(f"no exported learner at {fname}")
-    warnings.warn(f"load_trained({str(fname)!r}) unpickles a whole Learner, which can run arbitrary code: only load "
-                  "files you trust. For weights alone, use get_learner(...) and load_weights(learn, file) "
-                  "(weights_only=True).", UserWarning, stacklevel=2)
+    warnings.warn(f"load_trained({str(fname)!r}) unpickles a whole Learner, which can run "
+                  "arbitrary code: only load files you trust. For weights alone, use "
+                  "get_learner(...) and load_weights(learn, file) (weights_only=True).",
+                  UserWarning, stacklevel=2)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='load_learner` uses Python')
         return load_learner(fname, cpu=cpu)
