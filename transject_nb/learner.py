@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 from .utils import fastai_quietly
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
-    import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle` (1cycle), `lr_find`, `fine_tune`
+    # `fit_one_cycle` (1cycle), `lr_find`, `fine_tune`
+    import fastai.callback.schedule  # noqa: F401
     import fastai.text.learner       # noqa: F401 -- `plot_top_losses` for `TensorText` inputs
     from fastai.callback.core import Callback
     from fastai.callback.fp16 import MixedPrecision
@@ -67,23 +68,28 @@ def get_dls(
     bucket:int=50,           # batches per length-sorted chunk
     device=None,             # where batches go (default: fastai's `default_device()`)
 )->TokenDataLoaders:         # train (shuffled, bucketed), valid and test (sorted by length)
-    "Length-bucketed, padded DataLoaders over the task's fastai `Datasets`, for the train, valid and test splits."
+    ("Length-bucketed, padded DataLoaders over the task's fastai `Datasets`, "
+     "for the train, valid and test splits.")
     device = default_device() if device is None else torch.device(device)
     max_len = max_len or data.max_len
     dsets = task_datasets(data, max_len)
     pm = 8 if device.type == 'cuda' else 1
-    def mk(i, shuffle, b): return BucketDL(dsets.subset(i), bs=b, shuffle=shuffle, seed=seed, bucket=bucket,
-                                           max_len=max_len, pad_multiple=pm, device=device)
-    return TokenDataLoaders(mk(0, True, bs), mk(1, False, 2 * bs), mk(2, False, 2 * bs), device=device)
+    def mk(i, shuffle, b): return BucketDL(dsets.subset(i), bs=b, shuffle=shuffle, seed=seed,
+                                           bucket=bucket, max_len=max_len, pad_multiple=pm,
+                                           device=device)
+    return TokenDataLoaders(mk(0, True, bs), mk(1, False, 2 * bs), mk(2, False, 2 * bs),
+                            device=device)
 
 # %% ../nbs/07_learner.ipynb #d1830db8
 class AuxLoss(Callback):
-    "Add `weight × model.aux_loss` to the training loss that is back-propagated (the logged loss stays the task's)."
+    ("Add `weight × model.aux_loss` to the training loss that is back-propagated "
+     "(the logged loss stays the task's).")
     order = 5
     def __init__(self, weight:float=1.0): self.weight = weight
     def after_loss(self):
         if not self.training or not self.weight or not len(self.yb): return
-        self.learn.loss_grad = self.learn.loss_grad + self.weight * unwrap(self.model).aux_loss.float()
+        self.learn.loss_grad = (self.learn.loss_grad
+                                + self.weight * unwrap(self.model).aux_loss.float())
 
 # %% ../nbs/07_learner.ipynb #d7c0f00c
 class ReconLoss(Metric):
@@ -100,7 +106,8 @@ class ReconLoss(Metric):
 
 # %% ../nbs/07_learner.ipynb #d7c0f00d
 def has_aux_loss(model:nn.Module)->bool:
-    "Whether `model` makes a trainable `aux_loss`, found by one tiny forward pass that leaves the RNG untouched."
+    ("Whether `model` makes a trainable `aux_loss`, found by one tiny forward pass "
+     "that leaves the RNG untouched.")
     was = model.training
     dev = next(model.parameters()).device
     with torch.random.fork_rng(devices=[dev] if dev.type == 'cuda' else []):
@@ -110,9 +117,11 @@ def has_aux_loss(model:nn.Module)->bool:
 
 # %% ../nbs/07_learner.ipynb #d9678ad9
 class TaskLearner(FixedLearner):
-    "A fastai `Learner` that knows its task: it carries tokenizer, class names and config, so `predict` takes raw text."
+    ("A fastai `Learner` that knows its task: it carries tokenizer, class names and config, "
+     "so `predict` takes raw text.")
     def __getstate__(self):
-        "Pickle (`learn.export`) with the model as a `ModelRecipe`: TransJect's parametrized modules cannot be pickled."
+        ("Pickle (`learn.export`) with the model as a `ModelRecipe`: "
+         "TransJect's parametrized modules cannot be pickled.")
         d = super().__getstate__()
         if isinstance(d.get('model'), EncoderClassifier): d['model'] = ModelRecipe.of(d['model'])
         return d
@@ -124,7 +133,7 @@ class TaskLearner(FixedLearner):
 # %% ../nbs/07_learner.ipynb #d7c0f010
 @patch
 def encode(self:TaskLearner,
-    texts,          # a raw text (for ListOps an expression, compact or LRA form), a list of them, or token ids
+    texts,          # raw text (ListOps: an expression, compact or LRA form), a list, or token ids
 )->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
     "Token ids of raw texts, with this learner's tokenizer."
     one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
@@ -149,7 +158,8 @@ def predict_proba(self:TaskLearner,
     was = model.training; model.eval()
     try:
         with torch.inference_mode():
-            for i in range(0, len(x), bs): out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
+            for i in range(0, len(x), bs):
+                out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
     finally: model.train(was)
     return torch.cat(out)
 
@@ -159,7 +169,7 @@ def predict(self:TaskLearner,
     item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
     rm_type_tfms=None,   # unused; fastai's signature
     with_input=False,    # also return the token ids
-):                       # `(class name, class id, probabilities)` as fastai's `predict`; the ids first if `with_input`
+):                       # as fastai's `predict`; the ids first if `with_input`
     "The class of one raw text: `(class name, class id, probabilities)`."
     p = self.predict_proba([item])[0]
     i = int(p.argmax())
@@ -171,19 +181,23 @@ def amp_mode(
     amp:str,       # `TrainConfig.amp`: 'auto', 'bf16', 'fp16' or 'off'
     device,        # where the run trains
 )->str:            # what it trains in: 'bf16', 'fp16' or 'off'
-    "The mixed precision a run trains in, 'auto' resolved; a precision `device` cannot give is refused."
+    ("The mixed precision a run trains in, 'auto' resolved; "
+     "a precision `device` cannot give is refused.")
     device = torch.device(device)
     if amp == 'off' or (amp == 'auto' and device.type != 'cuda'): return 'off'
     if device.type != 'cuda':
-        raise ValueError(f"amp={amp!r} is mixed precision on CUDA, and this run trains on {device.type} in float32: "
-                         "pass amp='off' (or 'auto', which is off there)")
+        raise ValueError(f"amp={amp!r} is mixed precision on CUDA, and this run trains on "
+                         f"{device.type} in float32: pass amp='off' (or 'auto', which is off "
+                         "there)")
     if amp == 'auto': return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
     if amp == 'bf16' and not torch.cuda.is_bf16_supported():
-        raise ValueError("amp='bf16': this GPU has no bfloat16; pass amp='fp16' (or 'auto', which picks it)")
+        raise ValueError("amp='bf16': this GPU has no bfloat16; pass amp='fp16' "
+                         "(or 'auto', which picks it)")
     return amp
 
 def _amp_cb(amp:str, device:torch.device):
     return None if (mode := amp_mode(amp, device)) == 'off' else MixedPrecision(amp_mode=mode)
+
 
 
 # %% ../nbs/07_learner.ipynb #d7c0f014
@@ -192,8 +206,9 @@ def train_callbacks(
     config:dict,           # the run's config, which its checkpoints carry
     aux:bool,              # whether the model has a trainable `aux_loss` (`has_aux_loss`)
     device:torch.device,   # where it trains
-)->list:                   # best model, early stopping, checkpoint, then aux loss, clipping, mixed precision, history
-    "The callbacks of a run: `SaveBestCallback`, early stopping, `TrainCheckpoint`, and those its settings ask for."
+)->list:                   # SaveBest, early stopping, checkpoint, aux loss, clipping, amp, history
+    ("The callbacks of a run: `SaveBestCallback`, early stopping, `TrainCheckpoint`, "
+     "and those its settings ask for.")
     cb = [SaveBestCallback(), EarlyStoppingCallback(monitor='valid_loss', patience=tcfg.patience),
           TrainCheckpoint(config=config)]
     if aux and tcfg.recon_weight: cb.append(AuxLoss(tcfg.recon_weight))
@@ -205,15 +220,18 @@ def train_callbacks(
 # %% ../nbs/07_learner.ipynb #d7c0f01a
 def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->TaskData:
     if data is None:
-        check_listops_len(task, max_len, rc['data'])                   # generated here: not cut without a word
-        data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
+        check_listops_len(task, max_len, rc['data'])   # generated here: not cut without a word
+        data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
+                         **rc['data'].load_kwargs())
     if not isinstance(data, TaskData):
         raise TypeError(f"data must be a TaskData from load_task, got {type(data).__name__}")
     if data.task != task: raise ValueError(f"data are for task {data.task!r}, not {task!r}")
     if rc['n_classes'] is not None and rc['n_classes'] != data.n_classes:
-        raise ValueError(f"preset {rc['preset']} says n_classes={rc['n_classes']} but the data have {data.n_classes}")
+        raise ValueError(f"preset {rc['preset']} says n_classes={rc['n_classes']} "
+                         f"but the data have {data.n_classes}")
     if data.max_len > max_len:
-        data = dataclasses.replace(data, train=data.train.truncate(max_len), valid=data.valid.truncate(max_len),
+        data = dataclasses.replace(data, train=data.train.truncate(max_len),
+                                   valid=data.valid.truncate(max_len),
                                    test=data.test.truncate(max_len), max_len=max_len)
     return data
 
@@ -221,9 +239,9 @@ def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->Ta
 def get_learner(
     task:str,                 # one of `TASKS`
     variant:str,              # one of `VARIANTS`
-    preset:str='auto',        # one of `PRESETS`: 'paper', 'cpu', 'repro' or 'auto' (the CPU one unless CUDA is there)
-    data:TaskData|None=None,  # the task's data, already loaded (else `load_task` with the data fields)
-    path=None,                # run folder: best model, checkpoint, history, export (default `runs/<task>/<variant>`)
+    preset:str='auto',        # one of `PRESETS`, or 'auto' (the CPU one unless CUDA is there)
+    data:TaskData|None=None,  # the task's data, loaded (else `load_task` with the data fields)
+    path=None,                # run folder (default `runs/<task>/<variant>`): weights, history, ...
     cbs=None,                 # more callbacks
     cache_dir=None,           # `load_task`'s cache folder (False: no cache)
     device=None,              # where to train (default: CUDA if available, else CPU)
@@ -240,67 +258,85 @@ def get_learner(
     model = create_model(variant, data.vocab_sz, data.n_classes, **mcfg).to(device)
     aux = has_aux_loss(model)
     dls = get_dls(data, tcfg.bs, tcfg.seed, max_len, tcfg.bucket, device)
-    opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
-    config = dict(task=task, variant=variant, preset=rc['preset'], model=dict(mcfg), train=dataclasses.asdict(tcfg),
-                  data=dataclasses.asdict(dcfg), data_key=data.cache_key, data_source=data.source,
+    opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps,
+                       wd=tcfg.weight_decay)
+    config = dict(task=task, variant=variant, preset=rc['preset'], model=dict(mcfg),
+                  train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg),
+                  data_key=data.cache_key, data_source=data.source,
                   vocab_sz=data.vocab_sz, n_classes=data.n_classes)
     cbs = train_callbacks(tcfg, config, aux, device) + list(L(cbs))
     path = Path(path) if path is not None else Path('runs')/task/variant
-    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=opt_func, lr=tcfg.lr,
-                        wd=tcfg.weight_decay, metrics=[accuracy] + ([ReconLoss()] if aux else []), cbs=cbs, path=path)
-    learn.tokenizer, learn.classes, learn.task, learn.variant = data.tokenizer, tuple(data.classes), task, variant
-    learn.max_len, learn.config, learn.train_cfg, learn.data_summary = max_len, config, tcfg, data.summary()
+    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=opt_func,
+                        lr=tcfg.lr, wd=tcfg.weight_decay,
+                        metrics=[accuracy] + ([ReconLoss()] if aux else []), cbs=cbs, path=path)
+    learn.tokenizer, learn.classes, learn.task, learn.variant = (
+        data.tokenizer, tuple(data.classes), task, variant)
+    learn.max_len, learn.config, learn.train_cfg, learn.data_summary = (
+        max_len, config, tcfg, data.summary())
     return learn
 
 # %% ../nbs/07_learner.ipynb #dad9e2bc
 class EpochLines(Callback):
-    "One plain line per epoch (epoch, losses, metrics, time) in place of fastprogress's bars and table, for log files."
-    order = 60   # fastai's ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63)
+    ("One plain line per epoch (epoch, losses, metrics, time) "
+     "in place of fastprogress's bars and table, for log files.")
+    # ProgressCallback's: after the Recorder (50) has the epoch's row, before early stopping (63)
+    order = 60
     def after_epoch(self):
         row = dict(zip(self.recorder.metric_names, self.recorder.log))
         ep = row.pop('epoch', self.epoch)
-        vals = ', '.join(f"{k} {v:.4f}" if isinstance(v, (float, np.floating)) else f"{k} {v}" for k, v in row.items())
+        vals = ', '.join(f"{k} {v:.4f}" if isinstance(v, (float, np.floating)) else f"{k} {v}"
+                         for k, v in row.items())
         note = ' (replayed from the checkpoint)' if getattr(self.learn, 'replaying', False) else ''
-        print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)   # numbered from 0, as in `history`
+        # numbered from 0, as in `history`
+        print(f"epoch {ep} ({ep + 1} of {self.n_epoch}): {vals}{note}", flush=True)
 
 # %% ../nbs/07_learner.ipynb #6db62cfd
 def _goes_on(st:dict, epochs:int, tcfg:TrainConfig, file)->bool:
-    "Whether a finished run trains on to `epochs`: it ran out of epochs before early stopping was due."
+    ("Whether a finished run trains on to `epochs`: "
+     "it ran out of epochs before early stopping was due.")
     last = st['epoch']
     if st['early_stopped'] or epochs <= last + 1: return False
-    best = int(np.argmin([v[1] for v in st['values']]))        # each row: train_loss, valid_loss, ...
-    if last - best >= tcfg.patience: return False              # early stopping was due at its last epoch
+    best = int(np.argmin([v[1] for v in st['values']]))   # each row: train_loss, valid_loss, ...
+    if last - best >= tcfg.patience: return False   # early stopping was due at its last epoch
     if tcfg.sched == '1cycle':
-        raise ValueError(f"{file}: a finished '1cycle' run cannot go on to {epochs} epochs, because its rates follow "
-                         f"its length ({last + 1} epochs); pass resume=False to train it afresh")
+        raise ValueError(f"{file}: a finished '1cycle' run cannot go on to {epochs} epochs, "
+                         f"because its rates follow its length ({last + 1} epochs); pass "
+                         f"resume=False to train it afresh")
     if best != last:
-        warnings.warn(f"{file}: the run ran out of epochs at epoch {last}, but a finished run's checkpoint keeps its "
-                      f"best weights (epoch {best}'s); it goes on from those, with epoch {last}'s optimiser state",
+        warnings.warn(f"{file}: the run ran out of epochs at epoch {last}, but a finished run's "
+                      f"checkpoint keeps its best weights (epoch {best}'s); it goes on from "
+                      f"those, with epoch {last}'s optimiser state",
                       UserWarning, stacklevel=3)
     return True
 
 # %% ../nbs/07_learner.ipynb #2a7d5ccb
 def _check_budget(st:dict, epochs:int, tcfg:TrainConfig, file):
-    "Refuse a budget that would report a mix of two runs: fewer epochs than the checkpoint's run has trained."
-    ran, planned = st['epoch'] + 1, (st.get('config', {}).get('train') or {}).get('epochs', st['epoch'] + 1)
+    ("Refuse a budget that would report a mix of two runs: "
+     "fewer epochs than the checkpoint's run has trained.")
+    ran, planned = st['epoch'] + 1, ((st.get('config', {}).get('train') or {})
+                                     .get('epochs', st['epoch'] + 1))
     if epochs < ran:
-        raise ValueError(f"{file}: its run has trained {ran} epochs (it was set to {planned}); epochs={epochs} would "
-                         f"report them as a shorter run: resume with epochs={max(planned, ran)}, or more to extend "
-                         "it, or train in another folder")
+        raise ValueError(f"{file}: its run has trained {ran} epochs (it was set to {planned}); "
+                         f"epochs={epochs} would report them as a shorter run: resume with "
+                         f"epochs={max(planned, ran)}, or more to extend it, or train in another "
+                         "folder")
     if tcfg.sched == '1cycle' and not st['done'] and epochs != planned:
-        raise ValueError(f"{file}: an unfinished '1cycle' run goes on only to its own {planned} epochs, because "
-                         f"its rates follow its length; resume with epochs={planned}, or train in another folder")
+        raise ValueError(f"{file}: an unfinished '1cycle' run goes on only to its own {planned} "
+                         f"epochs, because its rates follow its length; resume with "
+                         f"epochs={planned}, or train in another folder")
+
 
 
 # %% ../nbs/07_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
     resume:bool=True,      # continue from the run folder's checkpoint if there is one
-    # most epochs (default: the config's); more than a finished run ran, without stopping early, trains it on
+    # most epochs (default: the config's); more trains a finished run on, unless it stopped early
     epochs:int|None=None,
-    progress:bool|str=True, # True: bars and table in a notebook or terminal, else lines; or 'bars', 'lines', False
+    progress:bool|str=True, # True: bars where interactive, else lines; or 'bars', 'lines', False
 )->TaskLearner:            # the same learner, holding the best weights
-    "Train with the configured schedule, early stopping and checkpoints; resume or extend a run from its checkpoint."
+    ("Train with the configured schedule, early stopping and checkpoints; "
+     "resume or extend a run from its checkpoint.")
     mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
     if mode not in (False, 'bars', 'lines'):
         raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
@@ -313,7 +349,7 @@ def train_learner(
         st = load_checkpoint(tcb.file)
         check_resumable(learn, st, tcb.file)
         _check_budget(st, epochs, tcfg, tcb.file)
-        if st['done'] and not _goes_on(st, epochs, tcfg, tcb.file):   # finished: best weights, history
+        if st['done'] and not _goes_on(st, epochs, tcfg, tcb.file):   # done: best weights, history
             best = learn.save_best.file
             load_weights(learn, best if best.exists() else tcb.file)
             restore_history(learn, st)
@@ -321,13 +357,15 @@ def train_learner(
     tcb.state = st
     start = st['epoch'] + 1 if st else 0
     on_cpu = next(unwrap(learn.model).parameters()).device.type == 'cpu'
-    ctx = learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # accelerate needs cpu=True for gloo
+    ctx = learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # gloo: cpu=True
     bars = nullcontext() if mode == 'bars' else learn.no_bar()
     table = nullcontext() if mode == 'bars' else learn.no_logging()
-    lines = learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib() else nullcontext()
+    lines = (learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib()
+             else nullcontext())
     with ctx, bars, table, lines:
         if tcfg.sched == '1cycle':
-            learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay, start_epoch=start)
+            learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay,
+                                start_epoch=start)
         else: learn.fit(epochs, tcfg.lr, wd=tcfg.weight_decay, start_epoch=start)
     return learn
 
@@ -338,33 +376,39 @@ def history(
     "The per-epoch table of a run."
     names = [n for n in learn.recorder.metric_names if n not in ('epoch', 'time')]
     values = learn.recorder.values
-    df = pd.DataFrame([list(v) for v in values], columns=names[:len(values[0])] if values else names)
+    df = pd.DataFrame([list(v) for v in values],
+                      columns=names[:len(values[0])] if values else names)
     df.index.name = 'epoch'
-    if (t := getattr(learn, 'epoch_times', None)) and len(t) == len(df): df['seconds'] = np.round(t, 2)
+    if (t := getattr(learn, 'epoch_times', None)) and len(t) == len(df):
+        df['seconds'] = np.round(t, 2)
     return df
 
 # %% ../nbs/07_learner.ipynb #d7c0f016
 def evaluate(
     learn:TaskLearner,   # a trained learner
 )->dict:                 # test and validation loss and accuracy, with what to read them against
-    "Validation and test loss and accuracy of the learner's current (best) weights; the only use of the test set."
+    ("Validation and test loss and accuracy of the learner's current (best) weights; "
+     "the only use of the test set.")
     with learn.no_bar(): va, te = learn.validate(ds_idx=1), learn.validate(ds_idx=2)
     h = history(learn) if learn.recorder.values else None
     test_counts = learn.dls.test.targets.bincount()
     return dict(task=learn.task, variant=learn.variant, seed=learn.train_cfg.seed,
-                test_acc=float(te[1]), test_loss=float(te[0]), valid_acc=float(va[1]), valid_loss=float(va[0]),
-                majority=float(test_counts.max() / test_counts.sum()), params=n_params(unwrap(learn.model)),
-                epochs=0 if h is None else len(h), best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
-                train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
+                test_acc=float(te[1]), test_loss=float(te[0]), valid_acc=float(va[1]),
+                valid_loss=float(va[0]), majority=float(test_counts.max() / test_counts.sum()),
+                params=n_params(unwrap(learn.model)), epochs=0 if h is None else len(h),
+                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
+                train_secs=(None if h is None or 'seconds' not in h
+                            else round(float(h['seconds'].sum()), 1)))
 
 # %% ../nbs/07_learner.ipynb #d43e9465
 def plot_curves(
-    hist,                 # a learner, a history DataFrame, or a dict name -> history (or list of histories, over seeds)
+    hist,                 # a learner, a history, or {name: history or list of histories (seeds)}
     metric:str|None=None, # for a dict: the column to plot (default 'accuracy')
     ax=None,              # matplotlib Axes; a new figure if None
     title:str|None=None,  # axes title
 ):                        # the Axes
-    "Learning curves: one run's train and validation loss, or one validation curve per run (mean ± std over seeds)."
+    ("Learning curves: one run's train and validation loss, "
+     "or one validation curve per run (mean ± std over seeds).")
     import matplotlib.pyplot as plt
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     if isinstance(hist, Learner): hist = history(hist)
@@ -381,9 +425,11 @@ def plot_curves(
             for j, h in enumerate(hs): m[j, :len(h)] = h[metric].to_numpy()
             mu, sd = np.nanmean(m, 0), np.nan_to_num(np.nanstd(m, 0))
             ep = np.arange(1, n + 1)
-            ax.plot(ep, mu, marker='o', ms=3, color=f'C{i}', ls='-' if i < 10 else '--', label=name)
+            ax.plot(ep, mu, marker='o', ms=3, color=f'C{i}', ls='-' if i < 10 else '--',
+                    label=name)
             if len(hs) > 1: ax.fill_between(ep, mu - sd, mu + sd, color=f'C{i}', alpha=.15)
-        ax.set_ylabel(f'validation {metric}' if not metric.startswith(('valid', 'train')) else metric)
+        ax.set_ylabel(f'validation {metric}' if not metric.startswith(('valid', 'train'))
+                      else metric)
     ax.set_xlabel('epoch'); ax.legend(fontsize=7)
     if title: ax.set_title(title)
     return ax
@@ -395,23 +441,27 @@ LR_FIND = 'find'   # the value of `lr` that asks `find_lr` for the rate
 def find_lr(
     learn:TaskLearner,   # from `get_learner`, not trained yet
     num_it:int=100,      # mini-batches of the range test
-)->float:                # the rate chosen, now `learn.train_cfg.lr` and the run's recorded config
-    "fastai's `lr_find` (its valley) as the run's learning rate; the model, run folder and callbacks stay as they were."
+)->float:                # the rate chosen, now `learn.train_cfg.lr` and in the run's config
+    ("fastai's `lr_find` (its valley) as the run's learning rate; "
+     "the model, run folder and callbacks stay as they were.")
     from fastai.callback.schedule import valley
-    if learn.train_checkpoint.file.exists():                            # a started run keeps its rate
+    if learn.train_checkpoint.file.exists():   # a started run keeps its rate
         lr = float(load_checkpoint(learn.train_checkpoint.file)['config']['train']['lr'])
     else:
         quiet = [cb for cb in learn.cbs
-                 if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback, EarlyStoppingCallback))]
+                 if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback,
+                                    EarlyStoppingCallback))]
         with learn.removed_cbs(quiet), learn.no_bar(), learn.no_logging():
-            lr = float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,), show_plot=False).valley)
-        learn.opt = None                                                # training starts with a fresh optimizer
+            lr = float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,),
+                                     show_plot=False).valley)
+        learn.opt = None   # training starts with a fresh optimizer
     learn.train_cfg = dataclasses.replace(learn.train_cfg, lr=lr)
-    learn.config['train']['lr'] = learn.lr = lr                         # the checkpoint and results.json record it
+    learn.config['train']['lr'] = learn.lr = lr   # the checkpoint and results.json record it
     return lr
 
 # %% ../nbs/07_learner.ipynb #e74acf08
 def end_distributed():
-    "Close the process group distributed training opened, if any, so that the process exits cleanly."
+    ("Close the process group distributed training opened, if any, "
+     "so that the process exits cleanly.")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
