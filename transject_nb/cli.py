@@ -29,9 +29,10 @@ from .utils import (DEBUG_ENV, PRESET_KINDS, TASKS, Stopped, atomic_write,
                                 error_line, load_preset, preset_section, remove_temporaries,
                                 settings_files, split_choices, split_fields)
 from .data import load_task
-from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS, check_listops_len,
-                                 preset_configs, resolve_config, valid_fields)
-from .learner import LR_FIND, end_distributed, find_lr, evaluate, get_learner, history, plot_curves, train_learner
+from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS,
+                                 check_listops_len, preset_configs, resolve_config, valid_fields)
+from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,
+                                  history, plot_curves, train_learner)
 from .experiments import RESULT_COLUMNS, results_table
 from .models import VARIANTS
 import transject_nb
@@ -41,8 +42,8 @@ from .protocol import STUDY_HELP, add_study_args, study_command
 # %% ../nbs/08_cli.ipynb #7921553b
 DEMO = dict(
     task='listops', preset='cpu', seeds=(42,),
-    overrides=dict(max_len=64, n_train=6000, n_valid=500, n_test=1000, min_length=8, max_length=64, max_depth=4,
-                   max_args=5, d_model=64, n_layers=2, epochs=5, patience=3,
+    overrides=dict(max_len=64, n_train=6000, n_valid=500, n_test=1000, min_length=8, max_length=64,
+                   max_depth=4, max_args=5, d_model=64, n_layers=2, epochs=5, patience=3,
                    lr='find', bs=32),   # each variant's rate from fastai's lr_find
 )
 
@@ -50,8 +51,8 @@ DEMO = dict(
 def field_configs(
     variants,   # the variants that will be run
 )->dict:        # field name -> the config dataclass whose annotation types it
-    ("The dataclass of every field a run of `variants` accepts: each variant's config for its model fields, "
-     "`TrainConfig`, `DataConfig`.")
+    ("The dataclass of every field a run of `variants` accepts: each variant's config for its "
+     "model fields, `TrainConfig`, `DataConfig`.")
     out = {}
     for v in variants:
         for k in valid_fields(v)['model']: out.setdefault(k, variant_spec(v).config_cls)
@@ -66,10 +67,12 @@ def parse_overrides(
     owners, out = field_configs(variants), {}
     for k, v in split_fields(args):
         check_choice(k, owners, 'field')
-        if (k, v) == ('lr', LR_FIND): out[k] = LR_FIND; continue        # `--lr find`: the rate from fastai's lr_find
+        # `--lr find`: the rate from fastai's lr_find
+        if (k, v) == ('lr', LR_FIND): out[k] = LR_FIND; continue
         try: out[k] = convert_field(owners[k], k, v, where=f'--{k}')
         except ValueError as e:
-            raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr' else str(e)) from None
+            raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr'
+                             else str(e)) from None
     return out
 
 # %% ../nbs/08_cli.ipynb #9e19e694
@@ -84,51 +87,60 @@ def _class_default(cls, name:str):
 
 def _field_doc(cls, name:str)->str:
     "The docments comment of `name` in `cls` or the first of its bases that has one."
-    return next((d for c in cls.__mro__ if '__dataclass_fields__' in vars(c) and (d := docments(c).get(name))), '')
+    return next((d for c in cls.__mro__
+                 if '__dataclass_fields__' in vars(c) and (d := docments(c).get(name))), '')
 
-def _group(name:str)->str: return 'train' if name in TRAIN_FIELDS else 'data' if name in DATA_FIELDS else 'model'
+def _group(name:str)->str:
+    return 'train' if name in TRAIN_FIELDS else 'data' if name in DATA_FIELDS else 'model'
 
 def field_defaults(
     variants,            # the variants a run may train
     tasks=None,          # the tasks (default: all of `TASKS`)
     preset:str='auto',   # one of `config.PRESETS`
-)->pd.DataFrame:         # a row per field and task: group, type, default, source, variants that have it, description
-    "The default of each field a run of `variants` accepts, per task: its preset in settings.ini, else its dataclass's."
+)->pd.DataFrame:         # a row per field and task: group, type, default, source, variants, doc
+    ("The default of each field a run of `variants` accepts, per task: "
+     "its preset in settings.ini, else its dataclass's.")
     vs, owners, rows = list(variants), field_configs(variants), []
     has = {k: [v for v in vs if k in valid_fields(v)['model']] for k in owners}
     for t in tasks or TASKS:
-        section = resolve_config(t, vs[0], preset)['preset']                   # 'auto' resolved as a run resolves it
+        section = resolve_config(t, vs[0], preset)['preset']   # 'auto' resolved as a run does
         kind = next(k for k in PRESET_KINDS if preset_section(t, k) == section)
         vals = load_preset(t, kind, configs=preset_configs())
         for k, cls in owners.items():
             only = has[k] if _group(k) == 'model' and len(has[k]) < len(vs) else []
             rows.append(dict(field=k, group=_group(k), type=_type_text(cls, k), task=t,
                              default=vals[k] if k in vals else _class_default(cls, k),
-                             source=f'[{section}]' if k in vals else cls.__name__, variants=', '.join(only),
-                             doc=_field_doc(cls, k)))
-    return pd.DataFrame(rows, dtype=object)                      # object: an int default stays an int beside None
+                             source=f'[{section}]' if k in vals else cls.__name__,
+                             variants=', '.join(only), doc=_field_doc(cls, k)))
+    return pd.DataFrame(rows, dtype=object)   # object: an int default stays an int beside None
 
 # %% ../nbs/08_cli.ipynb #b6f3c048
 _FIELD_TITLES = dict(model='model fields (--field value)', train='training fields (--field value)',
                      data='data fields (--field value)')
 
 def _default_text(rows:pd.DataFrame)->str:
-    "'default V (where)', or each value with its tasks where they differ; `[<task>-cpu]` stands for each task's."
+    ("'default V (where)', or each value with its tasks where they differ; "
+     "`[<task>-cpu]` stands for each task's.")
     by = {}
     for t, v, s in zip(rows.task, rows.default, rows.source):
-        by.setdefault((str(v), s.replace(f'[{t}', '[<task>') if len(rows) > 1 else s), []).append(t)
+        by.setdefault((str(v), s.replace(f'[{t}', '[<task>') if len(rows) > 1 else s),
+                      []).append(t)
     if len(by) == 1: return f"default {next(iter(by))[0]} ({next(iter(by))[1]})"
     srcs = {s for _, s in by}
-    one = lambda s, ts: '' if len(srcs) == 1 else f" ({s.replace('<task>', ts[0]) if len(ts) == 1 else s})"
+    one = lambda s, ts: ('' if len(srcs) == 1
+                         else f" ({s.replace('<task>', ts[0]) if len(ts) == 1 else s})")
     text = '; '.join(f"{v} for {', '.join(ts)}{one(s, ts)}" for (v, s), ts in by.items())
     return f"default {text}" + (f" ({srcs.pop()})" if len(srcs) == 1 else '')
 
 def _field_line(name:str, rows:pd.DataFrame, families:dict)->tuple:
     "(metavar, help) of one field."
     typ, doc, only = rows.type.iloc[0], rows.doc.iloc[0], rows.variants.iloc[0]
-    if name == 'lr': typ, doc = f'{typ}|{LR_FIND}', f"{doc}; '{LR_FIND}': fastai's lr_find picks it (learner.find_lr)"
+    if name == 'lr':
+        typ, doc = (f'{typ}|{LR_FIND}',
+                    f"{doc}; '{LR_FIND}': fastai's lr_find picks it (learner.find_lr)")
     if only: only = f"; {families.get(only, only)} only"
-    return typ, f"{doc}; {_default_text(rows)}{only}".replace('%', '%%')   # argparse %-formats help
+    # argparse %-formats help
+    return typ, f"{doc}; {_default_text(rows)}{only}".replace('%', '%%')
 
 # %% ../nbs/08_cli.ipynb #3b6e66ca
 def fields_help(
@@ -137,23 +149,30 @@ def fields_help(
     task:str|None=None,              # the task (None: every task)
     preset:str|None=None,            # one of `config.PRESETS` (None: 'auto')
 )->str:                              # the parser's help, then one group per kind of field
-    "`parser`'s help, then every `--field value` a run of `variants` accepts, grouped, with type, default and preset."
+    ("`parser`'s help, then every `--field value` a run of `variants` accepts, "
+     "grouped, with type, default and preset.")
     vs, preset = list(variants), preset or 'auto'
     df = field_defaults(vs, [task] if task else None, preset)
     t0, several = df.task.iloc[0], df.task.nunique() > 1
-    section = df.source[df.source.str.startswith('[')].iloc[0].replace(f'[{t0}', '[<task>' if several else f'[{t0}')
-    kind = next(k for k in PRESET_KINDS if preset_section(t0, k) == resolve_config(t0, vs[0], preset)['preset'])
-    fams = [[v for v in vs if variant_spec(v).family == f] for f in dict.fromkeys(variant_spec(v).family for v in vs)]
+    section = (df.source[df.source.str.startswith('[')].iloc[0]
+               .replace(f'[{t0}', '[<task>' if several else f'[{t0}'))
+    kind = next(k for k in PRESET_KINDS
+                if preset_section(t0, k) == resolve_config(t0, vs[0], preset)['preset'])
+    fams = [[v for v in vs if variant_spec(v).family == f]
+            for f in dict.fromkeys(variant_spec(v).family for v in vs)]
     families = {', '.join(f): f"{variant_spec(f[0]).family} variants" for f in fams if len(f) > 1}
     files = ' + '.join(map(str, settings_files()))
-    one = "; give --task (and --variant(s), --preset) before --help to see one task's" if several else ''
-    intro = dict(model=f"Any field below can follow the options as --field value, typed by its annotation. Defaults: "
-                       f"the {kind} preset (--preset {preset}), section{'s' if several else ''} {section} of {files}, "
+    one = ("; give --task (and --variant(s), --preset) before --help to see one task's" if several
+           else '')
+    intro = dict(model=f"Any field below can follow the options as --field value, typed by its "
+                       f"annotation. Defaults: the {kind} preset (--preset {preset}), "
+                       f"section{'s' if several else ''} {section} of {files}, "
                        f"else the config dataclass's own{one}. Of the variant's config:",
                  train='Of TrainConfig:', data='Of DataConfig:')
     usage = parser.format_usage().removeprefix('usage: ').rstrip()
-    h = argparse.ArgumentParser(prog=parser.prog, usage=usage, description=parser.description, epilog=parser.epilog,
-                                parents=[parser], add_help=False,               # a copy to print; `parser` is untouched
+    # a copy to print; `parser` is untouched
+    h = argparse.ArgumentParser(prog=parser.prog, usage=usage, description=parser.description,
+                                epilog=parser.epilog, parents=[parser], add_help=False,
                                 formatter_class=parser.formatter_class)
     for g, rows in df.groupby('group', sort=False):
         grp = h.add_argument_group(_FIELD_TITLES[g], intro[g])
@@ -164,19 +183,23 @@ def fields_help(
 
 # %% ../nbs/08_cli.ipynb #ae17dc55
 class FieldsHelp(argparse.Action):
-    "`-h/--help` of `train` and `compare`: `fields_help` for the task, variant(s) and preset given before it; exit."
+    ("`-h/--help` of `train` and `compare`: `fields_help` "
+     "for the task, variant(s) and preset given before it; exit.")
     def __init__(self,
         option_strings,               # '-h', '--help'
         dest=argparse.SUPPRESS,       # nothing is stored
         default=argparse.SUPPRESS,    # nor defaulted
-        help="show this help, with every --field value the command accepts and its default, and exit",   # its line
+        # its line
+        help=("show this help, with every --field value the command accepts and its default, "
+              "and exit"),
     ): super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
         names = getattr(namespace, 'variant', None) or getattr(namespace, 'variants', None)
         try: vs = split_choices(names, VARIANTS, 'variant')
-        except ValueError: vs = list(VARIANTS)                        # a bad --variants is reported by the command
-        print(fields_help(parser, vs, getattr(namespace, 'task', None), getattr(namespace, 'preset', None)), end='')
+        except ValueError: vs = list(VARIANTS)   # a bad --variants is reported by the command
+        print(fields_help(parser, vs, getattr(namespace, 'task', None),
+                          getattr(namespace, 'preset', None)), end='')
         parser.exit()
 
 # %% ../nbs/08_cli.ipynb #c9bb48b5
@@ -185,25 +208,32 @@ def _rank0()->bool: return rank_distrib() == 0
 def _out_dir(out, task:str)->Path:
     if out is not None: return Path(out)
     if num_distrib() > 1:
-        raise ValueError("with several processes, pass --out so that all of them write to the same folder")
+        raise ValueError("with several processes, pass --out so that all of them write to the "
+                         "same folder")
     return Path('runs')/task/datetime.now().strftime('%Y%m%d-%H%M%S')
 
-RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl', 'results.json')
+RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl',
+             'results.json')
 COMPARISON_FILES = ('results.csv', 'summary.csv', 'summary.md', 'curves.png')
 
 def _holds(path:Path)->str|None:
-    "What `path` holds: 'comparison' (its tables, or its runs' folders), 'run' (a run's files), or None."
-    if any((path/f).exists() for f in COMPARISON_FILES) or any(path.glob('*/seed*/models/checkpoint.pth')):
+    ("What `path` holds: 'comparison' (its tables, or its runs' folders), "
+     "'run' (a run's files), or None.")
+    if (any((path/f).exists() for f in COMPARISON_FILES)
+            or any(path.glob('*/seed*/models/checkpoint.pth'))):
         return 'comparison'
     return 'run' if any((path/f).exists() for f in RUN_FILES) else None
 
 def _check_out(path:Path, want:str, resume:bool):
-    "Refuse to write a `want` ('run' or 'comparison') over a folder's run or comparison, unless `resume` continues it."
+    ("Refuse to write a `want` ('run' or 'comparison') over a folder's run or comparison, "
+     "unless `resume` continues it.")
     held = _holds(path)
     if held is not None and held != want:
-        raise FileExistsError(f"{path} holds a {held}, and a {want} would write over its files: choose another --out")
+        raise FileExistsError(f"{path} holds a {held}, and a {want} would write over its files: "
+                              "choose another --out")
     if held is not None and not resume:
-        raise FileExistsError(f"{path} already holds a {held}; pass --resume to continue it, or another --out")
+        raise FileExistsError(f"{path} already holds a {held}; pass --resume to continue it, "
+                              "or another --out")
 
 def _json_default(o):
     "What `json.dump` does not write itself: numpy scalars become Python numbers, paths text."
@@ -217,18 +247,19 @@ def _say_presets(section:str):
 # %% ../nbs/08_cli.ipynb #73602e19
 def run_env(
     device=None,   # the device the run used (a `torch.device` or its name); None: the CPU
-)->dict:           # package, commit, python, device, date; `bench.machine_info`'s cpu, cores, threads, torch, load, gpu
+)->dict:           # package, commit, python, device, date, and `bench.machine_info`'s
     "Where and with what a run ran, for its results file."
-    git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent, capture_output=True, text=True,
-                                    timeout=10)
+    git = lambda *a: subprocess.run(['git', *a], cwd=Path(transject_nb.__file__).parent,
+                                    capture_output=True, text=True, timeout=10)
     try:
         # a checkout that tracks this very file, not an install inside some repo
         tracked = git('ls-files', '--error-unmatch', '__init__.py').returncode == 0
-        commit = (git('describe', '--always', '--dirty').stdout.strip() or None) if tracked else None
+        commit = ((git('describe', '--always', '--dirty').stdout.strip() or None) if tracked
+                  else None)
     except (OSError, subprocess.SubprocessError): commit = None      # no git
     dev = 'cpu' if device is None else str(device)
-    return dict(package=transject_nb.__version__, commit=commit, python=platform.python_version(), device=dev,
-                date=datetime.now().isoformat(timespec='seconds')) | machine_info(dev)
+    return dict(package=transject_nb.__version__, commit=commit, python=platform.python_version(),
+                device=dev, date=datetime.now().isoformat(timespec='seconds')) | machine_info(dev)
 
 # %% ../nbs/08_cli.ipynb #c9bb48b6
 def run_one(
@@ -240,53 +271,63 @@ def run_one(
     resume:bool=False,      # continue the run in `path` if there is one
     export:bool=True,       # also write `export.pkl`
     cache_dir=None,         # `load_task`'s cache folder
-    # while training: bars in a notebook or terminal, else one line per epoch (see `train_learner`); False: nothing
+    # while training: bars in a notebook or terminal, else lines (`train_learner`); False: nothing
     progress:bool|str=True,
-    **overrides,            # any model, training or data field; `lr='find'`: the rate from `learner.find_lr`
+    **overrides,            # any model, training or data field; `lr='find'`: `learner.find_lr`'s
 )->tuple:                   # `(learner, results dict)`
-    "Train one variant, evaluate it on the test set, and save the model, its history and a JSON of the results."
+    ("Train one variant, evaluate it on the test set, "
+     "and save the model, its history and a JSON of the results.")
     path = Path(path)
     _check_out(path, 'run', resume)
     find = overrides.get('lr') == LR_FIND
     if find: overrides = {k: v for k, v in overrides.items() if k != 'lr'}
-    learn = get_learner(task, variant, preset=preset, data=data, path=path, cache_dir=cache_dir, **overrides)
-    check_writable(path)                                      # a read-only folder or a full disk, before training
+    learn = get_learner(task, variant, preset=preset, data=data, path=path, cache_dir=cache_dir,
+                        **overrides)
+    check_writable(path)   # a read-only folder or a full disk, before training
     if find: find_lr(learn)
     train_learner(learn, resume=resume, progress=progress)
     res = evaluate(learn) | dict(lr=learn.train_cfg.lr)
     if _rank0():
         if export: learn.export('export.pkl')
         h = history(learn)
-        js = dict(results=res, config=learn.config, presets=settings_files(), env=run_env(learn.dls.device),
-                  history=h.reset_index().to_dict('list'))
+        js = dict(results=res, config=learn.config, presets=settings_files(),
+                  env=run_env(learn.dls.device), history=h.reset_index().to_dict('list'))
         atomic_write(path/'results.json', json.dumps(js, indent=1, default=_json_default))
     return learn, res
 
 # %% ../nbs/08_cli.ipynb #80d5f8b7
 def to_markdown(df:pd.DataFrame)->str:
-    "A pipe table of `df` with its index (pandas' `to_markdown` needs the `tabulate` package, which we do not require)."
+    ("A pipe table of `df` with its index "
+     "(pandas' `to_markdown` needs the `tabulate` package, which we do not require).")
     cols = [df.index.name or ''] + [str(c) for c in df.columns]
     rows = [[str(i)] + [str(v) for v in r] for i, r in zip(df.index, df.itertuples(index=False))]
     w = [max(len(c), *(len(r[j]) for r in rows)) if rows else len(c) for j, c in enumerate(cols)]
-    line = lambda r: '| ' + ' | '.join(x.ljust(w[j]) if j == 0 else x.rjust(w[j]) for j, x in enumerate(r)) + ' |'
-    rule = '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':' for j in range(len(cols))) + '|'
+    line = lambda r: ('| ' + ' | '.join(x.ljust(w[j]) if j == 0 else x.rjust(w[j])
+                                        for j, x in enumerate(r)) + ' |')
+    rule = '|' + '|'.join(':' + '-' * (w[j] + 1) if j == 0 else '-' * (w[j] + 1) + ':'
+                          for j in range(len(cols))) + '|'
     return '\n'.join([line(cols), rule] + [line(r) for r in rows])
 
 # %% ../nbs/08_cli.ipynb #c8c0f002
-def _pm(m, s, n)->str: return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
+def _pm(m, s, n)->str:
+    return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
 
 def summary_table(
     results:list,    # dicts from `learner.evaluate`, one per run, all of one task
 )->pd.DataFrame:     # one row per variant, in the order first seen
-    "Mean ± std over seeds of each variant's test and validation accuracy (%), with the majority's share, size, time."
+    ("Mean ± std over seeds of each variant's test and validation accuracy (%), "
+     "with the majority's share, size, time.")
     runs = pd.DataFrame(results)
     if runs.empty: raise ValueError("no results to tabulate")
     t = results_table(runs.reindex(columns=list(RESULT_COLUMNS))).droplevel('task')
     t = t.loc[list(dict.fromkeys(runs.variant))]
-    out = pd.DataFrame({'seeds': t.n, 'test acc %': [_pm(*r) for r in zip(t.test_acc, t.test_std, t.n)],
+    out = pd.DataFrame({'seeds': t.n,
+                        'test acc %': [_pm(*r) for r in zip(t.test_acc, t.test_std, t.n)],
                         'valid acc %': [_pm(*r) for r in zip(t.valid_acc, t.valid_std, t.n)],
-                        'majority %': (100 * runs.groupby('variant', sort=False).majority.first()).round(1),
-                        'params': t.params, 'epochs': t.epochs.round(1), 'train s': t.train_secs.round(1)},
+                        'majority %': (100 * runs.groupby('variant', sort=False).majority.first())
+                                      .round(1),
+                        'params': t.params, 'epochs': t.epochs.round(1),
+                        'train s': t.train_secs.round(1)},
                        index=t.index)
     return out.rename_axis('variant')
 
@@ -296,32 +337,38 @@ def _seeds(seeds)->list:
     given = seeds
     if isinstance(seeds, str):
         try: seeds = [int(s) for s in seeds.split(',') if s.strip()]
-        except ValueError: raise ValueError(f"--seeds: expected comma-separated integers, got {seeds!r}") from None
+        except ValueError: raise ValueError(f"--seeds: expected comma-separated integers, "
+                                            f"got {seeds!r}") from None
     seeds = list(seeds)
-    if not seeds: raise ValueError(f"--seeds: no seed given in {given!r}; give comma-separated integers, e.g. 1,2,3")
+    if not seeds:
+        raise ValueError(f"--seeds: no seed given in {given!r}; give comma-separated integers, "
+                         "e.g. 1,2,3")
     if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be non-negative integers, got {seeds}")
     if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
-        raise ValueError(f"--seeds: seed {', '.join(map(str, twice))} given more than once in {given!r}; each seed "
-                         "is one run: give each once")
+        raise ValueError(f"--seeds: seed {', '.join(map(str, twice))} given more than once in "
+                         f"{given!r}; each seed is one run: give each once")
     return seeds
 
-def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data, results:list,
-                     summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
-    "Write `compare`'s tables, curves and JSON into `out`, all of them or none; return the Markdown table."
+def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data,
+                     results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
+    ("Write `compare`'s tables, curves and JSON into `out`, all of them or none; "
+     "return the Markdown table.")
     md = to_markdown(summary)
     ax = plot_curves(hists, 'accuracy', title=f'{task}: validation accuracy')
-    ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)'); ax.legend(fontsize=7)
+    ax.axhline(data.valid.majority_share(), color='gray', ls=':', lw=1, label='majority (valid)')
+    ax.legend(fontsize=7)
     png = io.BytesIO(); ax.figure.savefig(png, format='png', dpi=100, bbox_inches='tight')
     import matplotlib.pyplot as plt; plt.close(ax.figure)
-    js = dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(), overrides=overrides,
-              wall_secs=round(wall, 1), env=run_env(device), data=data.summary().reset_index().to_dict('list'),
-              results=results)
+    js = dict(task=task, variants=vs, seeds=seeds, preset=preset, presets=settings_files(),
+              overrides=overrides, wall_secs=round(wall, 1), env=run_env(device),
+              data=data.summary().reset_index().to_dict('list'), results=results)
     atomic_write_all({out/'results.csv': pd.DataFrame(results).to_csv(index=False),
-                      out/'summary.csv': results_table(pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))
-                                                       ).to_csv(),
-                      out/'summary.md': f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test accuracy mean ± std "
-                                        f"over seeds; majority class {100 * results[0]['majority']:.1f}%; "
+                      out/'summary.csv': results_table(
+                          pd.DataFrame(results).reindex(columns=list(RESULT_COLUMNS))).to_csv(),
+                      out/'summary.md': f"{task}: {len(vs)} variants x {len(seeds)} seed(s), test "
+                                        f"accuracy mean ± std over seeds; majority class "
+                                        f"{100 * results[0]['majority']:.1f}%; "
                                         f"{wall:.0f} s\n\n{md}\n",
                       out/'curves.png': png.getvalue(),
                       out/'results.json': json.dumps(js, indent=1, default=_json_default)})
@@ -338,8 +385,9 @@ def _per_variant(overrides:dict, vs:list)->dict:
 
 def _say_run(v, s, res, n_done, n_all):
     "`compare`'s line after a run."
-    print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, valid acc {100 * res['valid_acc']:.1f}%, "
-          f"lr {res['lr']:.2g}, {res['epochs']} epochs (best: epoch {res['best_epoch']}), {res['train_secs']} s; "
+    print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, "
+          f"valid acc {100 * res['valid_acc']:.1f}%, lr {res['lr']:.2g}, {res['epochs']} epochs "
+          f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; "
           f"run {n_done} of {n_all} done", flush=True)
 
 def _say_summary(task, seeds, results, md, wall, out):
@@ -360,49 +408,57 @@ def compare(
     cache_dir=None,         # `load_task`'s cache folder
     export:bool=False,      # also export every learner
     quiet:bool=False,       # no progress reports: no presets line, bars, epoch lines or run lines
-    **overrides,            # any model, training or data field; a model field goes to the variants that have it
+    **overrides,            # any model, training or data field (a model field: its variants only)
 )->pd.DataFrame:            # the formatted summary: one row per variant, mean ± std over seeds
-    "Train each variant for each seed on the same data, print and save a results table and the learning curves."
+    ("Train each variant for each seed on the same data, "
+     "print and save a results table and the learning curves.")
     if task is None:
-        task, preset, seeds = DEMO['task'], preset or DEMO['preset'], DEMO['seeds'] if seeds is None else seeds
+        task, preset, seeds = (DEMO['task'], preset or DEMO['preset'],
+                               DEMO['seeds'] if seeds is None else seeds)
         overrides = DEMO['overrides'] | overrides
     check_choice(task, TASKS, 'task')
-    vs, seeds = split_choices(variants, VARIANTS, 'variant'), _seeds((42,) if seeds is None else seeds)
+    vs, seeds = (split_choices(variants, VARIANTS, 'variant'),
+                 _seeds((42,) if seeds is None else seeds))
     per, preset = _per_variant(overrides, vs), preset or 'auto'
     out = _out_dir(out, task)
     _check_out(out, 'comparison', resume)
-    if _rank0(): remove_temporaries(out)                      # what a killed save of its tables left behind
-    rc = resolve_config(task, vs[0], preset, **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
+    if _rank0(): remove_temporaries(out)   # what a killed save of its tables left behind
+    rc = resolve_config(task, vs[0], preset,
+                        **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(vs[0]).config_cls.max_len)
     check_listops_len(task, max_len, rc['data'])
-    data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
+    data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
+                     **rc['data'].load_kwargs())
     results, hists, t0 = [], {}, time.perf_counter()
     for v in vs:
         for s in seeds:
             if _rank0() and not quiet: print(f"\n=== {task}: {v}, seed {s} ===", flush=True)
-            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data, resume=resume, export=export,
-                                 cache_dir=cache_dir, progress=not quiet, **(per[v] | dict(seed=s)))
+            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data,
+                                 resume=resume, export=export, cache_dir=cache_dir,
+                                 progress=not quiet, **(per[v] | dict(seed=s)))
             results.append(res); hists.setdefault(v, []).append(history(learn))
             if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
     summary = summary_table(results)
     if _rank0():
         wall = time.perf_counter() - t0
-        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary, hists, wall,
-                              learn.dls.device)
+        md = _save_comparison(out, task, vs, seeds, preset, overrides, data, results, summary,
+                              hists, wall, learn.dls.device)
         _say_summary(task, seeds, results, md, wall, out)
     return summary
 
 # %% ../nbs/08_cli.ipynb #1091e3c9
 def _common(p):
     p.add_argument('--preset', choices=PRESETS, default=None,
-                   help="settings.ini section: the paper's, the small CPU one, the experiments' reproduction (repro), "
-                        "or auto (CPU unless CUDA)")
+                   help="settings.ini section: the paper's, the small CPU one, the experiments' "
+                        "reproduction (repro), or auto (CPU unless CUDA)")
     p.add_argument('--out', default=None, help='output folder (default runs/<task>/<date-time>)')
     p.add_argument('--resume', action='store_true',
-                   help='continue the run(s) in --out: interrupted, or cut short by its epochs and given more')
+                   help='continue the run(s) in --out: interrupted, or cut short by its epochs '
+                        'and given more')
     p.add_argument('--cache-dir', default=None,
-                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
+                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; "
+                        "'none' disables it)")
     p.add_argument('--quiet', action='store_true',
                    help='no progress reports (bars in a terminal, plain lines in a log)')
 
@@ -417,10 +473,13 @@ def _train_args(p):
 def _train(a, words):
     overrides = parse_overrides(words, [a.variant])
     out = _out_dir(a.out, a.task)
-    fixed = {k: v for k, v in overrides.items() if (k, v) != ('lr', LR_FIND)}   # `--lr find`: the rate is `find_lr`'s
-    if _rank0() and not a.quiet: _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **fixed)['preset'])
-    learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume, export=not a.no_export,
-                         cache_dir=_cache(a), progress=not a.quiet, **overrides)
+    # `--lr find`: the rate is `find_lr`'s
+    fixed = {k: v for k, v in overrides.items() if (k, v) != ('lr', LR_FIND)}
+    if _rank0() and not a.quiet:
+        _say_presets(resolve_config(a.task, a.variant, a.preset or 'auto', **fixed)['preset'])
+    learn, res = run_one(a.task, a.variant, out, preset=a.preset or 'auto', resume=a.resume,
+                         export=not a.no_export, cache_dir=_cache(a), progress=not a.quiet,
+                         **overrides)
     if _rank0():
         print(history(learn).to_string(), flush=True)
         print(json.dumps(res, indent=1, default=_json_default), flush=True)
@@ -429,28 +488,35 @@ def _train(a, words):
 
 # %% ../nbs/08_cli.ipynb #1091e3cc
 def _compare_args(p):
-    p.add_argument('--task', default=None, choices=TASKS, help='the task (default: the embedded ListOps demo, DEMO)')
-    p.add_argument('--variants', default='all', help=f"'all' or a comma-separated list of: {', '.join(VARIANTS)}")
-    p.add_argument('--seeds', default=None, help='comma-separated training seeds, e.g. 1,2,3 (default 42)')
+    p.add_argument('--task', default=None, choices=TASKS,
+                   help='the task (default: the embedded ListOps demo, DEMO)')
+    p.add_argument('--variants', default='all',
+                   help=f"'all' or a comma-separated list of: {', '.join(VARIANTS)}")
+    p.add_argument('--seeds', default=None,
+                   help='comma-separated training seeds, e.g. 1,2,3 (default 42)')
     p.add_argument('--export', action='store_true', help='also write export.pkl for every run')
     _common(p)
     demo = ', '.join(f'{k}={v}' for k, v in DEMO['overrides'].items())
-    p.epilog = (f"Without --task, compare runs the demo (DEMO): {DEMO['task']} with the {DEMO['preset']} preset, "
-                f"seeds {', '.join(map(str, DEMO['seeds']))}, and {demo}; the fields given override them.")
+    p.epilog = (f"Without --task, compare runs the demo (DEMO): {DEMO['task']} with the "
+                f"{DEMO['preset']} preset, seeds {', '.join(map(str, DEMO['seeds']))}, "
+                f"and {demo}; the fields given override them.")
 
 def _compare(a, words):
     overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
-    return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a), export=a.export,
-                   quiet=a.quiet, **overrides)
+    return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a),
+                   export=a.export, quiet=a.quiet, **overrides)
 
 # `bench` types the values: it knows the models' config classes
 def _bench(a, words): return bench_command(a, dict(split_fields(words)))
 
-# subcommand -> (help, adds its options to a parser, runs it on the parsed options and the remaining words)
+# subcommand -> (help, adds its options to a parser, runs it on the parsed options and the
+# remaining words)
 COMMANDS = dict(
-    train=('train one variant, evaluate it on the test set, save the model and a JSON of the results',
+    train=('train one variant, evaluate it on the test set, save the model and a JSON of '
+           'the results',
            _train_args, _train),
-    compare=('train several variants over seeds and print a results table (mean ± std); write CSV, Markdown and a plot',
+    compare=('train several variants over seeds and print a results table (mean ± std); '
+             'write CSV, Markdown and a plot',
              _compare_args, _compare),
     bench=(BENCH_HELP, add_bench_args, _bench),
     study=(STUDY_HELP, add_study_args, study_command),
@@ -459,46 +525,57 @@ COMMANDS = dict(
 # %% ../nbs/08_cli.ipynb #1091e3ce
 def make_parser()->argparse.ArgumentParser:
     "The `transject-nb` argument parser, one subparser per command of `COMMANDS`."
-    p = argparse.ArgumentParser(prog='transject-nb',
-                                description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer '
-                                            'encoders.',
-                                epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 '
-                                       "--lr 1e-3; --lr find takes the rate from fastai's lr_find); "
-                                       '`transject-nb train --help` lists them, with their defaults.')
+    p = argparse.ArgumentParser(
+        prog='transject-nb',
+        description='Train and compare TransJect, NeuTRENO, similarity-removal and Transformer '
+                    'encoders.',
+        epilog='Any config field can be added as --field value (e.g. --d_model 128 --epochs 10 '
+               "--lr 1e-3; --lr find takes the rate from fastai's lr_find); "
+               '`transject-nb train --help` lists them, with their defaults.')
     sub = p.add_subparsers(dest='cmd', required=True, metavar='{' + ','.join(COMMANDS) + '}')
     for name, (help, add_args, _) in COMMANDS.items():
         sp = sub.add_parser(name, help=help, description=help, add_help=False)
         # `train` and `compare` take --field value words: their help lists them
-        if add_args in (_train_args, _compare_args): sp.add_argument('-h', '--help', action=FieldsHelp)
-        else: sp.add_argument('-h', '--help', action='help', default=argparse.SUPPRESS, help='show this help and exit')
+        if add_args in (_train_args, _compare_args):
+            sp.add_argument('-h', '--help', action=FieldsHelp)
+        else: sp.add_argument('-h', '--help', action='help', default=argparse.SUPPRESS,
+                              help='show this help and exit')
         add_args(sp)
         sp.add_argument('--debug', action='store_true',
-                        help=f"on a failure, show its traceback rather than one line (or set {DEBUG_ENV}=1)")
+                        help=f"on a failure, show its traceback rather than one line "
+                             f"(or set {DEBUG_ENV}=1)")
     return p
 
 # %% ../nbs/08_cli.ipynb #b5b81453
-_BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)   # argparse's error, status 2
-_STOPS = (KeyboardInterrupt, Stopped)                                                     # asked to stop: no error
+# argparse's error, status 2
+_BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)
+_STOPS = (KeyboardInterrupt, Stopped)   # asked to stop: no error
 
 def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
-    "End a failed command: one line on stderr and a non-zero status (bad input: argparse's error, status 2)."
+    ("End a failed command: one line on stderr and a non-zero status "
+     "(bad input: argparse's error, status 2).")
     if isinstance(e, _BAD_INPUT): p.error(error_line(e))
-    if isinstance(e, _STOPS): msg, code = error_line(e) if str(e) else 'stopped', getattr(e, 'status', 130)
+    if isinstance(e, _STOPS):
+        msg, code = error_line(e) if str(e) else 'stopped', getattr(e, 'status', 130)
     else: msg, code = error_line(e, with_type=not isinstance(e, (OSError, RuntimeError))), 1
-    hint = '' if isinstance(e, (OSError, *_STOPS)) else '; run it again with --debug to see where it failed'
-    print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}", file=sys.stderr, flush=True)
+    hint = ('' if isinstance(e, (OSError, *_STOPS))
+            else '; run it again with --debug to see where it failed')
+    print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}",
+          file=sys.stderr, flush=True)
     sys.exit(code)
+
 
 
 # %% ../nbs/08_cli.ipynb #1659df90
 def run_command(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
-):                        # the command's result: `train`'s results dict, the summary table of `compare` and `bench`
-    "Parse `argv` and run the subcommand; a failure ends in one line and a non-zero status (`--debug`: its traceback)."
+):                        # `train`'s results dict, or the summary table of `compare` and `bench`
+    ("Parse `argv` and run the subcommand; "
+     "a failure ends in one line and a non-zero status (`--debug`: its traceback).")
     p = make_parser()
     a, words = p.parse_known_args(argv)
     old = os.environ.get(DEBUG_ENV)
-    if a.debug: os.environ[DEBUG_ENV] = '1'                   # for this process and the workers it starts
+    if a.debug: os.environ[DEBUG_ENV] = '1'   # for this process and the workers it starts
     try: return COMMANDS[a.cmd][2](a, words)
     except (Exception, *_STOPS) as e:
         if debug_mode(): raise
@@ -512,8 +589,11 @@ def main(
 ):
     "The `transject-nb` console script (exit status 0 on success)."
     try: run_command(argv)
-    finally: end_distributed()   # under a launcher: close the process group, or gloo can abort the exit
+    # under a launcher: close the process group, or gloo can abort the exit
+    finally: end_distributed()
+
 
 
 # %% ../nbs/08_cli.ipynb #00e9eae6
-if __name__ == '__main__' and '__file__' in globals(): main()   # `python -m transject_nb.cli`, not this notebook's run
+# `python -m transject_nb.cli`, not this notebook's run
+if __name__ == '__main__' and '__file__' in globals(): main()
