@@ -397,6 +397,16 @@ def _say_summary(task, seeds, results, md, wall, out):
     print(md, flush=True)
     print(f"\n{len(results)} runs in {wall:.0f} s; tables, curves and models in {out}", flush=True)
 
+# %% ../nbs/08_cli.ipynb #c0d4a7e1
+def _compare_data(task, v, preset, kw, cache_dir, quiet):
+    "The task's data every run of a comparison shares, read with the first variant's settings `kw`."
+    rc = resolve_config(task, v, preset, **{k: x for k, x in kw.items() if (k, x) != ('lr', LR_FIND)})
+    if _rank0() and not quiet: _say_presets(rc['preset'])
+    max_len = rc['model'].get('max_len', variant_spec(v).config_cls.max_len)
+    check_listops_len(task, max_len, rc['data'])
+    return load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
+                     **rc['data'].load_kwargs())
+
 # %% ../nbs/08_cli.ipynb #80d5f8bc
 def compare(
     task:str|None=None,     # one of `TASKS`; None: the embedded `DEMO`
@@ -423,13 +433,7 @@ def compare(
     out = _out_dir(out, task)
     _check_out(out, 'comparison', resume)
     if _rank0(): remove_temporaries(out)   # what a killed save of its tables left behind
-    rc = resolve_config(task, vs[0], preset,
-                        **{k: x for k, x in per[vs[0]].items() if (k, x) != ('lr', LR_FIND)})
-    if _rank0() and not quiet: _say_presets(rc['preset'])
-    max_len = rc['model'].get('max_len', variant_spec(vs[0]).config_cls.max_len)
-    check_listops_len(task, max_len, rc['data'])
-    data = load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
-                     **rc['data'].load_kwargs())
+    data = _compare_data(task, vs[0], preset, per[vs[0]], cache_dir, quiet)
     results, hists, t0 = [], {}, time.perf_counter()
     for v in vs:
         for s in seeds:
