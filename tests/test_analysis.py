@@ -1,4 +1,4 @@
-"Tests of transject_nb.analysis: every analysis on cases with known answers, and on every registered variant."
+"Tests of transject_nb.lab.analysis: every analysis on cases with known answers, and on every registered variant."
 import math
 
 import matplotlib
@@ -13,8 +13,8 @@ from hypothesis import given, strategies as st
 
 from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, unwrap, variant_spec
 from transject_nb.models import BASELINES, VARIANTS
-from transject_nb.data import ByteTokenizer, TokenSplit
-from transject_nb.analysis import (
+from transject_nb.training.data import ByteTokenizer, TokenSplit
+from transject_nb.lab.analysis import (
     PAPER_PAIRS, PAPER_SENTENCE, SAMPLE_LABELS, SAMPLE_TEXTS, activation_bounds, attention_spectrum, batches, expert_weights,
     forward_layers, functional_J, gaussian_entropy, hidden_states, inference, isomap_layers, layer_entropy, layer_measures,
     locate_word, oversmoothing_curve, paper_entropy, plot_activation_bounds, plot_attention_spectrum, plot_expert_weights,

@@ -1,4 +1,4 @@
-"Tests of `transject_nb.bench` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
+"Tests of `transject_nb.lab.bench` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
 import argparse, math, os, re, subprocess, sys
 
 import pandas as pd
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from transject_nb import transject as tj, cpu
-from transject_nb.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
+from transject_nb.lab.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
                                 interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops, quiet_profiler,
                                 peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder,
                                 train_briefly, transject_flops, unfused_transject_, uses_fused)
@@ -216,8 +216,8 @@ def test_cli(capsys):
 
 def test_console_script_offers_bench():
     "`cli` imports `bench` and offers it; `bench` does not import `cli` (the import goes one way)."
-    import ast, inspect, transject_nb.bench as bench
-    from transject_nb.cli import make_parser, COMMANDS
+    import ast, inspect, transject_nb.lab.bench as bench
+    from transject_nb.training.cli import make_parser, COMMANDS
     help = make_parser().format_help()
     assert 'bench' in COMMANDS and 'bench' in help and COMMANDS['bench'][1] is add_bench_args
     tree = ast.parse(inspect.getsource(bench))
@@ -237,7 +237,7 @@ def test_bench_on_the_cpu_prints_no_noise(tmp_path):
     "A small `transject-nb bench`, peak memory included (the profiler runs), in the environment a user's shell has: its table, and no warning, error or profiler line."
     env = {k: os.environ[k] for k in ('PATH', 'HOME', 'PYTHONPATH') if k in os.environ} | dict(OMP_NUM_THREADS='1')
     argv = ['bench', '--variants', 'transject,transformer', '--n', '8', '--reps', '1', '--warmup', '0', '--batch', '2', '--d_model', '16', '--n_layers', '1']
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and 'peak_mib' in r.stdout, out[-4000:]
     assert not re.search(r'Warning|ERROR|USDT|profiler_st|gpuGetDeviceCount|^\[W\d', out, re.M), out
@@ -245,7 +245,7 @@ def test_bench_on_the_cpu_prints_no_noise(tmp_path):
 
 def test_every_bench_option_works_or_is_refused_in_one_line(tmp_path, capsys, read_only):
     "Issue 60: `--threads 0` was ignored, an unknown `--device` and an unwritable `--csv` ended in tracebacks (the latter after the benchmark)."
-    from transject_nb.cli import main as cli
+    from transject_nb.training.cli import main as cli
     def fails(argv, code):
         with pytest.raises(SystemExit) as e: cli(['bench', *argv])
         err = capsys.readouterr().err
@@ -262,7 +262,7 @@ def test_every_bench_option_works_or_is_refused_in_one_line(tmp_path, capsys, re
     assert [p.name for p in ro.iterdir()] == ['old.csv'] and (ro/'old.csv').read_text() == 'kept\n'
     prev = torch.get_num_threads()
     try:
-        from transject_nb.utils import split_fields
+        from transject_nb.training.utils import split_fields
         p = argparse.ArgumentParser(); add_bench_args(p)
         a, rest = p.parse_known_args(tiny + ['--threads', '2', '--csv', str(tmp_path/'t.csv')])
         df = bench_command(a, dict(split_fields(rest)))

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from transject_nb.claims import FAMILIES, build_claims, load_claims
-from transject_nb.ledger import claim_row, diff_effect, ledger, untested
-from transject_nb.stats import VERDICTS
-from transject_nb.theorems import notebook_anchors
+from transject_nb.lab.claims import FAMILIES, build_claims, load_claims
+from transject_nb.lab.ledger import claim_row, diff_effect, ledger, untested
+from transject_nb.lab.stats import VERDICTS
+from transject_nb.lab.theorems import notebook_anchors
 
 NBS = Path(__file__).resolve().parent.parent/'nbs'
 S = 'made.ipynb#up'

@@ -8,9 +8,9 @@ import torch
 
 import transject_nb
 
-from transject_nb.cli import (DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env,
+from transject_nb.training.cli import (DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env,
                               summary_table)
-from transject_nb.experiments import RESULT_COLUMNS, results_table
+from transject_nb.lab.experiments import RESULT_COLUMNS, results_table
 from transject_nb.models import VARIANTS
 
 TINY = ['--n_train', '128', '--n_valid', '32', '--n_test', '32', '--max_len', '32', '--min_length', '4', '--max_length', '32',
@@ -24,8 +24,8 @@ def _err(argv, capsys):
 
 
 def test_values_typed_by_the_fields_annotation():
-    "One conversion, `utils.convert_field`, from the dataclass that declares each field."
-    from transject_nb.config import DataConfig, TrainConfig
+    "One conversion, `presets.convert_field`, from the dataclass that declares each field."
+    from transject_nb.training.config import DataConfig, TrainConfig
     assert parse_overrides(['--epochs', '3', '--lr', '1', '--n_train', 'none', '--source', 'data'], ['transject']) == dict(epochs=3, lr=1.0, n_train=None, source='data')
     assert type(parse_overrides(['--lr', '1'], ['transject'])['lr']) is float
     owners = field_configs(['transject'])
@@ -81,7 +81,7 @@ def test_compare_table_files_and_resume(tmp_path, capsys):
 
 
 def test_module_entry_point():
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'compare', '--help'], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'compare', '--help'], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and '--variants' in r.stdout and '--seeds' in r.stdout
 
 
@@ -103,9 +103,9 @@ def test_lr_find_sets_each_runs_rate_and_records_it(tmp_path, capsys):
 
 
 def _log_to_file(argv, tmp_path)->str:
-    "Run `python -m transject_nb.cli argv` in `tmp_path` with stdout to a file, as `transject-nb ... > log.txt` does; the log as written."
+    "Run `python -m transject_nb.training.cli argv` in `tmp_path` with stdout to a file, as `transject-nb ... > log.txt` does; the log as written."
     log = tmp_path/'log.txt'
-    with open(log, 'wb') as f: r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=tmp_path, stdout=f, stderr=subprocess.PIPE, timeout=300)
+    with open(log, 'wb') as f: r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', *argv], cwd=tmp_path, stdout=f, stderr=subprocess.PIPE, timeout=300)
     assert r.returncode == 0, r.stderr.decode(errors='replace')[-4000:]
     text = log.read_bytes().decode()          # bytes: reading in text mode would turn carriage returns into newlines
     assert '\r' not in text and max(map(len, text.split('\n'))) <= 300, text[:3000]
@@ -163,9 +163,9 @@ def test_help_lists_every_override_with_its_default(capsys):
 
 
 def _clean_run(argv, cwd)->str:
-    "stdout and stderr of `python -m transject_nb.cli argv`, in the environment a user's shell has: no PYTHONWARNINGS, no KINETO_LOG_LEVEL, one thread."
+    "stdout and stderr of `python -m transject_nb.training.cli argv`, in the environment a user's shell has: no PYTHONWARNINGS, no KINETO_LOG_LEVEL, one thread."
     env = {k: os.environ[k] for k in ('PATH', 'HOME', 'PYTHONPATH') if k in os.environ} | dict(OMP_NUM_THREADS='1')
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return r.stdout + r.stderr
 

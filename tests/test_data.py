@@ -1,4 +1,4 @@
-"""Tests of transject_nb.data. They use only generated data and tiny files written here: no shared data, no network."""
+"""Tests of transject_nb.training.data. They use only generated data and tiny files written here: no shared data, no network."""
 import gzip, logging, pickle, random, warnings
 from pathlib import Path
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import transject_nb.data as D
+import transject_nb.training.data as D
 from transject_nb.core import PAD_ID, check_tokens
 from fastai.data.core import test_set as fastai_test_set
-from transject_nb.data import (LISTOPS_VOCAB, ListOpsConfig, ListOpsTokenizer, ByteTokenizer, TaskItems, TokenIds, TokenSplit, WordPieceTokenizer,
+from transject_nb.training.data import (LISTOPS_VOCAB, ListOpsConfig, ListOpsTokenizer, ByteTokenizer, TaskItems, TokenIds, TokenSplit, WordPieceTokenizer,
                                carve, encode_text, eval_listops, generate_listops, listops_tokens, listops_tree, listops_value, load_task,
                                lra_source, pad_batch, read_agnews, read_imdb, read_listops_tsv, stratified_take, task_datasets)
 

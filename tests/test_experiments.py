@@ -1,4 +1,4 @@
-"""`transject_nb.experiments`: baselines with known answers on tiny data, the results files' columns, tables built from run files, and a run loaded back."""
+"""`transject_nb.lab.experiments`: baselines with known answers on tiny data, the results files' columns, tables built from run files, and a run loaded back."""
 import json
 from pathlib import Path
 
@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from transject_nb.data import TaskData, TokenSplit
-from transject_nb.experiments import (BASELINE_COLUMNS, PAPER_RESULTS, PAPER_SETUP, RESULT_COLUMNS, TRANSJECT_CLAIMS, check_orderings, collect_runs,
+from transject_nb.training.data import TaskData, TokenSplit
+from transject_nb.lab.experiments import (BASELINE_COLUMNS, PAPER_RESULTS, PAPER_SETUP, RESULT_COLUMNS, TRANSJECT_CLAIMS, check_orderings, collect_runs,
                                       format_table, linear_baselines, load_run, majority_class, missing_runs, paper_table, paused_runs, results_table,
                                       spread_claim, tfidf_logreg)
-from transject_nb.stats import welch
+from transject_nb.lab.stats import welch
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT/'nbs'/'results'/'repro'
@@ -143,7 +143,7 @@ def test_results_table_refuses_mixed_splits(runs_tree):
 
 
 def test_load_run_gives_back_the_trained_model(tmp_path):
-    from transject_nb.cli import run_one
+    from transject_nb.training.cli import run_one
     tiny = dict(n_train=64, n_valid=32, n_test=32, max_len=16, min_length=4, max_length=16, max_depth=2, max_args=3, d_model=16, n_layers=1, epochs=1)
     learn, res = run_one('listops', 'transject', tmp_path/'run', preset='cpu', cache_dir=False, progress=False, export=False, seed=3, **tiny)
     back = load_run(tmp_path/'run', cache_dir=False)

@@ -1,4 +1,4 @@
-"Tests of transject_nb.explorers through the functions its widgets call."
+"Tests of transject_nb.lab.explorers through the functions its widgets call."
 import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from transject_nb.analysis import PAPER_SENTENCE, residual_weights
-from transject_nb.explorers import (KNOBS, default_tokenizer, explorer_model, flow_explorer, flow_trajectories, layer_profile,
+from transject_nb.lab.analysis import PAPER_SENTENCE, residual_weights
+from transject_nb.lab.explorers import (KNOBS, default_tokenizer, explorer_model, flow_explorer, flow_trajectories, layer_profile,
                                     plot_flow_explorer, plot_flow_step, plot_profile, plot_variant_explorer, point_cloud,
                                     variant_explorer)
 from transject_nb.gradflow import neutreno_fixed_point, spread

@@ -1,7 +1,7 @@
-"""The fastai bugs that `transject_nb.fastai_fixes` (and `batches.BucketDL`'s test-set order) work around.
+"""The fastai bugs that `transject_nb.training.fastai_fixes` (and `batches.BucketDL`'s test-set order) work around.
 
 Each test shows the bug on fastai's own code and asserts that it is still there. When one fails, fastai has fixed
-the bug: remove the fix it names from nbs/07c_fastai_fixes.ipynb (and its section), then this test. Each also checks
+the bug: remove the fix it names from nbs/12b_fastai_fixes.ipynb (and its section), then this test. Each also checks
 the fix.
 """
 import json, subprocess, sys
@@ -15,12 +15,12 @@ from fastai.learner import Learner
 from fastai.losses import MSELossFlat
 from fastai.test_utils import RegModel, synth_dbunch
 
-from transject_nb.checkpoint import HistoryCSV
-from transject_nb.data import load_task
-from transject_nb.fastai_fixes import FixedLearner
-from transject_nb.learner import TokenDataLoaders, get_learner
+from transject_nb.training.checkpoint import HistoryCSV
+from transject_nb.training.data import load_task
+from transject_nb.training.fastai_fixes import FixedLearner
+from transject_nb.training.learner import TokenDataLoaders, get_learner
 
-FIXED = "fastai has fixed this bug: remove {} from nbs/07c_fastai_fixes.ipynb, then this test"
+FIXED = "fastai has fixed this bug: remove {} from nbs/12b_fastai_fixes.ipynb, then this test"
 
 
 def _plain_fastai(code:str)->dict:
@@ -49,7 +49,7 @@ except TypeError as e: print(json.dumps(dict(err=str(e))))''')
     from fastai.text.data import TensorText
     from fastai.torch_core import TitledStr
     from fastcore.foundation import L
-    import transject_nb.fastai_fixes as FF
+    import transject_nb.training.fastai_fixes as FF
     displayed = []
     FF.display_df, old = displayed.append, FF.display_df
     shown = (TensorText([[1, 2]]), TensorCategory([0]), L([(TitledStr('a fine film'), Category('pos'))]),
@@ -120,8 +120,8 @@ def test_interpretation_pairs_a_sorted_test_set_wrongly(tmp_path):
     assert paired()                                                    # BucketDL: a test set keeps its order
     learn.dls.test_dl = partial(TokenDataLoaders.test_dl, learn.dls, sort=True)   # sorted, as a SortedDL's are
     assert not paired(), ("fastai's Interpretation now pairs a sorted test set's items with their losses: "
-                          "BucketDL.new's sort=False for test sets (nbs/06a_batches.ipynb) is no longer needed for it; "
-                          "update nbs/07c_fastai_fixes.ipynb, then this test")
+                          "BucketDL.new's sort=False for test sets (nbs/11a_batches.ipynb) is no longer needed for it; "
+                          "update nbs/12b_fastai_fixes.ipynb, then this test")
 
 
 def test_export_is_atomic_and_keeps_the_learner(tmp_path, disk_full):

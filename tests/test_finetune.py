@@ -6,9 +6,9 @@ import torch.nn as nn
 from fastai.callback.core import Callback
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.models import create_model
-from transject_nb.checkpoint import TrainCheckpoint
-from transject_nb.lm import LanguageModel
-from transject_nb.finetune import PRETRAIN_STUDIES, fine_tune, layer_groups, load_pretrained, ulmfit_schedule
+from transject_nb.training.checkpoint import TrainCheckpoint
+from transject_nb.training.lm import LanguageModel
+from transject_nb.training.finetune import PRETRAIN_STUDIES, fine_tune, layer_groups, load_pretrained, ulmfit_schedule
 
 
 @pytest.mark.parametrize('variant', ['transformer', 'neutreno', 'transject', 'random-entropic-transject'])
@@ -41,7 +41,7 @@ def test_the_schedule_freezes_what_it_says():
 
 
 def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path):
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', 'ulmfit-imdb', '--status', '--out', str(tmp_path)],
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', 'ulmfit-imdb', '--status', '--out', str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     assert r.returncode == 0, r.stderr[-2000:]
@@ -58,7 +58,7 @@ def test_a_running_pretraining_shows_its_progress(tmp_path):
     t = tmp_path/'runs'/plan.name/plan.arms[0]/'lm-rates'/f'lr{plan.lm_lrs[1]:g}'/'history.csv'   # one rate tried so far
     t.parent.mkdir(parents=True)
     t.write_text('epoch,train_loss,valid_loss,accuracy,perplexity,time\n0,5.1,5.07,0.2,158.4,08:39\n')
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs'),
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', plan.name, '--out', str(tmp_path/'runs'),
                         '--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     prog = pd.read_csv(tmp_path/'out'/'progress.csv')
@@ -82,7 +82,7 @@ def test_a_running_pretraining_is_carried_to_another_machine_from_the_command_li
     (run/'lm-rates'/'lr0.001').mkdir(parents=True); (run/'lm-rates'/'lr0.001'/'history.csv').write_text('')  # not finished
     ctl = tmp_path/'runs'/f'{plan.name}-controls'/plan.arms[0]/'causal-from-scratch'/'seed0'       # a finished control
     ctl.mkdir(parents=True); (ctl/'results.json').write_text('{"valid_acc": 0.86}'); (ctl/'history.csv').write_text('')
-    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name]
+    cli = [sys.executable, '-m', 'transject_nb.training.cli', 'study', plan.name]
     r = subprocess.run(cli + ['--out', str(tmp_path/'runs'), '--snapshot', str(tmp_path/'snap')], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -111,8 +111,8 @@ class _CrashInLastStage(Callback):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_a_fine_tune_resumes_on_cuda(tmp_path):
     "A fine-tune on a GPU, crashed in its last stage, resumes there on the GPU: the optimiser state back on CUDA, the same stages."
-    from transject_nb.data import load_task
-    from transject_nb.learner import get_learner, train_learner
+    from transject_nb.training.data import load_task
+    from transject_nb.training.learner import get_learner, train_learner
     data = load_task('listops', max_len=32, n_train=192, n_valid=64, n_test=64, cache_dir=False, progress=False,
                      min_length=4, max_length=32, max_depth=3, max_args=4)
     mk = lambda path, cbs=None: get_learner('listops', 'transformer', preset='cpu', data=data, path=path, device='cuda',
@@ -145,7 +145,7 @@ def test_the_status_names_the_classifiers_still_training(tmp_path):
     (run/'models').mkdir(parents=True)
     for k in (0, 1, 2): (run/'models'/f'stage{k}.pth').write_bytes(b'')
     (run/'history.csv').write_text('epoch,train_loss,valid_loss,accuracy,time\n0,0.44,0.46,0.788,03:58\n1,0.41,0.45,0.791,04:02\n')
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--status', '--out', str(tmp_path)],
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', plan.name, '--status', '--out', str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     row = r.stdout.split('classifiers training:\n')[1].splitlines()[1].split()
@@ -156,13 +156,13 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
     "A finished control (`run_controls`'s results.json) is printed by `--status` and written by `--export` (controls.csv)."
     import json
     import pandas as pd
-    from transject_nb.finetune import PRETRAIN_CONTROLS
+    from transject_nb.training.finetune import PRETRAIN_CONTROLS
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     arm = next(v for v in plan.arms if plan.objective(v) == 'causal')
     f = tmp_path/'runs'/f'{plan.name}-controls'/arm/'causal-from-scratch'/'seed0'/'results.json'
     f.parent.mkdir(parents=True)
     f.write_text(json.dumps(dict(seed=0, valid_acc=0.86, test_acc=0.85, lr=1e-3, epochs=5, max_epochs=40)))
-    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs')]
+    cli = [sys.executable, '-m', 'transject_nb.training.cli', 'study', plan.name, '--out', str(tmp_path/'runs')]
     r = subprocess.run(cli + ['--export', str(tmp_path/'out')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert '1 controls in controls.csv' in r.stdout and 'superseded.csv' not in r.stdout
@@ -187,7 +187,7 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
 
 
 def test_the_controls_are_refused_for_a_plan_that_does_not_pretrain(tmp_path):
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.cli', 'study', 'lm-neutreno', '--controls',
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', 'lm-neutreno', '--controls',
                         '--storage', str(tmp_path/'s.db')], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and 'it is for a pretraining plan' in r.stderr
 
@@ -200,11 +200,11 @@ def test_two_workers_share_a_pretraining_plan_an_arm_each(tmp_path):
     holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent("""
         import sys, time
         from pathlib import Path
-        from transject_nb.finetune import _arm_claim
+        from transject_nb.training.finetune import _arm_claim
         with _arm_claim(Path(sys.argv[1])) as other:
             print('held' if other is None else other, flush=True); time.sleep(600)
         """), str(arm)], stdout=subprocess.PIPE, text=True)
-    cli = [sys.executable, '-m', 'transject_nb.cli', 'study', plan.name, '--out', str(tmp_path/'runs'), '--data', str(tmp_path/'data')]
+    cli = [sys.executable, '-m', 'transject_nb.training.cli', 'study', plan.name, '--out', str(tmp_path/'runs'), '--data', str(tmp_path/'data')]
     try:
         assert holder.stdout.readline().strip() == 'held'
         r = subprocess.run(cli + ['--arms', plan.arms[0]], capture_output=True, text=True, timeout=300)
@@ -223,7 +223,7 @@ def test_the_controls_table_judges_each_step_across_seeds():
     "Each step of the controls is a change in points with Welch's interval once the four classifiers share two seeds."
     import pandas as pd
     from scipy.stats import ttest_ind
-    from transject_nb.finetune import CONTROL_STEPS, PRETRAIN_CONTROLS, controls_table
+    from transject_nb.training.finetune import CONTROL_STEPS, PRETRAIN_CONTROLS, controls_table
     acc = {'scratch': [.85, .86], 'ulmfit': [.80, .82]}
     runs = pd.DataFrame([dict(arm='t', kind=k, phase='seed', seed=s, lr=1e-3, valid_acc=a, test_acc=a)
                          for k, v in acc.items() for s, a in zip((1, 2), v)])

@@ -1,4 +1,4 @@
-"""The explorers (nbs/09a_explorers.ipynb) as their users meet them: in a real JupyterLab, in headless Chromium.
+"""The explorers (nbs/20a_explorers.ipynb) as their users meet them: in a real JupyterLab, in headless Chromium.
 
 The test starts JupyterLab on 127.0.0.1 at a free port with a random token, in a private Jupyter config,
 runtime and settings folder, on a copy of the notebook (Lab saves what it runs; the repository's copy must
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT/'.ci'))
-NOTEBOOK = ROOT/'nbs'/'09a_explorers.ipynb'
+NOTEBOOK = ROOT/'nbs'/'20a_explorers.ipynb'
 SHOTS = ROOT/'_docs_html'/'shots'
 BUDGET_S = 420               # the whole test: server start, run-all, two explorers, shutdown
 REQUIRED = os.environ.get('TRANSJECT_NB_REQUIRE_TOOLS') == '1'

@@ -17,15 +17,15 @@ from fastai.callback.core import Callback
 from fastai.interpret import ClassificationInterpretation
 from hypothesis import given, strategies as st
 
-import transject_nb.fastai_fixes as FF
+import transject_nb.training.fastai_fixes as FF
 from transject_nb.core import PAD_ID
-from transject_nb.utils import TASKS
-from transject_nb.data import CLASSES, ListOpsTokenizer, TaskData, TokenSplit, load_task, pad_batch, task_datasets
-from transject_nb.utils import atomic_save
-from transject_nb.batches import BucketDL
-from transject_nb.checkpoint import HistoryCSV, TrainCheckpoint, load_checkpoint, load_trained, load_weights
-from transject_nb.config import resolve_config
-from transject_nb.learner import TaskLearner, evaluate, get_dls, get_learner, history, train_learner
+from transject_nb.presets import TASKS
+from transject_nb.training.data import CLASSES, ListOpsTokenizer, TaskData, TokenSplit, load_task, pad_batch, task_datasets
+from transject_nb.training.utils import atomic_save
+from transject_nb.training.batches import BucketDL
+from transject_nb.training.checkpoint import HistoryCSV, TrainCheckpoint, load_checkpoint, load_trained, load_weights
+from transject_nb.training.config import resolve_config
+from transject_nb.training.learner import TaskLearner, evaluate, get_dls, get_learner, history, train_learner
 from test_data import tiny_vocab, write_aclimdb, write_agnews, write_imdb_csv
 
 
@@ -353,9 +353,9 @@ def test_one_cycle_schedule(data, tmp_path):
 
 
 def test_old_exports_find_their_classes():
-    "Exports and checkpoints of older versions name these classes in `transject_nb.learner`: they must still be there."
-    import transject_nb.learner as TL, transject_nb.checkpoint as CK, transject_nb.config as CF
-    import transject_nb.batches as B
+    "Exports and checkpoints of older versions name these classes in `transject_nb.training.learner`: they must still be there."
+    import transject_nb.training.learner as TL, transject_nb.training.checkpoint as CK, transject_nb.training.config as CF
+    import transject_nb.training.batches as B
     for name, mod in dict(TaskLearner=TL, ModelRecipe=CK, TrainCheckpoint=CK, SaveBestCallback=CK, HistoryCSV=CK,
                           TrainConfig=CF, DataConfig=CF, BucketDL=B, TokenDataLoaders=TL, AuxLoss=TL,
                           ReconLoss=TL).items():
@@ -366,7 +366,7 @@ def test_export_pickles_classes_by_their_module(data, tmp_path):
     learn = _learn(data, tmp_path)
     state = learn.__getstate__()
     recipe = type(state['model'])
-    assert (recipe.__module__, recipe.__name__) == ('transject_nb.checkpoint', 'ModelRecipe')
+    assert (recipe.__module__, recipe.__name__) == ('transject_nb.training.checkpoint', 'ModelRecipe')
 
 
 # --- resume and extension (issue 60) ------------------------------------------------------------------------------

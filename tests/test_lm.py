@@ -1,4 +1,4 @@
-"Tests of causal attention (transject_nb.baselines) and the language models of transject_nb.lm; no data files needed."
+"Tests of causal attention (transject_nb.baselines) and the language models of transject_nb.training.lm; no data files needed."
 import math
 import re
 import warnings
@@ -14,7 +14,7 @@ from fastai.torch_core import set_seed
 
 from transject_nb.baselines import attention_mask, future_leak, remove_similarity_causal
 from transject_nb.core import PAD_ID
-from transject_nb.lm import (CAUSAL_VARIANTS, LanguageModel, generate, lm_dls, lm_learner, lm_stream,
+from transject_nb.training.lm import (CAUSAL_VARIANTS, LanguageModel, generate, lm_dls, lm_learner, lm_stream,
                              unigram_perplexity)
 from transject_nb.models import BASELINES, VARIANTS, create_model
 from transject_nb.similarity import remove_similarity
@@ -191,7 +191,7 @@ def test_learner_trains_and_generates():
 
 
 def test_masking_rate_and_ignored_positions():
-    from transject_nb.lm import IGNORE_INDEX, mask_tokens
+    from transject_nb.training.lm import IGNORE_INDEX, mask_tokens
     g = torch.Generator().manual_seed(1)
     x = torch.randint(5, 500, (32, 256), generator=g)
     inp, targ = mask_tokens(x, mask_id=4, vocab_sz=500, p=0.2, generator=g)
@@ -205,7 +205,7 @@ def test_masking_rate_and_ignored_positions():
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_the_masked_loss_is_the_same_with_the_head_on_the_chosen_positions_only(variant):
     "`LanguageModel(x, at)` scores the chosen positions alone: `MaskedLMLoss` and its gradients do not change."
-    from transject_nb.lm import IGNORE_INDEX, MaskedLMLoss, mask_tokens
+    from transject_nb.training.lm import IGNORE_INDEX, MaskedLMLoss, mask_tokens
     torch.manual_seed(0)
     m = LanguageModel(create_model(variant, 60, 2, d_model=16, n_layers=2, max_len=12), 60, False, 'masked')
     inp, targ = mask_tokens(torch.randint(5, 60, (3, 12)), 4, 60, p=0.3, generator=torch.Generator().manual_seed(0))
@@ -242,7 +242,7 @@ def small_imdb(root, seed=0):
 
 def test_the_streams_respect_their_splits(tmp_path):
     "No held-out review is a training document, a review in both of IMDb's splits is dropped, and the cache gives the same."
-    from transject_nb.lm import load_lm_corpus
+    from transject_nb.training.lm import load_lm_corpus
     small_imdb(tmp_path)
     c = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     train = {tuple(d.tolist()) for d in c.train}
@@ -255,9 +255,9 @@ def test_the_streams_respect_their_splits(tmp_path):
 def test_a_runs_checkpoint_moves_a_sharded_loader(tmp_path):
     "A run's `TrainCheckpoint` sets the epoch on the `ShardedLoader` (no other callback does): epoch e reads part e."
     from fastai.callback.core import Callback
-    from transject_nb.learner import train_learner
-    from transject_nb.checkpoint import TrainCheckpoint
-    from transject_nb.lm import get_lm_learner, load_lm_corpus
+    from transject_nb.training.learner import train_learner
+    from transject_nb.training.checkpoint import TrainCheckpoint
+    from transject_nb.training.lm import get_lm_learner, load_lm_corpus
 
     class Parts(Callback):
         def before_fit(self): self.parts = {}
@@ -277,7 +277,7 @@ def test_the_depth_trend_judges_slopes_both_ways():
     "A fix whose loss falls with depth against a base whose loss rises: the claim holds one way, fails the other, same p."
     import numpy as np
     import pandas as pd
-    from transject_nb.lm import lm_depth_trend
+    from transject_nb.training.lm import lm_depth_trend
     rng = np.random.default_rng(1)
     runs = pd.DataFrame([dict(variant=f'{a}+n_layers={L}', seed=s, test_loss=5 + b * math.log2(L) + rng.normal(0, .01),
                               train_loss=4.5 + rng.normal(0, .01))

@@ -2,7 +2,7 @@
 import pytest, torch
 from hypothesis import given, settings, strategies as st
 from transject_nb.models import VARIANTS, create_model, check_contract, preset_config, variants_table
-from transject_nb.utils import TASKS
+from transject_nb.presets import TASKS
 
 
 def test_variants_come_from_one_table():

@@ -1,4 +1,4 @@
-"""The comparison protocol on a real PostgreSQL server (`transject_nb.protocol`, "Across machines"): a throwaway
+"""The comparison protocol on a real PostgreSQL server (`transject_nb.lab.protocol`, "Across machines"): a throwaway
 cluster (`initdb` and `pg_ctl` from Debian's `postgresql` package, in a temporary folder, on a free port) serves the
 storage of tiny studies. Workers that share it never race into failed trials, each planned run completes once with
 the values a SQLite storage gives, a worker killed mid-trial is retried, and the queue's lock is a row lock in the
@@ -14,22 +14,22 @@ import pandas as pd
 import pytest
 import torch
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-from transject_nb.checkpoint import load_checkpoint
-from transject_nb.cli import run_command
-from transject_nb.protocol import QueueLock, arm_status, arm_study, open_storage, study_runs, study_trials, work
+from transject_nb.training.checkpoint import load_checkpoint
+from transject_nb.training.cli import run_command
+from transject_nb.lab.protocol import QueueLock, arm_status, arm_study, open_storage, study_runs, study_trials, work
 
 REQUIRED = os.environ.get('TRANSJECT_NB_REQUIRE_TOOLS') == '1'      # .ci/run: no skipping
 TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4,
             d_model=16, n_layers=1)
 PLAN = """
-from transject_nb.protocol import Protocol, StudyPlan
+from transject_nb.lab.protocol import Protocol, StudyPlan
 plan = StudyPlan('tiny', 'listops', {arms!r}, preset='cpu', fixed={fixed!r},
                  protocol=Protocol(lrs={lrs!r}, below=(), above=(), seeds={seeds!r}, epochs={epochs},
                                    patience={patience}, prune_warmup={epochs}))
 """   # prune_warmup = epochs: no run is pruned, so the trials do not depend on the order in which workers finish them
 WORKER = """
 import sys
-from transject_nb.protocol import open_storage, work
+from transject_nb.lab.protocol import open_storage, work
 work(plan, open_storage(sys.argv[1], heartbeat={heartbeat}, grace={grace}), out=sys.argv[2], cache_dir=False,
      poll=0.2, name=sys.argv[3])
 """
@@ -194,7 +194,7 @@ def test_workers_on_a_server_run_every_run_once_and_give_the_sqlite_table(new_db
 HANG = """
 import signal, sys
 from pathlib import Path
-from transject_nb import protocol
+from transject_nb.lab import protocol
 guard = protocol.TrialGuard.after_epoch
 def after_epoch(self):                      # the first run hangs once two epochs are saved, until it is killed
     guard(self)

@@ -1,12 +1,12 @@
-"Values typed one way: `utils.convert_field` by the dataclass field's annotation, for presets, the command line and bench; the presets' errors."
+"Values typed one way: `presets.convert_field` by the dataclass field's annotation, for presets, the command line and bench; the presets' errors."
 from dataclasses import dataclass
 
 import pytest
 
 from transject_nb.core import EncoderConfig, variant_spec
-from transject_nb.utils import (PRESET_KINDS, PRESET_SECTIONS, TASKS, convert_field, field_owners,
-                                load_preset, preset_section, split_choices)
-from transject_nb.config import DataConfig, TrainConfig, preset_configs
+from transject_nb.training.utils import split_choices
+from transject_nb.presets import PRESET_KINDS, PRESET_SECTIONS, TASKS, convert_field, field_owners, load_preset, preset_section
+from transject_nb.training.config import DataConfig, TrainConfig, preset_configs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The comparison protocol (`transject_nb.protocol`) at tiny sizes: the search's edge rule, early stopping, two workers
+"""The comparison protocol (`transject_nb.lab.protocol`) at tiny sizes: the search's edge rule, early stopping, two workers
 sharing one storage, a worker killed mid-trial, the dashboard and the `study` command. No timing is asserted."""
 import json, os, signal, subprocess, sys, textwrap, time, warnings
 from dataclasses import replace
@@ -8,14 +8,14 @@ import optuna
 import pytest
 import torch
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-from transject_nb.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
+from transject_nb.lab.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
                                    study_runs, study_trials, plan_cost, plan_data, run_workers, work)
-from transject_nb.cli import run_command
-from transject_nb.checkpoint import load_checkpoint
+from transject_nb.training.cli import run_command
+from transject_nb.training.checkpoint import load_checkpoint
 
 TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4, d_model=16, n_layers=1)
 PLAN = """
-from transject_nb.protocol import Protocol, StudyPlan
+from transject_nb.lab.protocol import Protocol, StudyPlan
 TINY = {tiny!r}
 plan = StudyPlan('tiny', 'listops', {arms!r}, preset='cpu', fixed=TINY | {extra!r}, protocol=Protocol(lrs={lrs!r}, below=(), above=(), seeds={seeds!r}, epochs={epochs}, patience={patience}))
 """
@@ -75,7 +75,7 @@ def test_bad_plans_are_refused_with_what_was_expected():
 
 
 def test_declared_plans_cover_every_task_and_variant():
-    from transject_nb.utils import TASKS
+    from transject_nb.presets import TASKS
     from transject_nb.models import VARIANTS
     assert {p.task for p in CLASSIFICATION_STUDIES.values()} == set(TASKS)
     for p in CLASSIFICATION_STUDIES.values():
@@ -114,7 +114,7 @@ def test_two_workers_sharing_one_storage_never_run_the_same_trial_twice(tmp_path
     plan_src = PLAN.format(tiny=TINY, arms=('transformer', 'transject'), extra={}, lrs=(1e-3, 3e-3, 1e-2), seeds=(1, 2, 3), epochs=3, patience=2)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.protocol import open_storage, work
+        from transject_nb.lab.protocol import open_storage, work
         work(plan, open_storage(sys.argv[1], heartbeat=2), out=sys.argv[2], cache_dir=False, poll=0.2, name=sys.argv[3])
         """)
     ps = [_spawn(script, tmp_path/'s.db', tmp_path/'runs', f'w{i}') for i in (1, 2)]
@@ -133,7 +133,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2, 3e-2), seeds=(1,), epochs=6, patience=5)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.protocol import open_storage, work
+        from transject_nb.lab.protocol import open_storage, work
         work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2)
         """)
     p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
@@ -159,7 +159,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     retry = t[t.retry_of == k]
     assert len(retry) == 1 and retry.state.iloc[0] == 'COMPLETE'
     assert (retry.lr.iloc[0], retry.seed.iloc[0]) == (killed.lr.iloc[0], killed.seed.iloc[0])
-    from transject_nb.protocol import arm_study
+    from transject_nb.lab.protocol import arm_study
     tr = [x for x in arm_study(plan, plan.arms[0], open_storage(tmp_path/'s.db')).trials if x.number == int(retry.index[0])][0]
     assert tr.user_attrs['resumed_at'] >= 2                                 # went on from the killed run's checkpoint
     st = arm_status(study_trials(plan, tmp_path/'s.db'), plan)
@@ -168,7 +168,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
 
 def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
     from optuna.storages import RDBStorage
-    from transject_nb import protocol
+    from transject_nb.lab import protocol
     class Flaky(RDBStorage):
         "A storage that refuses its next `fails` calls to open a study, as a locked SQLite file refuses a write."
         fails = 2
@@ -193,7 +193,7 @@ def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
 def test_a_run_that_a_storage_error_cut_short_is_queued_again_and_resumes(tmp_path, capsys):
     "A storage error inside the run (the pruner's report) fails its trial, not the run: its retry resumes the epochs."
     from optuna.storages import RDBStorage
-    from transject_nb.protocol import arm_study
+    from transject_nb.lab.protocol import arm_study
     class Flaky(RDBStorage):
         "A storage that refuses the run's second report, as a locked SQLite file refuses a write."
         reports = 0
@@ -223,11 +223,11 @@ def test_a_run_that_a_storage_error_cut_short_is_queued_again_and_resumes(tmp_pa
 def test_a_worker_whose_trial_was_taken_over_leaves_it_to_the_retry(tmp_path):
     "A live worker whose heartbeat went stale (a paused machine): another fails its trial; it stops, before saving."
     from optuna.storages import RetryHeartbeatStaleTrialCallback
-    from transject_nb.protocol import arm_study
+    from transject_nb.lab.protocol import arm_study
     plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2,), seeds=(1,), epochs=8, patience=7)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.protocol import open_storage, work
+        from transject_nb.lab.protocol import open_storage, work
         work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2, name='w1')
         """)
     p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
@@ -265,7 +265,7 @@ def test_the_dashboard_serves_the_studies(tmp_path):
     from wsgiref.util import setup_testing_defaults
     plan = StudyPlan('tiny', 'listops', ('transject',), preset='cpu', fixed=TINY, protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=2, patience=1))
     st = open_storage(tmp_path/'s.db')
-    from transject_nb.protocol import queue_next
+    from transject_nb.lab.protocol import queue_next
     queue_next(plan, plan.arms[0], st)
     env = {'PATH_INFO': '/api/studies', 'REQUEST_METHOD': 'GET'}; setup_testing_defaults(env)
     out = {}
@@ -299,7 +299,7 @@ def test_workers_opening_a_fresh_storage_together_all_succeed(tmp_path):
     "Several processes create the same new SQLite storage at once (workers started by hand, or on several machines): none fails."
     script = textwrap.dedent("""
         import sys, time
-        from transject_nb.protocol import open_storage
+        from transject_nb.lab.protocol import open_storage
         time.sleep(max(0., float(sys.argv[2]) - time.time()))           # start together
         open_storage(sys.argv[1])
         """)
@@ -384,8 +384,8 @@ def test_a_storage_started_from_a_snapshot_appears_whole(tmp_path, monkeypatch, 
 
 def test_an_extension_copies_its_base_run_and_never_touches_a_saved_one(tmp_path):
     "An extending plan's run starts from a copy of its base's: the base run is left as it was, and a run of its own is never copied over."
-    from transject_nb.checkpoint import CKPT_VERSION
-    from transject_nb.protocol import _start_from_base
+    from transject_nb.training.checkpoint import CKPT_VERSION
+    from transject_nb.lab.protocol import _start_from_base
     base = StudyPlan('b', 'listops', ('transformer',), preset='cpu', fixed=TINY, protocol=Protocol(epochs=3, patience=1))
     ext = replace(base, name='e', protocol=replace(base.protocol, epochs=6), extends=base)
     arm = base.arms[0]
@@ -447,20 +447,20 @@ def test_a_failed_worker_fails_the_study_in_one_line(tmp_path, capfd):
 
 STOPPABLE = """
 import sys
-from transject_nb.protocol import Protocol, StudyPlan, STUDIES
+from transject_nb.lab.protocol import Protocol, StudyPlan, STUDIES
 TINY = {tiny!r}
 plan = StudyPlan('tiny-stop', 'listops', ('transject',), preset='cpu', fixed=TINY | dict(n_train=3000),
                  protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=6, patience=5))
 STUDIES[plan.name] = plan                   # declared here, and in each worker: spawn imports this file as its main
 if __name__ == '__main__':
-    from transject_nb.cli import main
+    from transject_nb.training.cli import main
     main(['study', plan.name, *sys.argv[1:]])
 """
 
 
 def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
     "SIGTERM stops the study and its worker gracefully; a SIGKILL of the study alone still stops its worker (it dies with its parent); a SIGKILL of both leaves a trial that the next start queues again at once. Each stop queues the running trial again, and its retry resumes the saved epochs."
-    from transject_nb.protocol import _alive, arm_study
+    from transject_nb.lab.protocol import _alive, arm_study
     script = tmp_path/'study.py'; script.write_text(STOPPABLE.format(tiny=TINY))
     ns = {}; exec(STOPPABLE.format(tiny=TINY).replace("__name__ == '__main__'", 'False'), ns); plan = ns['plan']
     db, runs = tmp_path/'s.db', tmp_path/'runs'
@@ -520,8 +520,8 @@ def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
 
 def test_sigterm_stops_a_study_as_a_stop_not_an_error():
     "In the main thread, `_stopping_on_sigterm` turns SIGTERM into `utils.Stopped`, which `except Exception` lets through, and puts the handler back."
-    from transject_nb.utils import Stopped
-    from transject_nb.protocol import _stopping_on_sigterm
+    from transject_nb.training.utils import Stopped
+    from transject_nb.lab.protocol import _stopping_on_sigterm
     caught, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(Stopped, match='stopped by SIGTERM') as e, _stopping_on_sigterm():
         try: os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)          # the handler runs as the kill returns

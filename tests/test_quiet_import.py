@@ -19,7 +19,7 @@ def python(code:str, *flags)->subprocess.CompletedProcess:
 
 
 def test_the_modules_that_import_fastai_are_found():
-    assert {'transject_nb.learner', 'transject_nb.data', 'transject_nb.cli', 'transject_nb.lm'} <= set(fastai_modules())
+    assert {'transject_nb.training.learner', 'transject_nb.training.data', 'transject_nb.training.cli', 'transject_nb.training.lm'} <= set(fastai_modules())
 
 
 @pytest.mark.parametrize('mod', fastai_modules())
@@ -29,7 +29,7 @@ def test_import_prints_nothing(mod):
 
 
 def test_import_passes_with_future_warnings_as_errors_and_leaves_the_filters_alone():
-    probe = ("import re, warnings\nimport transject_nb.learner\n"
+    probe = ("import re, warnings\nimport transject_nb.training.learner\n"
              "assert not [f for f in warnings.filters if isinstance(f[1], re.Pattern) and 'jit' in f[1].pattern"
              " and f[2] is FutureWarning], 'a filter of ours is left'\n"
              "try: warnings.warn('mine', FutureWarning)\nexcept FutureWarning as e: print('still an error:', e)")

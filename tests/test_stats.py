@@ -1,11 +1,11 @@
-"""`transject_nb.stats`: Welch's t-test and its verdicts against scipy, the zero-spread and one-seed cases, the 2-SE rule it replaces, and bad input."""
+"""`transject_nb.lab.stats`: Welch's t-test and its verdicts against scipy, the zero-spread and one-seed cases, the 2-SE rule it replaces, and bad input."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from transject_nb.stats import ALPHA, VERDICTS, spread_test, verdict_of, welch, welch_from_stats, welch_from_var
+from transject_nb.lab.stats import ALPHA, VERDICTS, spread_test, verdict_of, welch, welch_from_stats, welch_from_var
 
 
 def test_constants():

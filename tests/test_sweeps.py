@@ -3,7 +3,7 @@ import json, math
 import pandas as pd
 import pytest
 import torch
-from transject_nb.sweeps import grid_cells, cell_key, depth_answer, depth_measures, diverged, run_cell, run_grid, grid_summary, best_cells, init_sweep, GRID_SCALARS
+from transject_nb.lab.sweeps import grid_cells, cell_key, depth_answer, depth_measures, diverged, run_cell, run_grid, grid_summary, best_cells, init_sweep, GRID_SCALARS
 from transject_nb.models import create_model
 
 TINY = dict(n_train=96, n_valid=32, n_test=32, max_len=32, min_length=4, max_length=32, max_depth=3, max_args=4, d_model=16, epochs=1, cache_dir=False)
@@ -68,7 +68,7 @@ def test_init_sweep_identity_at_init():
 
 
 def test_axis_cells_share_the_centre_and_carry_every_field():
-    from transject_nb.sweeps import axis_cells
+    from transject_nb.lab.sweeps import axis_cells
     cells = axis_cells({'d_model': 64, 'n_train': 200}, {'d_model': [32, 64], 'n_train': [100, 200, 400]})
     assert cells[0] == {'d_model': 64, 'n_train': 200} and len(cells) == 4      # the centre once, then 32, then 100 and 400
     assert all(set(c) == {'d_model', 'n_train'} for c in cells)
@@ -77,7 +77,7 @@ def test_axis_cells_share_the_centre_and_carry_every_field():
 
 def test_tuning_chooses_on_validation_and_later_seeds_follow(tmp_path, monkeypatch):
     "The choice uses validation accuracy only (not test), skips diverged runs, and seed 2 reuses it; a resume trains nothing."
-    import transject_nb.sweeps as S
+    import transject_nb.lab.sweeps as S
     fake = {1e-3: dict(valid_acc=0.6, test_acc=0.9, diverged=False), 1e-2: dict(valid_acc=0.7, test_acc=0.1, diverged=False),
             1e-1: dict(valid_acc=0.9, test_acc=0.9, diverged=True)}
     calls = []
@@ -98,7 +98,7 @@ def test_tuning_chooses_on_validation_and_later_seeds_follow(tmp_path, monkeypat
 
 
 def test_export_and_load_grid(tmp_path):
-    from transject_nb.sweeps import export_grid, load_grid, LAYER_KEYS
+    from transject_nb.lab.sweeps import export_grid, load_grid, LAYER_KEYS
     run_grid('listops', {'n_layers': [1]}, ['transformer'], seeds=(1,), out=tmp_path/'g', preset='cpu', progress=False, **TINY)
     t = export_grid(tmp_path/'g', tmp_path/'res')
     t2, recs = load_grid(tmp_path/'res')
@@ -108,7 +108,7 @@ def test_export_and_load_grid(tmp_path):
 
 def _fake_runs(monkeypatch, valid):
     "Replace `run_cell` by one that writes a record with the given validation accuracy per lr; returns the list of (lr, seed) trained."
-    import transject_nb.sweeps as S
+    import transject_nb.lab.sweeps as S
     calls = []
     def run_cell(task, v, cell, seed, path, **kw):
         calls.append((cell['lr'], seed)); path.mkdir(parents=True)
@@ -147,7 +147,7 @@ def test_run_grid_extend_checks(tmp_path):
 
 
 def test_best_valid_skips_diverged_runs_unless_all_diverged():
-    from transject_nb.sweeps import best_valid
+    from transject_nb.lab.sweeps import best_valid
     df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[1e-3, 1e-2, 1e-1, 1e-3, 1e-2],
                            valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.6, 0.7, 0.2, 0.5, 0.5], diverged=[False, False, True, True, True]))
     b = best_valid(df)
@@ -157,7 +157,7 @@ def test_best_valid_skips_diverged_runs_unless_all_diverged():
 
 
 def test_at_best_rate_puts_the_fixed_rate_beside_the_validation_choice():
-    from transject_nb.sweeps import at_best_rate
+    from transject_nb.lab.sweeps import at_best_rate
     df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[5e-4, 1e-2, 1e-1, 5e-4, 1e-2],
                            valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.61, 0.71, 0.2, 0.52, 0.5], diverged=[False, False, True, False, False]))
     t = at_best_rate(df, 5e-4)
@@ -181,7 +181,7 @@ def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkey
 
 
 def test_versus_pools_the_seed_spread_and_marks_where_a_variant_is_ahead():
-    from transject_nb.sweeps import versus
+    from transject_nb.lab.sweeps import versus
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['neutreno'] * 4, n_layers=[1, 1, 8, 8] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.75, 0.75, 0.50, 0.52, 0.70, 0.72, 0.70, 0.70]))
     gain, sure = versus(df, 'transformer', 'n_layers')
@@ -191,8 +191,8 @@ def test_versus_pools_the_seed_spread_and_marks_where_a_variant_is_ahead():
 
 
 def test_versus_table_tests_with_pooled_variances():
-    from transject_nb.sweeps import versus, versus_table
-    from transject_nb.stats import welch_from_var
+    from transject_nb.lab.sweeps import versus, versus_table
+    from transject_nb.lab.stats import welch_from_var
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['transject'] * 4, n_layers=[1, 1, 2, 2] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.63, 0.65]))
     t = versus_table(df, 'transformer', 'n_layers').set_index('n_layers')
@@ -227,7 +227,7 @@ def test_depth_answer_chooses_the_best_depth_on_validation():
 
 
 def test_depth_answer_reproduces_a_drop_only_when_the_test_rejects():
-    from transject_nb.stats import welch
+    from transject_nb.lab.stats import welch
     acc = [0.7565, 0.7635, 0.7515, 0.7585, 0.7455, 0.7525]                  # a 1.1-point drop, seeds 0.7 points apart
     df = pd.DataFrame([dict(variant='random-transject', n_layers=L, seed=s, chosen=True, diverged=False, test_acc=a, valid_acc=a)
                        for (L, s), a in zip([(1, 1), (1, 2), (4, 1), (4, 2), (16, 1), (16, 2)], acc)])

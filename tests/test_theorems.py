@@ -1,4 +1,4 @@
-"""`transject_nb.theorems`: the ledger of the papers' theorems, its columns and verdicts, its determinism, and its
+"""`transject_nb.lab.theorems`: the ledger of the papers' theorems, its columns and verdicts, its determinism, and its
 links to the theory pages."""
 import json, re
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from transject_nb.theorems import COLUMNS, PAPERS, CHECKS, check_row, notebook_anchors, quarto_id, theorem_checks
+from transject_nb.lab.theorems import COLUMNS, PAPERS, CHECKS, check_row, notebook_anchors, quarto_id, theorem_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 

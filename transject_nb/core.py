@@ -319,19 +319,20 @@ def build_config(
     return spec.config_cls(vocab_sz=vocab_sz, n_classes=n_classes, **{**config, **spec.fixed})
 
 # %% ../nbs/00_core.ipynb #e1a0c002
-_MOVED = (  # the names that moved to `transject_nb.utils`
-    'atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
-    'check_writable', 'TASKS', 'PRESET_KINDS', 'preset_section', 'PRESET_SECTIONS',
-    'packaged_settings', 'is_presets_file', 'settings_files', 'convert_field', 'field_owners',
-    'split_fields', 'split_choices', 'load_preset', 'in_notebook', 'interactive_output',
-    'progress_iter', 'DEBUG_ENV', 'debug_mode', 'error_line', 'Stopped', '_temporaries',
-    '_write_to')
+_PRESETS = ('TASKS', 'PRESET_KINDS', 'preset_section', 'PRESET_SECTIONS', 'packaged_settings',
+            'is_presets_file', 'settings_files', 'convert_field', 'field_owners', 'load_preset')
+_UTILS = ('atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove_temporaries',
+          'check_writable', 'split_fields', 'split_choices', 'in_notebook', 'interactive_output',
+          'progress_iter', 'DEBUG_ENV', 'debug_mode', 'error_line', 'Stopped', '_temporaries',
+          '_write_to')
+# the names that left `core` -> their module now
+_MOVED = {n: 'transject_nb.presets' for n in _PRESETS} | {n: 'transject_nb.training.utils' for n in _UTILS}
 _IMPORT_FROM = dis.opmap['IMPORT_FROM']   # the bytecode of `from module import name`
 
 def __getattr__(name:str):
     "A name that left `core` fails with an error naming its new home; others fail as usual."
     if name not in _MOVED: raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    msg = f"transject_nb.core.{name} moved to transject_nb.utils.{name}"
+    msg = f"transject_nb.core.{name} moved to {_MOVED[name]}.{name}"
     caller = sys._getframe(1)                   # the frame running `from core import name`, if any
     if caller.f_code.co_code[caller.f_lasti] == _IMPORT_FROM: raise ImportError(msg, name=__name__)
     raise AttributeError(msg)

@@ -18,7 +18,7 @@ __all__ = ['VARIANTS', 'BASELINES', 'create_model', 'variants_table', 'preset_co
 # %% ../nbs/05_models.ipynb #a388b933
 from .core import (EncoderClassifier, build_config, config_fields, register_variant,
                                registered_variants, variant_spec)
-from .utils import load_preset
+from .presets import load_preset
 from .transject import TransJectConfig, TransJect
 from .baselines import SoftmaxConfig, SoftmaxEncoder, NeuTRENOEncoder, SimilarityRemovalEncoder
 
@@ -99,8 +99,8 @@ def variants_table()->pd.DataFrame:
 # %% ../nbs/05_models.ipynb #62628294
 def preset_config(
     variant:str,     # one of `VARIANTS`
-    task:str,        # one of `utils.TASKS`
-    kind:str='paper',  # `utils.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
+    task:str,        # one of `presets.TASKS`
+    kind:str='paper',  # `presets.PRESET_KINDS`: 'paper', 'cpu' (the small `[task-cpu]`) or 'repro'
 )->dict:             # config fields for `create_model`
     "The fields of a task preset that `variant`'s config takes."
     spec = variant_spec(variant)

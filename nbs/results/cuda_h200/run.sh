@@ -9,7 +9,7 @@ DEADLINE=${DEADLINE:-420}    # seconds from its start at which the study is stop
 PLAN=${PLAN:-lm-depth-gpu}; WORKERS=${WORKERS:-14}; DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 TRANSJECT_CACHE=/tmp/tjcache
-TJ="$PY -W ignore::FutureWarning -c 'from transject_nb.cli import main; main()'"
+TJ="$PY -W ignore::FutureWarning -c 'from transject_nb.training.cli import main; main()'"
 WHL=${WHL:-.whl}
 if [ -d "$WHL" ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
@@ -26,7 +26,7 @@ list(ThreadPoolExecutor(3).map(un, ('train', 'test', 'unsup')))" || exit 1
 
 # the corpus, built once before any worker starts (each would build it), beside the CUDA tests
 $PY -W ignore -c "
-from transject_nb.protocol import study_plan, plan_data
+from transject_nb.lab.protocol import study_plan, plan_data
 c = plan_data(study_plan('$PLAN'), '$DATA'); print('corpus key', c.key, 'documents', len(c.train), len(c.valid), len(c.test))" >> "$OUT/machine.txt" 2>&1 &
 CORPUS=$!
 if [ "$DEVICE" = cuda ] && [ "${TESTS:-1}" = 1 ]; then

@@ -1,0 +1,1 @@
+"Training: data, batches, the learner, configs, checkpoints, the fastai fixes, the language models and the CLI."
