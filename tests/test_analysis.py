@@ -1,4 +1,4 @@
-"Tests of transject_nb.lab.analysis: every analysis on cases with known answers, and on every registered variant."
+"Tests of transject_nb.lab.analysis and lab.analysis_figures: every analysis on cases with known answers, and on every registered variant."
 import math
 
 import matplotlib
@@ -15,11 +15,12 @@ from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, un
 from transject_nb.models import BASELINES, VARIANTS
 from transject_nb.training.data import ByteTokenizer, TokenSplit
 from transject_nb.lab.analysis import (
-    PAPER_PAIRS, PAPER_SENTENCE, SAMPLE_LABELS, SAMPLE_TEXTS, activation_bounds, attention_spectrum, batches, expert_weights,
-    forward_layers, functional_J, gaussian_entropy, hidden_states, inference, isomap_layers, layer_entropy, layer_measures,
-    locate_word, oversmoothing_curve, paper_entropy, plot_activation_bounds, plot_attention_spectrum, plot_expert_weights,
-    plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights, set_residual_weight, spacing_entropy, spectral_gap,
-    token_ids, token_pair_stats, token_strings, tokenizer_of, word_tokenizer)
+    PAPER_PAIRS, PAPER_SENTENCE, SAMPLE_LABELS, SAMPLE_TEXTS, batches, forward_layers, functional_J, hidden_states, inference,
+    layer_measures, locate_word, oversmoothing_curve, plot_layer_curves, plot_token_pairs, residual_weights,
+    set_residual_weight, token_ids, token_pair_stats, token_strings, tokenizer_of, word_tokenizer)
+from transject_nb.lab.analysis_figures import (
+    activation_bounds, attention_spectrum, expert_weights, gaussian_entropy, isomap_layers, layer_entropy, paper_entropy,
+    plot_activation_bounds, plot_attention_spectrum, plot_expert_weights, plot_isomap, spacing_entropy, spectral_gap)
 
 torch.set_num_threads(1)
 SOFTMAX = BASELINES

@@ -1,4 +1,4 @@
-"Tests of `transject_nb.lab.bench` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
+"Tests of `transject_nb.lab.bench` and `lab.bench_report` on tiny sizes: shapes and sanity of the measurements, the FLOP counts against torch's FlopCounterMode, the CLI. Timings are never asserted."
 import argparse, math, os, re, subprocess, sys
 
 import pandas as pd
@@ -7,10 +7,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from transject_nb import transject as tj, cpu
-from transject_nb.lab.bench import (REFERENCE, BENCH_HELP, TorchEncoder, add_bench_args, bench_command, bench_table, crossover, flop_count, inverse_flops,
-                                interleaved_times, machine_info, main, make_step, matmul_peak, measured_flops, quiet_profiler,
-                                peak_memory, plot_memory, plot_throughput, profile_step, reference_encoder,
-                                train_briefly, transject_flops, unfused_transject_, uses_fused)
+from transject_nb.lab.bench import (REFERENCE, TorchEncoder, flop_count, inverse_flops, interleaved_times, machine_info,
+                                make_step, matmul_peak, measured_flops, quiet_profiler, peak_memory, profile_step,
+                                reference_encoder, train_briefly, transject_flops, unfused_transject_, uses_fused)
+from transject_nb.lab.bench_report import (BENCH_HELP, add_bench_args, bench_command, bench_table, crossover, main,
+                                       plot_memory, plot_throughput)
 from transject_nb.models import VARIANTS, create_model
 
 torch.set_num_threads(1)
@@ -216,7 +217,7 @@ def test_cli(capsys):
 
 def test_console_script_offers_bench():
     "`cli` imports `bench` and offers it; `bench` does not import `cli` (the import goes one way)."
-    import ast, inspect, transject_nb.lab.bench as bench
+    import ast, inspect, transject_nb.lab.bench_report as bench
     from transject_nb.training.cli import make_parser, COMMANDS
     help = make_parser().format_help()
     assert 'bench' in COMMANDS and 'bench' in help and COMMANDS['bench'][1] is add_bench_args

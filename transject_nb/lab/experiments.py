@@ -34,9 +34,10 @@ from ..training.checkpoint import load_checkpoint
 from ..training.learner import TaskLearner, get_learner, train_learner
 from ..bounds import layer_bounds, transject_bounds, worst_ratio
 from ..transject import token_map
-from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, activation_bounds, expert_weights, isomap_layers,
-                                   layer_entropy, layer_measures, plot_activation_bounds, plot_expert_weights,
-                                   plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights, token_pair_stats)
+from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, layer_measures, plot_layer_curves, plot_token_pairs,
+                                   residual_weights, token_pair_stats)
+from .analysis_figures import (activation_bounds, expert_weights, isomap_layers, layer_entropy,
+                                           plot_activation_bounds, plot_expert_weights, plot_isomap)
 from ..core import unwrap
 from .stats import ALPHA, spread_test, welch_from_stats
 

@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, tokenizer_of, set_residual_weight,
-                                   activation_bounds, layer_measures, plot_activation_bounds, plot_layer_curves)
+                                   layer_measures, plot_layer_curves)
+from .analysis_figures import activation_bounds, plot_activation_bounds
 from ..core import check_choice, variant_spec
 from ..gradflow import attention_flow, spread
 from ..models import VARIANTS, create_model

@@ -34,7 +34,8 @@ from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,
 from ..lab.experiments import RESULT_COLUMNS, results_table
 from ..models import VARIANTS
 import transject_nb
-from ..lab.bench import BENCH_HELP, add_bench_args, bench_command, machine_info
+from ..lab.bench import machine_info
+from ..lab.bench_report import BENCH_HELP, add_bench_args, bench_command
 from ..lab.protocol import STUDY_HELP, add_study_args, study_command
 
 # %% ../../nbs/15_cli.ipynb #7921553b
