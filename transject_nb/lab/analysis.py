@@ -32,24 +32,27 @@ from ..training.data import TokenSplit, pad_batch
 # %% ../../nbs/20_analysis.ipynb #081467be
 def tokenizer_of(
     model_or_learner,  # a model, or a fastai `Learner` (anything with `.model`)
-):                     # the tokenizer attached to the learner, its `dls`, or the data they came from; else None
+# the tokenizer attached to the learner, its `dls`, or the data they came from; else None
+):
     ("The tokenizer a `Learner` carries (None for a bare model): "
      "what the analyses use for texts when no `tokenizer=` is given.")
     learn = model_or_learner
     if isinstance(learn, nn.Module): return None
     dls = getattr(learn, 'dls', None)
-    for obj in (learn, dls, getattr(dls, 'data', None), getattr(dls, 'task', None), getattr(learn, 'data', None)):
+    for obj in (learn, dls, getattr(dls, 'data', None), getattr(dls, 'task', None),
+                getattr(learn, 'data', None)):
         tok = getattr(obj, 'tokenizer', None)
         if tok is not None: return tok
     return None
 
+# %% ../../nbs/20_analysis.ipynb #08146s01
 @contextlib.contextmanager
 def inference(
     model:nn.Module,  # the model
     device=None,      # where to run; None: where the model is
 ):
-    ("Context: `model` in eval mode, gradients off, on `device`; its mode and device are restored afterwards. "
-     "Yields the device.")
+    ("Context: `model` in eval mode, gradients off, on `device`; its mode and device are restored "
+     "afterwards. Yields the device.")
     p = next(model.parameters(), None)
     old = p.device if p is not None else torch.device('cpu')
     dev = old if device is None else torch.device(device)
@@ -63,26 +66,35 @@ def inference(
         if dev != old: model.to(old)
 
 # %% ../../nbs/20_analysis.ipynb #3dd56f98
-def _is_text(x): return isinstance(x, str)
+def _is_text(x):
+    "Whether `x` is one text."
+    return isinstance(x, str)
+
+# %% ../../nbs/20_analysis.ipynb #3dd56s01
 def _is_batch(b):
     "A batch of a data loader: a 2-D tensor, or a tuple/list whose first item is one."
     if isinstance(b, (tuple, list)) and len(b): b = b[0]
     return isinstance(b, torch.Tensor) and b.ndim == 2
 
+# %% ../../nbs/20_analysis.ipynb #3dd56s02
 def token_ids(
-    x,                    # a text, a list of texts, token ids `(n,)`/`(B, n)` (tensor or nested lists)
+    # a text, a list of texts, token ids `(n,)`/`(B, n)` (tensor or nested lists)
+    x,
     tokenizer=None,       # has `encode(text) -> list[int]`; needed for texts
     max_len:int|None=None, # keep the first `max_len` tokens
 )->torch.Tensor:          # `(B, n)` LongTensor, right-padded with 0
     "One batch of token ids from a text, texts or ids."
     if _is_text(x) or (isinstance(x, (list, tuple)) and len(x) and all(_is_text(t) for t in x)):
         if tokenizer is None:
-            raise ValueError("text input needs a tokenizer (e.g. transject_nb.training.data.WordPieceTokenizer); "
+            raise ValueError("text input needs a tokenizer "
+                             "(e.g. transject_nb.training.data.WordPieceTokenizer); "
                              "pass tokenizer=")
         seqs = [tokenizer.encode(t) for t in ([x] if _is_text(x) else x)]
     elif isinstance(x, torch.Tensor):
-        if x.is_floating_point() or x.is_complex(): raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
-        if x.ndim not in (1, 2): raise ValueError(f"token ids must have shape (n,) or (B, n), got {tuple(x.shape)}")
+        if x.is_floating_point() or x.is_complex():
+            raise TypeError(f"token ids must be integers, got dtype {x.dtype}")
+        if x.ndim not in (1, 2):
+            raise ValueError(f"token ids must have shape (n,) or (B, n), got {tuple(x.shape)}")
         seqs = None
         out = (x[None] if x.ndim == 1 else x).long()
     elif isinstance(x, (list, tuple)) and len(x):
@@ -94,7 +106,8 @@ def token_ids(
 
 # %% ../../nbs/20_analysis.ipynb #fb19509e
 def batches(
-    data,                  # texts, ids, a `TokenSplit`, or an iterable of batches (e.g. a `DataLoader`)
+    # texts, ids, a `TokenSplit`, or an iterable of batches (e.g. a `DataLoader`)
+    data,
     bs:int=32,             # sequences per batch (not used for an iterable of batches)
     tokenizer=None,        # for texts
     max_len:int|None=None, # keep the first `max_len` tokens of each sequence
@@ -102,18 +115,21 @@ def batches(
 ):                         # yields `(b, n)` LongTensors
     "Walk a data set in padded batches of token ids, with a progress bar over long ones."
     if not isinstance(bs, int) or bs < 1: raise ValueError(f"bs must be a positive int, got {bs!r}")
+    first = lambda b: b[0] if isinstance(b, (tuple, list)) else b      # a batch's ids `(b, n)`
     if isinstance(data, TokenSplit):
         idx = list(range(len(data)))
         chunks, get = [idx[i:i + bs] for i in range(0, len(idx), bs)], lambda c: data.batch(c)[0]
     elif _is_text(data) or (isinstance(data, torch.Tensor) and data.ndim == 1):
         chunks, get = [data], lambda c: token_ids(c, tokenizer)
-    elif isinstance(data, (list, tuple)) and len(data) and _is_batch(data[0]):                       # a list of batches
-        chunks, get = data, lambda b: token_ids(b[0] if isinstance(b, (tuple, list)) else b, tokenizer)
+    elif isinstance(data, (list, tuple)) and len(data) and _is_batch(data[0]):   # a list of batches
+        chunks, get = data, lambda b: token_ids(first(b), tokenizer)
     elif isinstance(data, (torch.Tensor, list, tuple)):
-        if isinstance(data, (list, tuple)) and len(data) and isinstance(data[0], (int, np.integer)): data = [data]
-        chunks, get = [data[i:i + bs] for i in range(0, len(data), bs)], lambda c: token_ids(c, tokenizer)
+        if isinstance(data, (list, tuple)) and len(data) and isinstance(data[0], (int, np.integer)):
+            data = [data]
+        chunks = [data[i:i + bs] for i in range(0, len(data), bs)]
+        get = lambda c: token_ids(c, tokenizer)
     elif hasattr(data, '__iter__'):
-        chunks, get = data, lambda b: token_ids(b[0] if isinstance(b, (tuple, list)) else b, tokenizer)
+        chunks, get = data, lambda b: token_ids(first(b), tokenizer)
     else: raise TypeError(f"cannot make batches of token ids from {type(data).__name__}")
     try: n = len(chunks)
     except TypeError: n = None
@@ -128,13 +144,13 @@ def _forward(model, x, keep_attn=False)->Trace:
     "`model.trace(x)` with the softmax blocks' attention recording switched on if asked."
     if keep_attn:
         if not hasattr(model, 'keep_attn'):
-            raise TypeError(f"{type(model).__name__} has no softmax attention matrices; attention analyses need a "
-                            "softmax variant (transformer, transformer-rezero, neutreno, similarity-removal)")
+            raise TypeError(f"{type(model).__name__} has no softmax attention matrices; attention "
+                            "analyses need a softmax variant (transformer, transformer-rezero, "
+                            "neutreno, similarity-removal)")
         prev, model.keep_attn = model.keep_attn, True
         try: return model.trace(x)
         finally: model.keep_attn = prev
     return model.trace(x)
-
 
 # %% ../../nbs/20_analysis.ipynb #a9a1c001
 def forward_layers(
@@ -145,9 +161,10 @@ def forward_layers(
     bs:int=32,              # batch size
     progress:bool|None=None, # progress bar (None: for more than 4 batches)
     keep_attn:bool=False,   # also record softmax attention probabilities in `ctx.attn`
-):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`, `n_layers + 1` states `(b, n, d)`,
-                            # mask `(b, n)`, the `BatchContext`
-    "Run the model over a data set in eval mode without gradients, yielding every layer's states per batch."
+):                          # yields `(x, hs, mask, ctx)` per batch: ids `(b, n)`,
+                            # `n_layers + 1` states `(b, n, d)`, mask `(b, n)`, the `BatchContext`
+    ("Run the model over a data set in eval mode without gradients, yielding every layer's states "
+     "per batch.")
     model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     with inference(model, device) as dev:
         for x in batches(data, bs, tokenizer, model.cfg.max_len, progress):
@@ -163,50 +180,68 @@ def hidden_states(
     device=None,            # where to run
     bs:int=32,              # batch size
     progress:bool|None=None, # progress bar
-)->tuple:                   # `(hs, mask)`: `n_layers + 1` float32 CPU tensors `(N, n, d)` and the mask `(N, n)`
+# `(hs, mask)`: `n_layers + 1` float32 CPU tensors `(N, n, d)` and the mask `(N, n)`
+)->tuple:
     "Hidden states of every layer for a whole (small) data set, on the CPU."
     out, masks = [], []
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         out.append([h.float().cpu() for h in hs]); masks.append(mask.cpu())
     n = max(m.shape[1] for m in masks)
-    pad = lambda t: F.pad(t, (0, 0, 0, n - t.shape[1])) if t.ndim == 3 else F.pad(t, (0, n - t.shape[1]))
-    return [torch.cat([pad(o[l]) for o in out]) for l in range(len(out[0]))], torch.cat([pad(m) for m in masks])
+    pad = lambda t: (F.pad(t, (0, 0, 0, n - t.shape[1])) if t.ndim == 3
+                     else F.pad(t, (0, n - t.shape[1])))
+    hs = [torch.cat([pad(o[l]) for o in out]) for l in range(len(out[0]))]    # (N, n, d) each
+    return hs, torch.cat([pad(m) for m in masks])
 
 # %% ../../nbs/20_analysis.ipynb #ace187e6
 PAPER_SENTENCE = ("The characters are unlikeable and the script is awful. "
                   "It's a waste of the talents of Deneuve and Auteuil.")
-PAPER_PAIRS = (('characters', 'unlikeable'), ('script', 'awful'), ('waste', 'talents'), ('deneuve', 'auteuil'))
 
+# %% ../../nbs/20_analysis.ipynb #ace18s01
+PAPER_PAIRS = (('characters', 'unlikeable'), ('script', 'awful'), ('waste', 'talents'),
+               ('deneuve', 'auteuil'))
+
+# %% ../../nbs/20_analysis.ipynb #ace18s02
 SAMPLE_TEXTS = (
     PAPER_SENTENCE,
-    "A gripping story with wonderful performances; the director keeps the tension high until the very last scene.",
-    "I wanted to like this film, but the plot is thin and the dialogue sounds like it was written in an afternoon.",
-    "The music is beautiful and the photography of the mountains is stunning, though the second half drags.",
-    "One of the funniest comedies of the decade, with a cast that clearly enjoyed every minute of it.",
+    "A gripping story with wonderful performances; the director keeps the tension high until the "
+    "very last scene.",
+    "I wanted to like this film, but the plot is thin and the dialogue sounds like it was written "
+    "in an afternoon.",
+    "The music is beautiful and the photography of the mountains is stunning, though the second "
+    "half drags.",
+    "One of the funniest comedies of the decade, with a cast that clearly enjoyed every minute of "
+    "it.",
     "Predictable, loud and far too long. The special effects cannot save a script this lazy.",
     "Her quiet, precise acting carries the film, and the ending stayed with me for days.",
     "The documentary explains a complicated subject clearly and never talks down to its audience.",
-    "Two hours of my life I will never get back: wooden acting, a silly villain and no suspense at all.",
-    "A charming little film about friendship, shot on a small budget but full of heart and good ideas.",
+    "Two hours of my life I will never get back: wooden acting, a silly villain and no suspense at "
+    "all.",
+    "A charming little film about friendship, shot on a small budget but full of heart and good "
+    "ideas.",
     "The sequel repeats the jokes of the original without the timing that made them work.",
     "Brilliant writing, sharp editing and a soundtrack that fits every scene; highly recommended.",
-    "The story starts well but loses its way, and the characters make decisions that make no sense.",
-    "An honest, moving portrait of a family, told without sentimentality and acted with great care.",
+    "The story starts well but loses its way, and the characters make decisions that make no "
+    "sense.",
+    "An honest, moving portrait of a family, told without sentimentality and acted with great "
+    "care.",
     "The animation is gorgeous, yet the story feels rushed and the songs are forgettable.",
     "Nothing in this thriller surprised me; the twist can be guessed from the first ten minutes.",
 )
+
+# %% ../../nbs/20_analysis.ipynb #ace18s03
 SAMPLE_LABELS = (0, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0)  # 1: positive review
 
 # %% ../../nbs/20_analysis.ipynb #d83b5681
 def word_tokenizer(
     texts:Sequence,   # texts whose words make the vocabulary
 ):                    # a `data.WordPieceTokenizer`, deterministic
-    ("A WordPiece tokenizer (bert normalisation) whose vocabulary is the sorted words and characters of `texts`: "
-     "the same ids on every run.")
+    ("A WordPiece tokenizer (bert normalisation) whose vocabulary is the sorted words and "
+     "characters of `texts`: the same ids on every run.")
     import tempfile
     from tokenizers import normalizers, pre_tokenizers
     from transject_nb.training.data import WordPieceTokenizer
-    norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                      strip_accents=None, lowercase=True)
     pre = pre_tokenizers.BertPreTokenizer()
     words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(norm.normalize_str(t))})
     chars = sorted({c for w in words for c in w})
@@ -228,8 +263,9 @@ def set_residual_weight(
     model = unwrap(model_or_learner)
     blocks = list(model.blocks)
     with torch.no_grad():
-        if all(hasattr(b, 'alpha_raw') for b in blocks):                               # TransJect: α = tanh(w)
-            if not -1 < alpha < 1: raise ValueError(f"TransJect's α = tanh(w) lies in (-1, 1), got alpha={alpha}")
+        if all(hasattr(b, 'alpha_raw') for b in blocks):                   # TransJect: α = tanh(w)
+            if not -1 < alpha < 1:
+                raise ValueError(f"TransJect's α = tanh(w) lies in (-1, 1), got alpha={alpha}")
             for b in blocks: b.alpha_raw.fill_(math.atanh(alpha))
         elif all(isinstance(getattr(b, 'alpha', None), nn.Parameter) for b in blocks):  # ReZero
             for b in blocks: b.alpha.fill_(alpha)
@@ -237,6 +273,7 @@ def set_residual_weight(
                               "only the TransJect variants and transformer-rezero have one")
     return model
 
+# %% ../../nbs/20_analysis.ipynb #d1df8s01
 def residual_weights(
     model_or_learner,  # any encoder
 )->list|None:          # α of every layer, or None when the model has none
@@ -249,17 +286,21 @@ def residual_weights(
     return None
 
 # %% ../../nbs/20_analysis.ipynb #e617306e
-DEFAULT_MEASURES = dict(cosine=mean_pairwise_cosine, similarity=token_similarity, diversity=token_diversity)
+DEFAULT_MEASURES = dict(cosine=mean_pairwise_cosine, similarity=token_similarity,
+                        diversity=token_diversity)
 
+# %% ../../nbs/20_analysis.ipynb #e6173s01
 def layer_measures(
     model_or_learner,        # an encoder or a `Learner`
     data,                    # anything `batches` accepts
-    measures:dict|None=None, # name -> function `(b, n, d), mask -> (b,)`; default `DEFAULT_MEASURES`
+    # name -> function `(b, n, d), mask -> (b,)`; default `DEFAULT_MEASURES`
+    measures:dict|None=None,
     tokenizer=None,          # for texts
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.DataFrame:             # index `layer` (0 = embedding), one column per measure: its mean over the sequences
+# index `layer` (0 = embedding), one column per measure: its mean over the sequences
+)->pd.DataFrame:
     "Mean over the sequences of a data set of padding-aware token measures, at every layer."
     measures = DEFAULT_MEASURES if measures is None else measures
     tot, N = None, 0
@@ -268,8 +309,8 @@ def layer_measures(
         for name, f in measures.items():
             v = torch.stack([f(h, mask).double() for h in hs])                       # (L+1, b)
             if v.shape != (len(hs), mask.shape[0]):
-                raise ValueError(f"measure {name!r} must return one value per sequence, shape (b,); "
-                                 f"got {tuple(v.shape[1:])}")
+                raise ValueError(f"measure {name!r} must return one value per sequence, "
+                                 f"shape (b,); got {tuple(v.shape[1:])}")
             vals.append(v.sum(1))
         s = torch.stack(vals, 1).cpu()                                                 # (L+1, M)
         tot, N = (s if tot is None else tot + s), N + mask.shape[0]
@@ -277,6 +318,7 @@ def layer_measures(
     df.index.name = 'layer'
     return df
 
+# %% ../../nbs/20_analysis.ipynb #e6173s02
 def oversmoothing_curve(
     model_or_learner,        # an encoder or a `Learner`
     data,                    # anything `batches` accepts
@@ -284,10 +326,13 @@ def oversmoothing_curve(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.Series:                # mean pairwise cosine (pairs i ≠ j) per layer, averaged over the sequences
-    "NeuTRENO's over-smoothing measure: the mean cosine similarity of distinct token pairs, per layer, over a data set."
+# mean pairwise cosine (pairs i ≠ j) per layer, averaged over the sequences
+)->pd.Series:
+    ("NeuTRENO's over-smoothing measure: the mean cosine similarity of distinct token pairs, per "
+     "layer, over a data set.")
     measures = dict(cosine=mean_pairwise_cosine)
-    return layer_measures(model_or_learner, data, measures, tokenizer, device, bs, progress)['cosine']
+    df = layer_measures(model_or_learner, data, measures, tokenizer, device, bs, progress)
+    return df['cosine']
 
 # %% ../../nbs/20_analysis.ipynb #5b9e7266
 def plot_layer_curves(
@@ -302,9 +347,10 @@ def plot_layer_curves(
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for k, (label, c) in enumerate(curves.items()):
         c = c if isinstance(c, pd.Series) else pd.Series(np.asarray(c, dtype=float))
-        ax.plot(c.index, c.values, marker='o' if len(curves) <= 4 else None, ms=2.5, lw=1.2, ls='-' if k < 10 else '--',
-                label=label)
-    xlabel = next((c.index.name for c in curves.values() if isinstance(c, pd.Series) and c.index.name), 'layer')
+        ax.plot(c.index, c.values, marker='o' if len(curves) <= 4 else None, ms=2.5, lw=1.2,
+                ls='-' if k < 10 else '--', label=label)
+    xlabel = next((c.index.name for c in curves.values()
+                   if isinstance(c, pd.Series) and c.index.name), 'layer')
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if logy: ax.set_yscale('log')
     if ylim is not None: ax.set_ylim(*ylim)
@@ -323,6 +369,7 @@ def token_strings(
         return [tokenizer.tok.id_to_token(i) or '?' for i in ids]
     return [tokenizer.decode([i]) if i != PAD_ID else '' for i in ids]
 
+# %% ../../nbs/20_analysis.ipynb #91f87s01
 def locate_word(
     text:str,         # the text
     word:str,         # a word of it (case-insensitive, whole word)
@@ -331,12 +378,14 @@ def locate_word(
     "Position, in `tokenizer.encode(text)`, of the first token of `word`."
     m = re.search(rf'(?<!\w){re.escape(word)}(?!\w)', text, flags=re.I)
     if m is None: raise ValueError(f"word {word!r} does not occur in the text {text[:60]!r}...")
-    if hasattr(tokenizer, 'tok'):                                                   # HF tokenizers: character offsets
+    if hasattr(tokenizer, 'tok'):                               # HF tokenizers: character offsets
         enc = tokenizer.tok.encode(text, add_special_tokens=False)
         for k, (s, e) in enumerate(enc.offsets):
             if e > m.start(): return k
-    if getattr(tokenizer, 'kind', None) == 'bytes': return len(text[:m.start()].encode('utf-8'))
-    raise TypeError(f"cannot map words to tokens for {type(tokenizer).__name__}; pass token indices instead")
+    if getattr(tokenizer, 'kind', None) == 'bytes':
+        return len(text[:m.start()].encode('utf-8'))
+    raise TypeError(f"cannot map words to tokens for {type(tokenizer).__name__}; "
+                    "pass token indices instead")
 
 # %% ../../nbs/20_analysis.ipynb #e7767e88
 def token_pair_stats(
@@ -345,14 +394,17 @@ def token_pair_stats(
     pairs=PAPER_PAIRS,       # pairs of words of `text`, or of token indices
     tokenizer=None,          # default: the learner's
     device=None,             # where to run
-)->pd.DataFrame:             # one row per (layer, pair): `layer, pair, i, j, distance, cosine, ratio`
-    "Euclidean distance and cosine similarity of chosen token pairs at every layer (TransJect Fig. 1)."
+# one row per (layer, pair): `layer, pair, i, j, distance, cosine, ratio`
+)->pd.DataFrame:
+    ("Euclidean distance and cosine similarity of chosen token pairs at every layer (TransJect "
+     "Fig. 1).")
     model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     hs, _ = hidden_states(model, token_ids(text, tokenizer), tokenizer, device)
     n = hs[0].shape[1]
     idx = []
     for a, b in pairs:
-        i, j = (p if isinstance(p, (int, np.integer)) else locate_word(text, p, tokenizer) for p in (a, b))
+        i, j = (p if isinstance(p, (int, np.integer)) else locate_word(text, p, tokenizer)
+                for p in (a, b))
         if not (0 <= i < n and 0 <= j < n) or i == j:
             raise ValueError(f"pair ({a!r}, {b!r}) maps to token positions ({i}, {j}); "
                              f"need two distinct positions below {n}")
@@ -365,12 +417,14 @@ def token_pair_stats(
                              cosine=F.cosine_similarity(h[i], h[j], dim=0).item()))
     df = pd.DataFrame(rows)
     d0 = df[df.layer == 0].set_index('pair').distance
-    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))        # NaN for a pair that starts at distance 0
+    # NaN for a pair that starts at distance 0
+    df['ratio'] = df.distance / df.pair.map(d0.where(d0 > 0))
     return df
 
 # %% ../../nbs/20_analysis.ipynb #e0e0cfd0
 def plot_token_pairs(
-    stats,                  # a `token_pair_stats` frame, or a dict label -> frame (one line style per label)
+    # a `token_pair_stats` frame, or a dict label -> frame (one line style per label)
+    stats,
     ax=None,                # two matplotlib Axes (distance ratio, cosine); a new figure if None
     title:str='',           # figure title
 ):                          # the Figure
@@ -388,17 +442,19 @@ def plot_token_pairs(
     ax[0].set(xlabel='layer', ylabel='distance / distance at layer 0', yscale='log')
     ax[1].set(xlabel='layer', ylabel='cosine similarity', ylim=(-1.05, 1.05))
     from matplotlib.lines import Line2D
-    ax[0].legend([Line2D([], [], color=f'C{i}') for i in range(len(pair_names))], pair_names, fontsize=6, loc='best')
+    pair_lines = [Line2D([], [], color=f'C{i}') for i in range(len(pair_names))]
+    ax[0].legend(pair_lines, pair_names, fontsize=6, loc='best')
     if len(stats) > 1 or next(iter(stats)):
-        ax[1].legend([Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))], list(stats), fontsize=6,
-                     loc='lower left')
+        style_lines = [Line2D([], [], color='k', ls=styles[k % 4]) for k in range(len(stats))]
+        ax[1].legend(style_lines, list(stats), fontsize=6, loc='lower left')
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
 
 # %% ../../nbs/20_analysis.ipynb #64423119
 def _masked_J(h, K, mask, normalize):
-    "J of the real tokens of each sequence: padding rows and kernel entries zeroed, 1/n² replaced by 1/m²."
+    ("J of the real tokens of each sequence: padding rows and kernel entries zeroed, 1/n² replaced "
+     "by 1/m².")
     m = mask.to(torch.float64)                                                        # (b, n)
     u = h.double() * m[..., None]                                                     # (b, n, d)
     K = K.double() * m[:, :, None] * m[:, None, :]                                    # (b, n, n)
@@ -406,28 +462,32 @@ def _masked_J(h, K, mask, normalize):
     J = nonlocal_energy(u, K) * (h.shape[1] / cnt) ** 2                               # (b,)
     return J / (u.pow(2).sum((-2, -1)) / cnt).clamp_min(1e-300) if normalize else J
 
-
 # %% ../../nbs/20_analysis.ipynb #a9a1c002
 def functional_J(
-    model_or_learner,        # an encoder or a `Learner` (a softmax variant for `kernel='attention'`)
+    # an encoder or a `Learner` (a softmax variant for `kernel='attention'`)
+    model_or_learner,
     data,                    # anything `batches` accepts
-    # 'uniform' ($K=\mathbf 1\mathbf 1^\top$, any model) or 'attention' ($K=n\bar P^\ell$ at block ℓ's input)
+    # 'uniform' ($K=\mathbf{11}^\top$, any model) or 'attention' ($K=n\bar P^\ell$ at ℓ's input)
     kernel:str='uniform',
     normalize:bool=True,     # divide by the mean squared token norm (scale-free)
-    # kernel='attention' only: J of block ℓ's kernel at the block's 'input' $H^{\ell-1}$ or its 'output' $H^\ell$
+    # kernel='attention': J of block ℓ's kernel at its 'input' $H^{\ell-1}$ or its 'output' $H^\ell$
     at:str='input',
     tokenizer=None,          # for texts
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-)->pd.Series:                # mean over sequences of J, per layer (uniform: 0..L) or per block (attention: blocks 1..L)
-    "The nonlocal functional J of NeuTRENO's gradient-flow reading, per layer, averaged over a data set."
+# mean over sequences of J, per layer (uniform: 0..L) or per block (attention: blocks 1..L)
+)->pd.Series:
+    ("The nonlocal functional J of NeuTRENO's gradient-flow reading, per layer, averaged over a "
+     "data set.")
     if kernel not in ('uniform', 'attention'):
         raise ValueError(f"kernel must be 'uniform' or 'attention', got {kernel!r}")
     if at not in ('input', 'output'):
-        raise ValueError(f"at must be 'input' or 'output' (where block ℓ's kernel is evaluated), got {at!r}")
+        raise ValueError("at must be 'input' or 'output' (where block ℓ's kernel is evaluated), "
+                         f"got {at!r}")
     tot, N = None, 0
-    passes = forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=kernel == 'attention')
+    passes = forward_layers(model_or_learner, data, tokenizer, device, bs, progress,
+                            keep_attn=kernel == 'attention')
     for _, hs, mask, ctx in passes:
         b, n = mask.shape
         if kernel == 'uniform':
@@ -435,10 +495,12 @@ def functional_J(
             J = torch.stack([_masked_J(h, ones, mask, normalize) for h in hs])        # (L+1, b)
         else:
             cnt = mask.sum(-1).to(torch.float64)[:, None, None]                       # (b, 1, 1)
-            J = torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)  # K = m * head-mean P
-                             for h, A in zip(hs[:-1] if at == 'input' else hs[1:], ctx.attn)])      # (L, b)
+            Hs = hs[:-1] if at == 'input' else hs[1:]             # where each block's J is taken
+            J = torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)  # K = m P̄
+                             for h, A in zip(Hs, ctx.attn)])                           # (L, b)
         tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + b
-    s = pd.Series((tot / N).numpy(), name=f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})')
+    name = f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})'
+    s = pd.Series((tot / N).numpy(), name=name)
     first = 0 if kernel == 'uniform' else 1
     s.index = pd.RangeIndex(first, len(s) + first, name='layer' if kernel == 'uniform' else 'block')
     return s

@@ -22,13 +22,15 @@ from ..core import unwrap
 from ..similarity import deflate
 from ..bounds import layer_bounds
 from ..transject import token_distance_ratios
-from .analysis import forward_layers, hidden_states, token_ids, token_strings, tokenizer_of
+from .analysis import (forward_layers, hidden_states, token_ids, token_strings,
+                                      tokenizer_of)
 
 # %% ../../nbs/20b_analysis_figures.ipynb #7d3fb119
 def spectral_gap(
     P:torch.Tensor,  # row-stochastic matrices `(..., n, n)`
 )->torch.Tensor:     # $1-|\lambda_2(P)|$ per matrix, shape `(...)`, float64
-    "Spectral gap of row-stochastic matrices: 1 minus the largest modulus of an eigenvalue other than the eigenvalue 1."
+    ("Spectral gap of row-stochastic matrices: 1 minus the largest modulus of an eigenvalue other "
+     "than the eigenvalue 1.")
     if P.ndim < 2 or P.shape[-1] != P.shape[-2]:
         raise ValueError(f"expected square matrices (..., n, n), got shape {tuple(P.shape)}")
     if P.shape[-1] < 2: raise ValueError("the spectral gap needs at least 2 tokens")
@@ -46,23 +48,27 @@ def attention_spectrum(
 # 'table': per block, mean $|\lambda_2|$, mean and min gap over sequences and heads;
 # 'eigvals': per block the eigenvalues `(H, m)` of the first sequence
 )->dict:
-    ("Spectra of every layer's attention matrices over a data set: $|\\lambda_2|$ and the spectral gap, per block "
-     "(softmax variants).")
+    ("Spectra of every layer's attention matrices over a data set: $|\\lambda_2|$ and the spectral "
+     "gap, per block (softmax variants).")
     lam2, first = None, None
-    for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=True):
-        attn = ctx.attn                                                               # L x (b, H, n, n)
+    passes = forward_layers(model_or_learner, data, tokenizer, device, bs, progress, keep_attn=True)
+    for _, hs, mask, ctx in passes:
+        attn = ctx.attn                                                         # L x (b, H, n, n)
         rows = []
         for b in range(mask.shape[0]):
             idx = mask[b].nonzero()[:, 0]
             if len(idx) < 2: continue
-            Ps = torch.stack([A[b][:, idx][:, :, idx] for A in attn]).double().cpu()    # (L, H, m, m) real tokens only
+            # (L, H, m, m) real tokens only
+            Ps = torch.stack([A[b][:, idx][:, :, idx] for A in attn]).double().cpu()
             rows.append(1 - spectral_gap(Ps))                                         # (L, H)
             if first is None: first = torch.linalg.eigvals(Ps)                        # (L, H, m)
         if rows:
             r = torch.stack(rows)                                                     # (b', L, H)
             lam2 = r if lam2 is None else torch.cat([lam2, r])
-    if lam2 is None: raise ValueError("no sequence with at least 2 real tokens: the spectral gap is undefined")
-    table = pd.DataFrame(dict(lambda2=lam2.mean((0, 2)).numpy(), gap=(1 - lam2).mean((0, 2)).numpy(),
+    if lam2 is None:
+        raise ValueError("no sequence with at least 2 real tokens: the spectral gap is undefined")
+    table = pd.DataFrame(dict(lambda2=lam2.mean((0, 2)).numpy(),
+                              gap=(1 - lam2).mean((0, 2)).numpy(),
                               min_gap=(1 - lam2).amin((0, 2)).numpy()),
                          index=pd.RangeIndex(1, lam2.shape[1] + 1, name='block'))
     return dict(table=table, eigvals=list(first))
@@ -73,12 +79,13 @@ def plot_attention_spectrum(
     ax=None,           # matplotlib Axes; a new figure if None
     title:str='',      # axes title
 ):                     # the Axes
-    "Moduli of the attention eigenvalues of the first sequence, sorted, one line per block (heads averaged)."
+    ("Moduli of the attention eigenvalues of the first sequence, sorted, one line per block (heads "
+     "averaged).")
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     cm = plt.get_cmap('viridis')
     L = len(spec['eigvals'])
     for l, ev in enumerate(spec['eigvals']):
-        m = ev.abs().sort(-1, descending=True).values.mean(0)                          # (m,) heads averaged
+        m = ev.abs().sort(-1, descending=True).values.mean(0)                # (m,) heads averaged
         ax.plot(range(1, len(m) + 1), m.numpy(), '-', lw=1.2, color=cm(l / max(L - 1, 1)),
                 label=f"block {l + 1}: gap {spec['table'].gap.iloc[l]:.2f}")
     ax.set(xlabel='eigenvalue rank', ylabel=r'$|\lambda_k(P)|$', yscale='log', title=title)
@@ -87,29 +94,36 @@ def plot_attention_spectrum(
 
 # %% ../../nbs/20b_analysis_figures.ipynb #13ae3743
 def _as_samples(X)->torch.Tensor:
+    "`X` as float64 CPU samples `(N, d)`, N >= 2 (a vector `(N,)` is one neuron)."
     X = torch.as_tensor(X)
     if X.ndim == 1: X = X[:, None]
     if X.ndim != 2 or X.shape[0] < 2:
         raise ValueError(f"expected samples (N, d) with N >= 2, got shape {tuple(X.shape)}")
     return X.detach().double().cpu()
 
+# %% ../../nbs/20b_analysis_figures.ipynb #13ae3s01
 def gaussian_entropy(
     X,                # samples `(N, d)` (or `(N,)`): N draws of d neurons
 )->torch.Tensor:      # `(d,)` float64: $\frac12\log(2\pi e\hat\sigma^2)$ per neuron, in nats
-    "Differential entropy of each neuron under a Gaussian fit: exact for Gaussians, an upper bound otherwise."
+    ("Differential entropy of each neuron under a Gaussian fit: exact for Gaussians, an upper "
+     "bound otherwise.")
     X = _as_samples(X)
     return 0.5 * torch.log(2 * math.pi * math.e * X.var(0))
 
+# %% ../../nbs/20b_analysis_figures.ipynb #13ae3s02
 def spacing_entropy(
     X,                   # samples `(N, d)` (or `(N,)`)
     method:str='auto',   # scipy's estimator: 'vasicek', 'van es', 'ebrahimi', 'correa' or 'auto'
 )->torch.Tensor:         # `(d,)` float64 entropy per neuron, in nats
-    "Nonparametric (m-spacing) differential entropy of each neuron, by `scipy.stats.differential_entropy`."
+    ("Nonparametric (m-spacing) differential entropy of each neuron, by "
+     "`scipy.stats.differential_entropy`.")
     from scipy.stats import differential_entropy
     X = _as_samples(X)
-    with np.errstate(divide='ignore'):                      # tied values: a zero spacing gives -inf, as it should
-        return torch.as_tensor(differential_entropy(X.numpy(), axis=0, method=method), dtype=torch.float64).reshape(-1)
+    with np.errstate(divide='ignore'):        # tied values: a zero spacing gives -inf, as it should
+        h = differential_entropy(X.numpy(), axis=0, method=method)                    # (d,)
+        return torch.as_tensor(h, dtype=torch.float64).reshape(-1)
 
+# %% ../../nbs/20b_analysis_figures.ipynb #13ae3s03
 def paper_entropy(
     X,                # samples `(N, d)` (or `(N,)`)
 )->torch.Tensor:      # `(d,)` float64: $\mathbb E[-\log X]$ per neuron, NaN where some value is ≤ 0
@@ -117,7 +131,8 @@ def paper_entropy(
      "undefined (NaN) unless every value is positive.")
     X = _as_samples(X)
     pos = (X > 0).all(0)
-    return torch.where(pos, -X.clamp_min(torch.finfo(X.dtype).tiny).log().mean(0), torch.full_like(X[0], float('nan')))
+    nan = torch.full_like(X[0], float('nan'))                                          # (d,)
+    return torch.where(pos, -X.clamp_min(torch.finfo(X.dtype).tiny).log().mean(0), nan)
 
 # %% ../../nbs/20b_analysis_figures.ipynb #8c61c9d2
 def layer_entropy(
@@ -133,8 +148,8 @@ def layer_entropy(
 # index `layer`; means over neurons: `gaussian`, `spacing`; over the neurons where Eq. 8 is defined:
 # `paper_eq8`, `spacing_eq8`; `paper_defined`: their share
 )->pd.DataFrame:
-    ("Layer-wise differential entropy of the hidden states, per neuron over the real tokens of a data set, "
-     "averaged over neurons.")
+    ("Layer-wise differential entropy of the hidden states, per neuron over the real tokens of a "
+     "data set, averaged over neurons.")
     toks = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         t = [h[mask].float().cpu() for h in hs]                                       # L+1 x (T, d)
@@ -164,17 +179,19 @@ def expert_weights(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-# index `block`; columns `expert 1..E` (mean λ), `spread` (std over inputs, mean over experts), `balance`
+# index `block`; columns `expert 1..E` (mean λ), `spread` (std over inputs, mean over
+# experts), `balance`
 )->pd.DataFrame:
-    "Expert weights λ of every TransJect layer over a data set (TransJect Fig. 5b), with their spread and balance."
+    ("Expert weights λ of every TransJect layer over a data set (TransJect Fig. 5b), with their "
+     "spread and balance.")
     tot = sq = None; cnt = 0
     for _, hs, mask, ctx in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
         if not ctx.expert_weights:
             raise TypeError("this model records no expert weights in ctx.expert_weights; "
                             "only the TransJect variants have experts")
-        W = torch.stack([w.detach().double().cpu().reshape(-1, w.shape[-1]).expand(mask.shape[0], -1) if w.ndim == 1
-                         else w.detach().double().cpu().reshape(-1, w.shape[-1])
-                         for w in ctx.expert_weights])                                     # (L, k, E)
+        flat = lambda w: w.detach().double().cpu().reshape(-1, w.shape[-1])            # (k, E)
+        W = torch.stack([flat(w).expand(mask.shape[0], -1) if w.ndim == 1 else flat(w)
+                         for w in ctx.expert_weights])                                 # (L, k, E)
         tot = W.sum(1) if tot is None else tot + W.sum(1)
         sq = W.pow(2).sum(1) if sq is None else sq + W.pow(2).sum(1)
         cnt += W.shape[1]
@@ -201,10 +218,13 @@ def plot_expert_weights(
     for k, c in enumerate(cols):
         ax.barh(weights.index, weights[c], left=left, color=f'C{k}', label=c)
         left += weights[c].values
-    for b, bal in zip(weights.index, weights.balance): ax.text(1.01, b, f'{bal:.3f}', va='center', fontsize=7)
-    ax.set(xlabel='expert weight λ (balance on the right)', ylabel='block', xlim=(0, 1.12), title=title)
+    for b, bal in zip(weights.index, weights.balance):
+        ax.text(1.01, b, f'{bal:.3f}', va='center', fontsize=7)
+    ax.set(xlabel='expert weight λ (balance on the right)', ylabel='block', xlim=(0, 1.12),
+           title=title)
     ax.set_yticks(list(weights.index)); ax.invert_yaxis()
-    ax.legend(fontsize=7, ncol=min(len(cols), 8), loc='upper center', bbox_to_anchor=(0.5, -0.16), frameon=False)
+    ax.legend(fontsize=7, ncol=min(len(cols), 8), loc='upper center', bbox_to_anchor=(0.5, -0.16),
+              frameon=False)
     ax.figure.tight_layout()
     return ax
 
@@ -216,21 +236,24 @@ def activation_bounds(
     device=None,             # where to run
     bs:int=32,               # batch size
     progress:bool|None=None, # progress bar
-# index `layer` (0..L): measured `lo`, `hi` over all token pairs; Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
+# index `layer` (0..L): measured `lo`, `hi` over all token pairs;
+# Theorem 2's `bound_lo`, `bound_hi` (TransJect) or NaN
 )->pd.DataFrame:
     ("Smallest and largest token distance ratio (layer l against layer 0) over a data set, "
      "beside Theorem 2's bounds (TransJect Fig. 5c).")
     model = unwrap(model_or_learner)
     lo = hi = None
     for _, hs, mask, _ in forward_layers(model_or_learner, data, tokenizer, device, bs, progress):
-        if int(mask.sum(-1).max()) < 2: continue                            # no pair of real tokens in this batch
+        if int(mask.sum(-1).max()) < 2: continue           # no pair of real tokens in this batch
         l, h = (t.cpu() for t in token_distance_ratios(hs, mask))
         lo, hi = (l, h) if lo is None else (torch.minimum(lo, l), torch.maximum(hi, h))
-    if lo is None: raise ValueError("no sequence with two real tokens: distance ratios are undefined")
+    if lo is None:
+        raise ValueError("no sequence with two real tokens: distance ratios are undefined")
     df = pd.DataFrame(dict(lo=lo.numpy(), hi=hi.numpy()))
     df.index.name = 'layer'
     if hasattr(model, 'alphas'):
-        with torch.no_grad(): blo, bhi = layer_bounds(model.alphas().detach().float().cpu(), model.cfg.n_layers)
+        with torch.no_grad():
+            blo, bhi = layer_bounds(model.alphas().detach().float().cpu(), model.cfg.n_layers)
         df['bound_lo'], df['bound_hi'] = blo.numpy(), bhi.numpy()
     else: df['bound_lo'] = df['bound_hi'] = float('nan')
     return df
@@ -247,7 +270,8 @@ def plot_activation_bounds(
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     for k, (label, df) in enumerate(bounds.items()):
         c = f'C{k}'
-        ax.fill_between(df.index, df.lo, df.hi, color=c, alpha=0.25, label=f'{label} measured'.strip())
+        ax.fill_between(df.index, df.lo, df.hi, color=c, alpha=0.25,
+                        label=f'{label} measured'.strip())
         ax.plot(df.index, df.lo, color=c, lw=1); ax.plot(df.index, df.hi, color=c, lw=1)
         if df.bound_lo.notna().all():
             ax.plot(df.index, df.bound_lo, '--', color=c, lw=1, label=f'{label} bounds'.strip())
@@ -266,13 +290,16 @@ def isomap_layers(
     n_components:int=2,      # output dimension
     align:bool=True,         # rotate/reflect each layer's projection onto the previous one
     device=None,             # where to run
-)->dict:                     # 'tokens': token strings; 'layers': layer indices; 'coords': `(m, n_components)` per layer
+# 'tokens': token strings; 'layers': layer indices; 'coords': `(m, n_components)` per layer
+)->dict:
     "Isomap projections of the tokens of one text, layer by layer (TransJect Fig. 6)."
     from sklearn.manifold import Isomap
     from scipy.linalg import orthogonal_procrustes
     model, tokenizer = unwrap(model_or_learner), tokenizer or tokenizer_of(model_or_learner)
     x = token_ids(text, tokenizer)
-    if x.shape[0] != 1: raise ValueError(f"isomap_layers projects the tokens of one text; got a batch of {x.shape[0]}")
+    if x.shape[0] != 1:
+        raise ValueError("isomap_layers projects the tokens of one text; "
+                         f"got a batch of {x.shape[0]}")
     hs, mask = hidden_states(model, x, tokenizer, device)
     real = mask[0]
     m = int(real.sum())
@@ -296,7 +323,8 @@ def plot_isomap(
     labels:bool=True,   # write each token beside its point
     title:str='',       # figure title
 ):                      # the Figure
-    "One small panel per layer with the Isomap projection of the text's tokens, coloured by position."
+    ("One small panel per layer with the Isomap projection of the text's tokens, coloured by "
+     "position.")
     k = len(res['coords'])
     if ax is None:
         cols = min(k, 4); rows = math.ceil(k / cols)
@@ -307,7 +335,8 @@ def plot_isomap(
     for a, l, Y in zip(ax, res['layers'], res['coords']):
         a.scatter(Y[:, 0], Y[:, 1], c=np.arange(len(Y)), cmap='viridis', s=8)
         if labels:
-            for t, (u, v) in zip(res['tokens'], Y[:, :2]): a.annotate(t, (u, v), fontsize=4, alpha=0.8)
+            for t, (u, v) in zip(res['tokens'], Y[:, :2]):
+                a.annotate(t, (u, v), fontsize=4, alpha=0.8)
         a.set_title(f'layer {l}', fontsize=8); a.set_xticks([]); a.set_yticks([])
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -39,14 +39,17 @@ def machine_info(
         with open('/proc/cpuinfo') as f:
             cpu = next((l.split(':', 1)[1].strip() for l in f if l.startswith('model name')), cpu)
     except OSError: pass
-    info = dict(cpu=cpu, cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
-                load_1min=round(os.getloadavg()[0], 2) if hasattr(os, 'getloadavg') else float('nan'))
+    load = round(os.getloadavg()[0], 2) if hasattr(os, 'getloadavg') else float('nan')
+    info = dict(cpu=cpu, cores=os.cpu_count(), threads=torch.get_num_threads(),
+                torch=torch.__version__, load_1min=load)
     if torch.device(device).type == 'cuda': info['gpu'] = torch.cuda.get_device_name(device)
     return info
 
+# %% ../../nbs/21_bench.ipynb #70eccs01
 def _sync(device):
     if torch.device(device).type == 'cuda': torch.cuda.synchronize(device)
 
+# %% ../../nbs/21_bench.ipynb #70eccs02
 def time_fn(
     fn,            # a function of no arguments
     reps:int=5,    # timed calls
@@ -63,22 +66,26 @@ def time_fn(
 # %% ../../nbs/21_bench.ipynb #70ecc6de
 PEAK_SHAPES = ((8192, 256, 1024), (512, 256, 1024), (2048, 2048, 2048))
 
+# %% ../../nbs/21_bench.ipynb #70eccs01
 def matmul_peak(
     dtype=torch.float32,   # element type
     device='cpu',          # where to measure
     shapes=PEAK_SHAPES,    # (m, k, n) of the products
     reps:int=5,            # timed products per shape
 )->dict:                   # GFLOP/s per shape (median), and 'peak': the best of them
-    "Matrix-product throughput into preallocated outputs (no allocation in the timing), per shape and the best."
+    ("Matrix-product throughput into preallocated outputs (no allocation in the timing), per shape "
+     "and the best.")
     res = {}
     for m, k, n in shapes:
-        a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
         out = torch.empty(m, n, device=device, dtype=dtype)
         t = statistics.median(time_fn(lambda: torch.mm(a, b, out=out), reps, 1, device))
         res[f'{m}x{k}x{n}'] = 2 * m * k * n / t / 1e9
     res['peak'] = max(res.values())
     return res
 
+# %% ../../nbs/21_bench.ipynb #70eccs02
 def copy_bandwidth(
     mib:int=256,      # size of the copied tensor
     device='cpu',     # where to measure
@@ -96,33 +103,42 @@ class TorchEncoderConfig(EncoderConfig):
     d_ff:int = 0           # feed-forward width; 0 means 4 d_model
     dropout:float = 0.0    # dropout of `nn.TransformerEncoderLayer` (its default is 0.1)
 
+# %% ../../nbs/21_bench.ipynb #b6e68s01
 class _TorchEncoderStack(nn.Module):
+    "`nn.TransformerEncoder` as an encoder's one block: `(B, n, d)` states, padding masked."
     def __init__(self, enc): super().__init__(); self.enc = enc
-    def forward(self, h, mask, ctx): return self.enc(h, src_key_padding_mask=None if bool(mask.all()) else ~mask)
+    def forward(self, h, mask, ctx):
+        return self.enc(h, src_key_padding_mask=None if bool(mask.all()) else ~mask)
 
+# %% ../../nbs/21_bench.ipynb #b6e68s02
 class TorchEncoder(EncoderClassifier):
-    ("`nn.TransformerEncoder` with the package's embedding, sinusoidal positions, masked pooling and head: "
-     "the reference of every benchmark.")
+    ("`nn.TransformerEncoder` with the package's embedding, sinusoidal positions, masked pooling "
+     "and head: the reference of every benchmark.")
     def __init__(self, cfg:TorchEncoderConfig):
         super().__init__(cfg)
         d = cfg.d_model
         self.emb = nn.Embedding(cfg.vocab_sz, d, padding_idx=PAD_ID)
         nn.init.normal_(self.emb.weight, std=d ** -0.5)
         self.register_buffer('pe', sinusoidal_pe(cfg.max_len, d), persistent=False)
-        layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff or 4 * d, cfg.dropout, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.d_ff or 4 * d, cfg.dropout,
+                                           batch_first=True)
         stack = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.blocks = nn.ModuleList([_TorchEncoderStack(stack)])
 
-    def embed(self, x, mask): return self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]]   # (B, n, d)
+    def embed(self, x, mask):
+        return self.emb(x) * math.sqrt(self.cfg.d_model) + self.pe[:x.shape[1]]   # (B, n, d)
 
+# %% ../../nbs/21_bench.ipynb #b6e68s03
 def reference_encoder(
     vocab_sz:int,      # vocabulary, padding included
     n_classes:int,     # classes
-    **config,          # `TorchEncoderConfig` fields: d_model, n_layers, n_heads, d_ff, dropout, max_len, pooling
+    # `TorchEncoderConfig` fields: d_model, n_layers, n_heads, d_ff, dropout, max_len, pooling
+    **config,
 )->TorchEncoder:
     "The `nn.TransformerEncoder` reference model."
     return TorchEncoder(TorchEncoderConfig(vocab_sz, n_classes, **config))
 
+# %% ../../nbs/21_bench.ipynb #b6e68s04
 REFERENCE = 'nn.TransformerEncoder'
 
 # %% ../../nbs/21_bench.ipynb #a216347e
@@ -146,8 +162,10 @@ def transject_flops(
     cfg:TransJectConfig,  # the model's config
     B:int,                # batch size
     n:int,                # sequence length
-    train:bool=True,      # forward+backward (with the orthogonal maps), or inference forward (maps cached)
-    fused:bool=False,     # count the experts as the fused kernel does: Σ folded in where `cpu.layer_path` says 'fold'
+    # forward+backward (with the orthogonal maps), or inference forward (maps cached)
+    train:bool=True,
+    # count the experts as the fused kernel does: Σ folded in where `cpu.layer_path` says 'fold'
+    fused:bool=False,
 )->dict:                  # FLOPs per part, 'lapack' apart, and 'total'
     ("FLOPs of one step of `TransJect` from its equations: the products of the readable layer, "
      "or with Σ folded into the experts where the fused kernel folds.")
@@ -156,17 +174,20 @@ def transject_flops(
     f = dict.fromkeys(('sigma', 'orthogonal maps', 'fold', 'experts', 'ffn', 'head', 'lapack'), 0)
     if cfg.sigma == 'approx':
         if d <= n:
-            f['sigma'] = B * (_gemm(d, n, d) + _gemm(d, d, d) + (_gemm(d, d, d) + _gemm(n, d, d) if train else 0))
+            f['sigma'] = B * (_gemm(d, n, d) + _gemm(d, d, d)
+                              + (_gemm(d, d, d) + _gemm(n, d, d) if train else 0))
         else: f['sigma'] = B * (_gemm(n, d, d) + _gemm(n, d, n)) * (3 if train else 1)
     if train:
         for m in [2 * E + 2] * L + ([1] if cfg.sigma == 'approx' else []):
             g, lap = inverse_flops(d)
-            f['orthogonal maps'] += m * (g + 3 * _gemm(d, d, d))         # inverse, B P, backward (BP)^T dQ P^T
+            # inverse, B P, backward (BP)^T dQ P^T
+            f['orthogonal maps'] += m * (g + 3 * _gemm(d, d, d))
             f['lapack'] += m * lap
     for _ in range(L):
         if fused and _cpu.layer_path(N, d) == 'fold':
             f['fold'] += k * G * E * _gemm(d, d, d); f['experts'] += k * G * _gemm(N, d, E * d)
-        else: f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))   # h [U_1|..|U_E], then each (h U_e Σ) V_e
+        else:   # h [U_1|..|U_E], then each (h U_e Σ) V_e
+            f['experts'] += k * (_gemm(R, d, E * d) + E * _gemm(R, d, d))
         f['ffn'] += k * 2 * _gemm(R, d, d)
     f['head'] = k * _gemm(B, d, cfg.n_classes)
     f['total'] = sum(f.values())
@@ -179,22 +200,26 @@ def softmax_flops(
     n:int,                # sequence length
     train:bool=True,      # forward+backward, or inference forward
 )->dict:                  # FLOPs per part and 'total'
-    "FLOPs of one step of a softmax-attention encoder, from its equations (attention by the explicit formula)."
+    ("FLOPs of one step of a softmax-attention encoder, from its equations (attention by the "
+     "explicit formula).")
     d, L, k, R = cfg.d_model, cfg.n_layers, 3 if train else 1, B * n
     d_ff = cfg.d_ff or 4 * d
     f = dict(qkv=k * L * _gemm(R, d, (2 if getattr(cfg, 'sym', False) else 3) * d),
-             attention=k * L * B * 2 * _gemm(n, d, n), proj=k * L * _gemm(R, d, d), ffn=k * L * 2 * _gemm(R, d, d_ff),
+             attention=k * L * B * 2 * _gemm(n, d, n), proj=k * L * _gemm(R, d, d),
+             ffn=k * L * 2 * _gemm(R, d, d_ff),
              head=k * _gemm(B, d, cfg.n_classes))
     f['total'] = sum(f.values())
     return f
 
+# %% ../../nbs/21_bench.ipynb #bcd16s01
 def uses_fused(
     model:TransJect,  # a TransJect model
 )->bool:              # True if its layers run `cpu.fused_layer` where its parameters are
-    ("Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' on the CPU) "
-     "rather than the readable layer.")
+    ("Whether `model`'s layers run the fused CPU kernel (its config's `kernel`: 'fused', or 'auto' "
+     "on the CPU) rather than the readable layer.")
     return model.blocks[0].uses_fused(next(model.parameters()).device)
 
+# %% ../../nbs/21_bench.ipynb #bcd16s02
 def flop_count(
     model:EncoderClassifier,  # a TransJect, softmax or `TorchEncoder` model
     B:int,                    # batch size
@@ -202,23 +227,29 @@ def flop_count(
     train:bool=True,          # forward+backward, or inference forward
 )->dict:                      # FLOPs per part and 'total'
     "FLOPs of one step of `model` on a `(B, n)` batch, from its equations."
-    if isinstance(model, TransJect): return transject_flops(model.cfg, B, n, train, uses_fused(model))
-    if isinstance(model, (SoftmaxEncoder, TorchEncoder)): return softmax_flops(model.cfg, B, n, train)
-    raise TypeError(f"flop_count knows TransJect, SoftmaxEncoder and TorchEncoder models, got {type(model).__name__}")
+    if isinstance(model, TransJect):
+        return transject_flops(model.cfg, B, n, train, uses_fused(model))
+    if isinstance(model, (SoftmaxEncoder, TorchEncoder)):
+        return softmax_flops(model.cfg, B, n, train)
+    raise TypeError("flop_count knows TransJect, SoftmaxEncoder and TorchEncoder models, "
+                    f"got {type(model).__name__}")
 
 # %% ../../nbs/21_bench.ipynb #58eea642
 def make_step(
     model:EncoderClassifier,  # the model
     x:torch.Tensor,           # token ids `(B, n)`
     y=None,                   # labels `(B,)` (default zeros)
-    train:bool=True,          # forward + backward of the loss (no optimiser step), or an inference forward
+    # forward + backward of the loss (no optimiser step), or an inference forward
+    train:bool=True,
     dtype=None,               # run under `torch.autocast` with this dtype
-    compiled=None,            # a compiled version of `model` to call instead (e.g. `torch.compile(model)`)
+    # a compiled version of `model` to call instead (e.g. `torch.compile(model)`)
+    compiled=None,
     sdpa=None,                # an `SDPBackend` (or list) for `torch.nn.attention.sdpa_kernel`
 ):                            # a function of no arguments; `.model` is the model
     "One step of `model` on `x` as a function of no arguments."
     dev = x.device.type
-    fwd = model if compiled is None else compiled       # not `compiled or model`: a compiled module has no truth value
+    # not `compiled or model`: a compiled module has no truth value
+    fwd = model if compiled is None else compiled
     if y is None: y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     def ctxs():
         stack = contextlib.ExitStack()
@@ -246,27 +277,32 @@ def measured_flops(
     x:torch.Tensor,           # token ids `(B, n)`
     train:bool=True,          # forward+backward, or inference forward
 )->int:                       # FLOPs counted by `FlopCounterMode`
-    ("FLOPs that torch's `FlopCounterMode` counts in one step, on one thread, with SDPA's math backend and without "
-     "`nn.TransformerEncoderLayer`'s fused inference path, so that every product is visible.")
+    ("FLOPs that torch's `FlopCounterMode` counts in one step, on one thread, with SDPA's math "
+     "backend and without `nn.TransformerEncoderLayer`'s fused inference path, so that every "
+     "product is visible.")
     from torch.nn.attention import SDPBackend
     step = make_step(model, x, train=train, sdpa=SDPBackend.MATH)
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with _cpu.threads(1):                                        # the fused kernel's blocks on this thread
-            step()                                              # warm-up (evaluation caches the orthogonal matrices)
+        with _cpu.threads(1):               # the fused kernel's blocks on this thread
+            step()                          # warm-up (evaluation caches the orthogonal matrices)
             with FlopCounterMode(display=False) as fc: step()
     finally: torch.backends.mha.set_fastpath_enabled(fast)
     return fc.get_total_flops()
 
 # %% ../../nbs/21_bench.ipynb #dc11ddb5
-_KINETO_QUIET = '6'   # kineto's levels: 0 verbose, 1 info, 2 warning, 3 stage, 4 error, 5 its start/stop lines; 6: none
+# kineto's levels: 0 verbose, 1 info, 2 warning, 3 stage, 4 error, 5 its start/stop lines; 6: none
+_KINETO_QUIET = '6'
 
+# %% ../../nbs/21_bench.ipynb #dc11ds01
 @contextlib.contextmanager
 def quiet_profiler():
-    "Profile without kineto's stderr lines (start/stop markers, its CUDA probe's error), unless the user set its level."
+    ("Profile without kineto's stderr lines (start/stop markers, its CUDA probe's error), unless "
+     "the user set its level.")
     mine = 'KINETO_LOG_LEVEL' not in os.environ
-    if mine: os.environ['KINETO_LOG_LEVEL'] = _KINETO_QUIET   # read by kineto when this process first profiles
+    # read by kineto when this process first profiles
+    if mine: os.environ['KINETO_LOG_LEVEL'] = _KINETO_QUIET
     try: yield
     finally:
         if mine: os.environ.pop('KINETO_LOG_LEVEL', None)
@@ -278,7 +314,8 @@ def interleaved_times(
     warmup:int=1,    # untimed rounds first
     device='cpu',    # synchronised before each clock reading when CUDA
 )->dict:             # name -> seconds per call, one per round
-    "Seconds per call of every function, one call of each per round, so that changes of load hit all alike."
+    ("Seconds per call of every function, one call of each per round, so that changes of load hit "
+     "all alike.")
     for _ in range(warmup):
         for f in steps.values(): f()
     _sync(device)
@@ -302,8 +339,10 @@ def peak_memory(
         step(); torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     from torch.profiler import profile, ProfilerActivity
-    held = list(model.buffers()) if model is not None else []   # what the step replaces (`aux_loss`): freed after
-    with quiet_profiler(), _cpu.threads(1), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # what the step replaces (`aux_loss`): freed after
+    held = list(model.buffers()) if model is not None else []
+    acts = [ProfilerActivity.CPU]
+    with quiet_profiler(), _cpu.threads(1), profile(activities=acts, profile_memory=True) as prof:
         step()
     del held
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,7 +351,8 @@ def peak_memory(
     mem = sorted((e['ts'], e['args']['Total Allocated'], e['args'].get('Bytes', 0)) for e in events
                  if e.get('name') == '[memory]' and 'Total Allocated' in e.get('args', {}))
     if not mem: return 0.
-    base = mem[0][1] - mem[0][2]             # the profiler's running total before the step's first allocation
+    # the profiler's running total before the step's first allocation
+    base = mem[0][1] - mem[0][2]
     return max(t for _, t, _ in mem) / 2**20 - base / 2**20
 
 # %% ../../nbs/21_bench.ipynb #43086e05
@@ -341,24 +381,26 @@ def train_briefly(
 def bench_device(
     device,   # 'cpu', 'cuda', 'cuda:N' or a `torch.device`
 )->torch.device:
-    "`device` as a `torch.device` this machine has (the CPU, or one of its CUDA devices); else a ValueError."
+    ("`device` as a `torch.device` this machine has (the CPU, or one of its CUDA devices); else a "
+     "ValueError.")
     try: d = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device {device!r} is no device torch knows ({error_line(e)[:120]}); "
                          "use cpu or cuda") from None
     if d.type == 'cpu': return d
-    if d.type != 'cuda': raise ValueError(f"device {device!r}: the benchmarks run on cpu or cuda, not {d.type}")
+    if d.type != 'cuda':
+        raise ValueError(f"device {device!r}: the benchmarks run on cpu or cuda, not {d.type}")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not n: raise ValueError(f"device {device!r}: CUDA is not available on this machine; use cpu")
     if (d.index or 0) >= n:
-        raise ValueError(f"device {device!r}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+        raise ValueError(f"device {device!r}: this machine has {n} CUDA device(s), "
+                         f"cuda:0 to cuda:{n - 1}")
     return d
-
 
 # %% ../../nbs/21_bench.ipynb #c83922fc
 def _solve_cayley_forward(self, W):
-    ("CayleyOrthogonal.forward as it was: one solve per matrix on the CPU (oneMKL's batched-LU bug), "
-     "autograd through it.")
+    ("CayleyOrthogonal.forward as it was: one solve per matrix on the CPU (oneMKL's batched-LU "
+     "bug), autograd through it.")
     A = W.tril(); A = A - A.mT
     d = W.shape[-1]
     I = torch.eye(d, dtype=W.dtype, device=W.device)
@@ -372,16 +414,19 @@ def _solve_cayley_forward(self, W):
 # %% ../../nbs/21_bench.ipynb #adfaaaee
 def unfused_transject_(
     model:TransJect,   # changed in place
-)->TransJect:          # the same model, computing the same function the way it was computed before the optimisation
-    ("Put `model` back on the pre-optimisation implementation: the readable layer (`kernel='readable'`), "
-     "the Cayley map by a solve per matrix.")
+# the same model, computing the same function the way it was computed before the optimisation
+)->TransJect:
+    ("Put `model` back on the pre-optimisation implementation: the readable layer "
+     "(`kernel='readable'`), the Cayley map by a solve per matrix.")
     for m in model.modules():
-        if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'                       # `transject.transject_layer`
-        if isinstance(m, _cpu.CayleyOrthogonal): m.forward = types.MethodType(_solve_cayley_forward, m)
+        if isinstance(m, _tj.TransJectLayer): m.kernel = 'readable'   # `transject.transject_layer`
+        if isinstance(m, _cpu.CayleyOrthogonal):
+            m.forward = types.MethodType(_solve_cayley_forward, m)
     return model
 
 # %% ../../nbs/21_bench.ipynb #b1ec80e7
-_GEMM_OPS = ('aten::mm', 'aten::bmm', 'aten::addmm', 'aten::baddbmm', 'aten::addmm_', 'aten::baddbmm_')
+_GEMM_OPS = ('aten::mm', 'aten::bmm', 'aten::addmm', 'aten::baddbmm', 'aten::addmm_',
+             'aten::baddbmm_')
 
 # %% ../../nbs/21_bench.ipynb #0db0f2f9
 def profile_step(
@@ -400,9 +445,11 @@ def profile_step(
                 with profile(activities=[ProfilerActivity.CPU]) as prof: step()
                 ev = [e for e in prof.key_averages() if e.key.startswith('aten::')]
     finally: torch.set_num_threads(prev)
-    ops = pd.DataFrame([dict(op=e.key, self_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in ev])
+    ops = pd.DataFrame([dict(op=e.key, self_ms=e.self_cpu_time_total / 1e3, calls=e.count)
+                        for e in ev])
     ops = ops.sort_values('self_ms', ascending=False)
     kind = lambda k: ('matrix products' if k in _GEMM_OPS
-                      else 'LAPACK' if k.startswith('aten::linalg_') or k.startswith('aten::_linalg')
+                      else 'LAPACK' if k.startswith(('aten::linalg_', 'aten::_linalg'))
                       else 'element-wise, copies, allocation')
-    return ops.head(row_limit).reset_index(drop=True), ops.assign(kind=ops.op.map(kind)).groupby('kind').self_ms.sum()
+    kinds = ops.assign(kind=ops.op.map(kind)).groupby('kind').self_ms.sum()
+    return ops.head(row_limit).reset_index(drop=True), kinds

@@ -23,26 +23,33 @@ from ..training.utils import (atomic_write, check_writable, progress_iter, split
 from ..presets import convert_field, field_owners
 from ..models import VARIANTS, create_model
 from ..transject import TransJect, TransJectConfig
-from .bench import (REFERENCE, TorchEncoderConfig, bench_device, flop_count, interleaved_times,
-                                    machine_info, make_step, peak_memory, reference_encoder, train_briefly)
+from .bench import (REFERENCE, TorchEncoderConfig, bench_device, flop_count,
+                                    interleaved_times, machine_info, make_step, peak_memory,
+                                    reference_encoder, train_briefly)
 
 # %% ../../nbs/21a_bench_report.ipynb #775c6c6e
-def _oom(e): return any(s in str(e).lower() for s in ('out of memory', "can't allocate", 'not enough memory'))
+def _oom(e):
+    "Whether the error `e` says that the device ran out of memory."
+    return any(s in str(e).lower()
+               for s in ('out of memory', "can't allocate", 'not enough memory'))
 
+# %% ../../nbs/21a_bench_report.ipynb #775c6s01
 def gc_collect(device='cpu'):
     "Free what can be freed between measurements."
     import gc; gc.collect()
     if torch.device(device).type == 'cuda': torch.cuda.empty_cache()
 
+# %% ../../nbs/21a_bench_report.ipynb #775c6s02
 def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->list:
     ("The lengths `ns` as ints, once every argument of `bench_table` is checked; "
      "else a ValueError saying what was expected.")
     if not models: raise ValueError("bench_table needs at least one model")
-    try: ns = [operator.index(n) for n in ns]                            # ints, numpy ints; not floats or strings
+    try: ns = [operator.index(n) for n in ns]           # ints, numpy ints; not floats or strings
     except TypeError: raise ValueError(f"ns must be positive integer lengths, got {ns}") from None
     if not ns or min(ns) < 1: raise ValueError(f"ns must be positive integer lengths, got {ns}")
     if B < 1 or reps < 1 or warmup < 0:
-        raise ValueError(f"expected B >= 1, reps >= 1 and warmup >= 0, got B={B}, reps={reps}, warmup={warmup}")
+        raise ValueError("expected B >= 1, reps >= 1 and warmup >= 0, "
+                         f"got B={B}, reps={reps}, warmup={warmup}")
     bench_device(device)
     if too_long := {k: m.cfg.max_len for k, m in models.items() if m.cfg.max_len < max(ns)}:
         raise ValueError(f"models shorter than the longest length {max(ns)}: {too_long} "
@@ -52,16 +59,19 @@ def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->lis
 # %% ../../nbs/21a_bench_report.ipynb #775c6c70
 _PROBE = (8192, 256, 1024)   # (m, k, n) of the product timed beside the models in every round
 
+# %% ../../nbs/21a_bench_report.ipynb #775c6s01
 def _matmul_probe(dtype, device)->dict:
-    ("Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 in-cache row blocks; "
-     "the faster is the round's matmul peak.")
+    ("Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 "
+     "in-cache row blocks; the faster is the round's matmul peak.")
     m, k, n = _PROBE
-    pa, pb = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    pa = torch.randn(m, k, device=device).to(dtype)                                   # (m, k)
+    pb = torch.randn(k, n, device=device).to(dtype)                                   # (k, n)
     pout = torch.empty(m, n, device=device, dtype=dtype)
     def blocks():
         for i in range(0, m, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
     return {'_matmul': lambda: torch.mm(pa, pb, out=pout), '_matmul_blocks': blocks}
 
+# %% ../../nbs/21a_bench_report.ipynb #775c6s02
 def _time_rounds(steps:dict, reps:int, warmup:int, device, slow:set)->dict:
     ("`interleaved_times` of `steps`; out of memory, one step at a time, "
      "and a step still out of memory gets None and joins `slow`.")
@@ -77,6 +87,7 @@ def _time_rounds(steps:dict, reps:int, warmup:int, device, slow:set)->dict:
         finally: gc_collect(device)
     return ts
 
+# %% ../../nbs/21a_bench_report.ipynb #775c6s03
 def _peak_mib(step, device)->float:
     "`peak_memory` of `step`, nan when it runs out of memory."
     try: return peak_memory(step, device)
@@ -86,8 +97,10 @@ def _peak_mib(step, device)->float:
 
 # %% ../../nbs/21a_bench_report.ipynb #ffc88311
 def _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_s)->list:
-    "`bench_table`'s rows of one length from its rounds `ts`; a model slower than `max_step_s` per step joins `slow`."
-    t = min(statistics.median(ts.pop('_matmul')), statistics.median(ts.pop('_matmul_blocks')))   # the faster probe
+    ("`bench_table`'s rows of one length from its rounds `ts`; a model slower than `max_step_s` "
+     "per step joins `slow`.")
+    t = min(statistics.median(ts.pop('_matmul')),                     # the faster probe
+            statistics.median(ts.pop('_matmul_blocks')))
     peak = 2 * math.prod(_PROBE) / t / 1e9
     load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan')
     rows = []
@@ -95,8 +108,9 @@ def _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_
         if t is None: rows.append(dict(n=n, model=k)); continue
         med, fl = statistics.median(t), flop_count(models[k], B, n, train)['total']
         mem = _peak_mib(steps[k], device) if memory else float('nan')
-        rows.append(dict(n=n, model=k, tokens_per_s=B * n / med, tok_s_min=B * n / max(t), tok_s_max=B * n / min(t),
-                         step_ms=1e3 * med, gflop=fl / 1e9, gflops_per_s=fl / med / 1e9, peak_gflops_per_s=peak,
+        rows.append(dict(n=n, model=k, tokens_per_s=B * n / med, tok_s_min=B * n / max(t),
+                         tok_s_max=B * n / min(t), step_ms=1e3 * med, gflop=fl / 1e9,
+                         gflops_per_s=fl / med / 1e9, peak_gflops_per_s=peak,
                          frac_peak=fl / med / 1e9 / peak, peak_mib=mem, load=round(load, 2),
                          threads=torch.get_num_threads()))
         if med > max_step_s: slow.add(k)
@@ -118,11 +132,11 @@ def bench_table(
     sdpa=None,               # SDPA backend(s) for the softmax models
     device='cpu',            # where to run
     seed:int=0,              # token seed
-    # progress over the lengths: a bar in a notebook or terminal, a line per length in a log; None: unless `IN_TEST`
+    # progress: a bar in a notebook or terminal, a line per length in a log; None: unless `IN_TEST`
     progress:bool|None=None,
 )->pd.DataFrame:             # one row per (n, model)
-    ("Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of the matmul peak "
-     "probed in the same rounds, and peak memory, for every model and length.")
+    ("Tokens/s (median, min, max over rounds), ratio to the reference, FLOP rate and fraction of "
+     "the matmul peak probed in the same rounds, and peak memory, for every model and length.")
     ns = _check_bench_args(models, ns, B, reps, warmup, device)
     rows, slow = [], set()
     vocab = min(m.cfg.vocab_sz for m in models.values())
@@ -133,14 +147,16 @@ def bench_table(
         g = torch.Generator().manual_seed(seed)
         x = torch.randint(1, vocab, (B, n), generator=g).to(device)     # (B, n)
         y = torch.randint(0, 2, (B,), generator=g).to(device)           # (B,)
-        steps = {k: make_step(m, x, y, train, dtype, compiled.get(k), sdpa if not isinstance(m, TransJect) else None)
+        steps = {k: make_step(m, x, y, train, dtype, compiled.get(k),
+                              sdpa if not isinstance(m, TransJect) else None)
                  for k, m in models.items() if k not in slow} | probe
         ts = _time_rounds(steps, reps, warmup, device, slow)
         rows += _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_s)
         gc_collect(device)
     df = pd.DataFrame(rows)
     if reference in models and 'tokens_per_s' in df:
-        df['ratio'] = df.tokens_per_s / df.n.map(df[df.model == reference].set_index('n').tokens_per_s)
+        ref = df[df.model == reference].set_index('n').tokens_per_s                  # n -> tokens/s
+        df['ratio'] = df.tokens_per_s / df.n.map(ref)
     return df
 
 # %% ../../nbs/21a_bench_report.ipynb #ab4de674
@@ -149,14 +165,16 @@ def crossover(
     a:str,                  # the model that should overtake
     b:str=REFERENCE,        # the model overtaken
     col:str='tokens_per_s', # what is compared
-)->float:                   # the length from which `a` is faster (the smallest length if always, nan if never)
+# the length from which `a` is faster (the smallest length if always, nan if never)
+)->float:
     ("The sequence length at which model `a`'s throughput overtakes model `b`'s, "
      "interpolated in log-log between measured lengths.")
     t = df.pivot_table(index='n', columns='model', values=col).sort_index()[[a, b]].dropna()
     r = (t[a] / t[b]).apply(math.log)
     if (r > 0).all(): return float(t.index[0])
     for (n0, r0), (n1, r1) in zip(r.items(), list(r.items())[1:]):
-        if r0 <= 0 < r1: return float(math.exp(math.log(n0) + (math.log(n1) - math.log(n0)) * -r0 / (r1 - r0)))
+        if r0 <= 0 < r1:
+            return float(math.exp(math.log(n0) + (math.log(n1) - math.log(n0)) * -r0 / (r1 - r0)))
     return float('nan')
 
 # %% ../../nbs/21a_bench_report.ipynb #ab4de675
@@ -177,22 +195,25 @@ def plot_throughput(
         ax.plot(g.n, g[col], marker='o', ms=3, lw=2 if ref else 1.3, color='k' if ref else f'C{i}',
                 ls='--' if ref else '-', label=k)
         if col == 'tokens_per_s':
-            ax.fill_between(g.n, g.tok_s_min, g.tok_s_max, color='k' if ref else f'C{i}', alpha=0.15)
+            ax.fill_between(g.n, g.tok_s_min, g.tok_s_max, color='k' if ref else f'C{i}',
+                            alpha=0.15)
         if col == 'tokens_per_s' and mark_crossover and not ref and REFERENCE in models:
             x = crossover(df, k)
-            if x == x and x > df.n.min():                    # nan: never; the smallest length: faster everywhere
+            if x == x and x > df.n.min():   # nan: never; the smallest length: faster everywhere
                 ax.axvline(x, color=f'C{i}', ls=':', lw=1, label=f'{k} overtakes at n ≈ {x:.0f}')
     ax.set_xscale('log', base=2); ax.set_yscale('log')
     ax.set_xlabel('sequence length n'); ax.set_ylabel(col.replace('_', ' '))
     ax.set_title(title, fontsize=10); ax.legend(fontsize=7); ax.grid(alpha=0.3, which='both')
     return ax
 
+# %% ../../nbs/21a_bench_report.ipynb #ab4des01
 def plot_memory(
     df:pd.DataFrame,        # a `bench_table` with `peak_mib`
     ax=None,                # matplotlib Axes; a new (6, 3.5) figure if None
     title:str='',           # the title
 ):                          # the Axes
-    "Peak memory of a step against n on log-log axes, with slopes 1 (linear) and 2 (quadratic) for reference."
+    ("Peak memory of a step against n on log-log axes, with slopes 1 (linear) and 2 (quadratic) "
+     "for reference.")
     ax = plot_throughput(df, ax, 'peak_mib', title)
     n0, n1 = df.n.min(), df.n.max()
     m0 = df[df.n == n0].peak_mib.median()
@@ -202,23 +223,32 @@ def plot_memory(
     return ax
 
 # %% ../../nbs/21a_bench_report.ipynb #8e7192d1
-BENCH_HELP = ("time training or inference of variants against nn.TransformerEncoder: tokens/s, ratio, FLOP rate, "
-              "fraction of the matmul peak, peak memory")
-BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)   # the headline; d_ff is 4 d_model unless given
-BENCH_FIXED = dict(vocab_sz=30522, n_classes=2, kernel=None)   # set by bench itself: bert's vocabulary, --kernels
+BENCH_HELP = ("time training or inference of variants against nn.TransformerEncoder: tokens/s, "
+              "ratio, FLOP rate, fraction of the matmul peak, peak memory")
 
+# %% ../../nbs/21a_bench_report.ipynb #8e719s01
+# the headline; d_ff is 4 d_model unless given
+BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)
+
+# %% ../../nbs/21a_bench_report.ipynb #8e719s02
+# set by bench itself: bert's vocabulary, --kernels
+BENCH_FIXED = dict(vocab_sz=30522, n_classes=2, kernel=None)
+
+# %% ../../nbs/21a_bench_report.ipynb #8e719s03
 def add_bench_args(
     p:argparse.ArgumentParser,  # the parser (or subparser) to extend
 ):
     "The `bench` command's options."
     p.add_argument('--variants', default='transject',
-                   help="'all' or a comma-separated list of variants (nn.TransformerEncoder is always measured)")
+                   help="'all' or a comma-separated list of variants "
+                        "(nn.TransformerEncoder is always measured)")
     p.add_argument('--kernels', default='readable,fused',
                    help="TransJect's layer: 'readable', 'fused' or both, comma-separated; "
                         "one row per variant and kernel")
     p.add_argument('--n', default='128,512,1024,2048,4096', help='comma-separated sequence lengths')
     p.add_argument('--batch', type=int, default=8, help='batch size')
-    p.add_argument('--mode', choices=('train', 'eval'), default='train', help='forward+backward, or inference forward')
+    p.add_argument('--mode', choices=('train', 'eval'), default='train',
+                   help='forward+backward, or inference forward')
     p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'), default='float32',
                    help='bfloat16/float16: under torch.autocast')
     p.add_argument('--reps', type=int, default=3, help='timed rounds per length')
@@ -233,31 +263,37 @@ def add_bench_args(
     owners = field_owners([*(variant_spec(v).config_cls for v in VARIANTS), TorchEncoderConfig])
     rest = sorted(set(owners) - set(BENCH_DEFAULTS) - set(BENCH_FIXED) - {'d_ff', 'max_len'})
     given = ', '.join(f'--{k} (default {v})' for k, v in BENCH_DEFAULTS.items())
-    p.epilog = (f"Model config fields follow the options as --field value, typed by their annotation, and apply to "
-                f"every model that has them: {given}, --d_ff (default 4 d_model); and with their config's default: "
-                f"{', '.join(f'--{k}' for k in rest)}. max_len is the longest --n, the vocabulary bert's "
+    p.epilog = ("Model config fields follow the options as --field value, typed by their "
+                f"annotation, and apply to every model that has them: {given}, --d_ff (default 4 "
+                f"d_model); and with their config's default: {', '.join(f'--{k}' for k in rest)}. "
+                "max_len is the longest --n, the vocabulary bert's "
                 f"({BENCH_FIXED['vocab_sz']} ids), TransJect's layer chosen by --kernels.")
 
 # %% ../../nbs/21a_bench_report.ipynb #e0c85ae4
-BENCH_KERNELS = ('readable', 'fused')   # TransJect's layer: the equations as written, or the fused CPU kernel
+# TransJect's layer: the equations as written, or the fused CPU kernel
+BENCH_KERNELS = ('readable', 'fused')
 
+# %% ../../nbs/21a_bench_report.ipynb #e0c85s01
 def _bench_lists(a)->tuple:
     "The variants, lengths and kernels that the options `a` name, checked."
     vs = split_choices(a.variants, VARIANTS, 'variant')
     try: ns = [int(n) for n in str(a.n).split(',') if n.strip()]
-    except ValueError: raise ValueError(f"--n: expected comma-separated integers, got {a.n!r}") from None
+    except ValueError:
+        raise ValueError(f"--n: expected comma-separated integers, got {a.n!r}") from None
     if not ns or min(ns) < 1: raise ValueError(f"--n: expected positive lengths, got {a.n!r}")
-    return vs, ns, split_choices(getattr(a, 'kernels', ','.join(BENCH_KERNELS)), BENCH_KERNELS, 'kernel')
+    kernels = getattr(a, 'kernels', ','.join(BENCH_KERNELS))
+    return vs, ns, split_choices(kernels, BENCH_KERNELS, 'kernel')
 
+# %% ../../nbs/21a_bench_report.ipynb #e0c85s02
 def _bench_fields(
     variants:list,   # the variants benchmarked
     overrides:dict,  # model config field -> value: text from the command line, or already typed
 )->dict:             # the overrides, typed
-    ("Check that every override is a field of a benchmarked model's config (the reference's included), "
-     "and type the text ones by its annotation.")
+    ("Check that every override is a field of a benchmarked model's config (the reference's "
+     "included), and type the text ones by its annotation.")
     if 'kernel' in overrides:
-        raise ValueError("bench times the TransJect kernels named by --kernels (default: readable,fused); "
-                         "drop --kernel")
+        raise ValueError("bench times the TransJect kernels named by --kernels "
+                         "(default: readable,fused); drop --kernel")
     if fixed := sorted(set(overrides) & set(BENCH_FIXED)):
         raise ValueError(f"bench builds every model with {BENCH_FIXED['vocab_sz']} token ids and "
                          f"{BENCH_FIXED['n_classes']} classes; drop --{', --'.join(fixed)}")
@@ -265,9 +301,11 @@ def _bench_fields(
     for k in overrides: check_choice(k, owners, 'model config field')
     typed = {k: convert_field(owners[k], k, v, where=f'--{k}') if isinstance(v, str) else v
              for k, v in overrides.items()}
-    for v in variants:                                      # a variant's own fields are what make it that variant
-        if clash := {k: x for k, x in variant_spec(v).fixed.items() if k in typed and typed[k] != x}:
-            raise ValueError(f"the variant {v!r} fixes {', '.join(f'{k}={x!r}' for k, x in clash.items())}; "
+    for v in variants:                                # a variant's own fields make it that variant
+        own = variant_spec(v).fixed
+        if clash := {k: x for k, x in own.items() if k in typed and typed[k] != x}:
+            fixes = ', '.join(f'{k}={x!r}' for k, x in clash.items())
+            raise ValueError(f"the variant {v!r} fixes {fixes}; "
                              f"drop --{', --'.join(clash)} or choose the variant that has it")
     return typed
 
@@ -279,9 +317,11 @@ def _bench_models(
     device='cpu',        # where the models go
     train_steps:int=0,   # train the TransJect models this many Adam steps on random data first
 )->dict:                 # name -> model
-    "The models benchmarked: each variant (a TransJect one once per kernel, with the same weights) and the reference."
+    ("The models benchmarked: each variant (a TransJect one once per kernel, with the same "
+     "weights) and the reference.")
     pick = lambda cls: {k: v for k, v in cfg.items()
-                        if k in {f.name for f in fields(cls)} and k not in ('vocab_sz', 'n_classes')}
+                        if k in {f.name for f in fields(cls)}
+                        and k not in ('vocab_sz', 'n_classes')}
     torch.manual_seed(0)
     def build(v, **kw):
         spec = variant_spec(v)
@@ -289,36 +329,42 @@ def _bench_models(
         return create_model(v, 30522, 2, **own, **kw).to(device)
     models = {}
     for v in vs:
-        if not issubclass(variant_spec(v).config_cls, TransJectConfig): models[v] = build(v); continue
+        if not issubclass(variant_spec(v).config_cls, TransJectConfig):
+            models[v] = build(v); continue
         m = build(v, kernel=kernels[0])
         if train_steps: train_briefly(m, train_steps)
         models[f'{v} ({kernels[0]})'] = m
-        for k in kernels[1:]:                                               # the same weights, the other kernel
-            models[f'{v} ({k})'] = build(v, kernel=k); models[f'{v} ({k})'].load_state_dict(m.state_dict())
+        for k in kernels[1:]:                                  # the same weights, the other kernel
+            models[f'{v} ({k})'] = build(v, kernel=k)
+            models[f'{v} ({k})'].load_state_dict(m.state_dict())
     models[REFERENCE] = reference_encoder(30522, 2, **pick(TorchEncoderConfig)).to(device)
     return models
 
 # %% ../../nbs/21a_bench_report.ipynb #d67b018d
-_BENCH_LEAST = dict(batch=1, reps=1, threads=1, warmup=0, train_steps=0)   # option -> its least value
+# option -> its least value
+_BENCH_LEAST = dict(batch=1, reps=1, threads=1, warmup=0, train_steps=0)
 
+# %% ../../nbs/21a_bench_report.ipynb #d67b0s01
 def _check_bench_options(
     a:argparse.Namespace,  # parsed `add_bench_args` options (those missing take their defaults)
 ):
-    "Refuse an option that would do nothing or something else: a count below its least, a device, an unwritable CSV."
+    ("Refuse an option that would do nothing or something else: a count below its least, a device, "
+     "an unwritable CSV.")
     for k, lo in _BENCH_LEAST.items():
         if (v := getattr(a, k, None)) is not None and v < lo:
             what = 'a positive integer' if lo == 1 else f'an integer >= {lo}'
             raise ValueError(f"--{k.replace('_', '-')}: expected {what}, got {v}")
     bench_device(getattr(a, 'device', 'cpu'))
     if (csv := getattr(a, 'csv', None)) is not None:
-        if Path(csv).is_dir(): raise ValueError(f"--csv {csv} is a folder: give the CSV file's name")
-        check_writable(Path(csv).parent)                          # an OSError says why, before the benchmark
-
+        if Path(csv).is_dir():
+            raise ValueError(f"--csv {csv} is a folder: give the CSV file's name")
+        check_writable(Path(csv).parent)             # an OSError says why, before the benchmark
 
 # %% ../../nbs/21a_bench_report.ipynb #8017250f
 def bench_command(
     a:argparse.Namespace,  # parsed `add_bench_args` options
-    overrides:dict=None,   # model config fields (text as typed, or values), applied to every model that has them
+    # model config fields (text as typed, or values), applied to every model that has them
+    overrides:dict=None,
 )->pd.DataFrame:           # the table printed
     "Build the models, run `bench_table`, print it."
     _check_bench_options(a)
@@ -326,23 +372,25 @@ def bench_command(
     overrides = _bench_fields(vs, overrides or {})
     if getattr(a, 'threads', None) is not None: torch.set_num_threads(a.threads)
     cfg = BENCH_DEFAULTS | overrides | dict(max_len=max(ns))
-    if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']                # the feed-forward width follows d_model
+    if 'd_ff' not in overrides: cfg['d_ff'] = 4 * cfg['d_model']   # d_ff follows d_model
     models = _bench_models(vs, kernels, cfg, a.device, a.train_steps)
     dtype = None if a.dtype == 'float32' else getattr(torch, a.dtype)
-    df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype, memory=not a.no_memory,
-                     compile=a.compile, device=a.device)
+    df = bench_table(models, ns, a.batch, a.mode == 'train', a.reps, a.warmup, dtype=dtype,
+                     memory=not a.no_memory, compile=a.compile, device=a.device)
     info = machine_info(a.device)
     print(f"transject-nb bench: {a.mode}, {a.dtype}, batch {a.batch}, {info['threads']} threads, "
           f"{info.get('gpu', info['cpu'])}, torch {info['torch']}; "
           f"model {', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'max_len')}", flush=True)
-    cols = [c for c in ('n', 'model', 'tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio', 'gflops_per_s', 'frac_peak',
-                        'peak_mib', 'load') if c in df]
+    cols = [c for c in ('n', 'model', 'tokens_per_s', 'tok_s_min', 'tok_s_max', 'ratio',
+                        'gflops_per_s', 'frac_peak', 'peak_mib', 'load') if c in df]
     print(df[cols].round(2).to_string(index=False), flush=True)
     for v in (k for k in models if k != REFERENCE):
         if 'tokens_per_s' not in df: continue
         x, faster = crossover(df, v), df[(df.model == v) & (df.ratio > 1)].n.tolist()
         if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
-        elif faster: print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}", flush=True)
+        elif faster:
+            print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}",
+                  flush=True)
         else: print(f"{v} is slower than {REFERENCE} at every measured length", flush=True)
     if a.csv: atomic_write(a.csv, df.to_csv(index=False))
     return df
@@ -351,7 +399,8 @@ def bench_command(
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 )->pd.DataFrame:          # the table printed
-    "`transject-nb bench` as a function: parse the options and any `--field value` model overrides, run and print."
+    ("`transject-nb bench` as a function: parse the options and any `--field value` model "
+     "overrides, run and print.")
     p = argparse.ArgumentParser(prog='transject-nb bench', description=BENCH_HELP)
     add_bench_args(p)
     a, rest = p.parse_known_args(argv)

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
-from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, tokenizer_of, set_residual_weight,
-                                   layer_measures, plot_layer_curves)
+from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, tokenizer_of,
+                                      set_residual_weight, layer_measures, plot_layer_curves)
 from .analysis_figures import activation_bounds, plot_activation_bounds
 from ..core import check_choice, variant_spec
 from ..gradflow import attention_flow, spread
@@ -28,34 +28,42 @@ from ..models import VARIANTS, create_model
 # %% ../../nbs/20a_explorers.ipynb #4cb0d3a9
 # variant -> 'alpha', the config field it turns, or None: from the table of variants
 KNOBS = {v: variant_spec(v).knob for v in VARIANTS}
+
+# %% ../../nbs/20a_explorers.ipynb #4cb0ds01
 KNOB_LABELS = {'alpha': 'α', 'lam': 'λ', 'tau': 'τ', None: '(none)'}
 
+# %% ../../nbs/20a_explorers.ipynb #4cb0ds02
 def _live_frontend()->bool:
-    "True inside a Jupyter kernel, where widgets render; False in a script, a test runner or `nbdev-test`."
+    ("True inside a Jupyter kernel, where widgets render; False in a script, a test runner or "
+     "`nbdev-test`.")
     try: from IPython import get_ipython
     except ImportError: return False
     ip = get_ipython()
     return ip is not None and getattr(ip, 'kernel', None) is not None
 
+# %% ../../nbs/20a_explorers.ipynb #4cb0ds03
 def default_tokenizer(
     texts=(),             # extra texts whose words the vocabulary must hold
 ):                        # a small `WordPieceTokenizer`
-    ("`analysis.word_tokenizer` of the sample reviews plus `texts`: offline, instant, reproducible, "
-     "and it knows every word it is shown.")
+    ("`analysis.word_tokenizer` of the sample reviews plus `texts`: offline, instant, "
+     "reproducible, and it knows every word it is shown.")
     return word_tokenizer(list(SAMPLE_TEXTS) + list(texts))
 
+# %% ../../nbs/20a_explorers.ipynb #4cb0ds04
 def explorer_model(
     variant:str,          # one of `models.VARIANTS`
     vocab_sz:int,         # vocabulary size
     n_layers:int=6,       # depth
-    knob:float|None=None, # α (TransJect, ReZero), λ (NeuTRENO) or τ (similarity removal); None: the variant's default
+    # α (TransJect, ReZero), λ (NeuTRENO) or τ (similarity removal); None: the variant's default
+    knob:float|None=None,
     d_model:int=64,       # width
     seed:int=0,           # seed of the random weights
 ):                        # a randomly initialised model, in eval mode
     "A random model of `variant` with its knob (α, λ or τ) set."
     field = KNOBS[check_choice(variant, KNOBS, 'variant')]
     cfg = dict(d_model=d_model, n_layers=n_layers, max_len=1024)
-    if knob is not None and field not in (None, 'alpha'): cfg[field] = float(knob)   # a config field: λ, τ
+    if knob is not None and field not in (None, 'alpha'):
+        cfg[field] = float(knob)                                           # a config field: λ, τ
     torch.manual_seed(seed)
     m = create_model(variant, vocab_sz, 2, **cfg)
     if knob is not None and field == 'alpha': set_residual_weight(m, float(knob))
@@ -67,11 +75,14 @@ def layer_profile(
     text=PAPER_SENTENCE,  # a text (needs a tokenizer) or token ids
     tokenizer=None,       # default: the learner's
     device=None,          # where to run
-)->pd.DataFrame:          # index `layer`: `lo`, `hi`, `bound_lo`, `bound_hi`, `cosine`, `similarity`, `diversity`
-    "Distance ratios (with bounds where they exist) and token similarity of one text, at every layer."
+# index `layer`: `lo`, `hi`, `bound_lo`, `bound_hi`, `cosine`, `similarity`, `diversity`
+)->pd.DataFrame:
+    ("Distance ratios (with bounds where they exist) and token similarity of one text, at every "
+     "layer.")
     b = activation_bounds(model_or_learner, text, tokenizer, device)
     return b.join(layer_measures(model_or_learner, text, tokenizer=tokenizer, device=device))
 
+# %% ../../nbs/20a_explorers.ipynb #6df95s01
 def plot_profile(
     profile:pd.DataFrame, # the result of `layer_profile`
     ax=None,              # two matplotlib Axes; a new figure if None
@@ -85,8 +96,8 @@ def plot_profile(
     lo = min(profile.lo.min(), profile.bound_lo.min() if profile.bound_lo.notna().all() else 1)
     hi = max(profile.hi.max(), profile.bound_hi.max() if profile.bound_hi.notna().all() else 1)
     ax[0].set_ylim(min(lo, 0.5) / 1.1, max(hi, 2) * 1.1)
-    plot_layer_curves({'mean pairwise cosine': profile.cosine, 'token similarity': profile.similarity}, ax=ax[1],
-                      ylim=(-0.05, 1.05))
+    curves = {'mean pairwise cosine': profile.cosine, 'token similarity': profile.similarity}
+    plot_layer_curves(curves, ax=ax[1], ylim=(-0.05, 1.05))
     ax[0].set_ylabel('distance ratio to layer 0', fontsize=8)
     if title: fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -96,7 +107,8 @@ def plot_profile(
 def plot_variant_explorer(
     variant:str='transject',  # one of `VARIANTS`, or a key of `models`
     n_layers:int=6,           # depth (random models)
-    knob:float=0.9,           # α, λ or τ (random models; ignored for the plain Transformer and loaded models)
+    # α, λ or τ (random models; ignored for the plain Transformer and loaded models)
+    knob:float=0.9,
     text:str=PAPER_SENTENCE,  # the text to look at
     seed:int=0,               # seed of the random weights
     tokenizer=None,           # default: `default_tokenizer([text])` (or the loaded learner's)
@@ -107,34 +119,42 @@ def plot_variant_explorer(
     if variant in models:
         obj = models[variant]
         tokenizer = tokenizer or tokenizer_of(obj)
-        if tokenizer is None: raise ValueError(f"loaded model {variant!r} carries no tokenizer; pass tokenizer=")
+        if tokenizer is None:
+            raise ValueError(f"loaded model {variant!r} carries no tokenizer; pass tokenizer=")
         title = f"{variant} (loaded)"
     else:
         tokenizer = tokenizer or default_tokenizer([text])
         obj = explorer_model(variant, tokenizer.vocab_sz, n_layers, knob, seed=seed)
         f = KNOBS[variant]
-        title = f"{variant}, {n_layers} random layers" + (f", {KNOB_LABELS[f]} = {knob:g}" if f else '')
+        title = (f"{variant}, {n_layers} random layers"
+                 + (f", {KNOB_LABELS[f]} = {knob:g}" if f else ''))
     return plot_profile(layer_profile(obj, text, tokenizer), title=title)
 
 # %% ../../nbs/20a_explorers.ipynb #78fb5bf7
 def variant_explorer(
-    tokenizer=None,        # tokenizer for the random models; default: one trained on the sample reviews and the text
+    # tokenizer for the random models; default: one trained on the sample reviews and the text
+    tokenizer=None,
     models:dict|None=None, # name -> loaded model or `Learner`, added to the variant menu
 ):                         # an `ipywidgets.interactive`; display it in a notebook
-    "Widget: pick the variant, depth, knob (α, λ or τ), seed and text, and redraw `plot_variant_explorer`."
+    ("Widget: pick the variant, depth, knob (α, λ or τ), seed and text, and redraw "
+     "`plot_variant_explorer`.")
     import ipywidgets as w
     models = models or {}
     tokenizers = {}
     def draw(variant, n_layers, knob, seed, text):
         tk = tokenizer
-        if tk is None and variant not in models: tk = tokenizers.setdefault(text, default_tokenizer([text]))
+        if tk is None and variant not in models:
+            tk = tokenizers.setdefault(text, default_tokenizer([text]))
         plot_variant_explorer(variant, n_layers, knob, text, seed, tk, models)
         plt.show()
         return None
-    return w.interactive(draw, {'manual': not _live_frontend()},          # no frontend: no drawing until asked
-        variant=w.Dropdown(options=list(VARIANTS) + list(models), value='transject', description='variant'),
+    # no frontend: no drawing until asked
+    return w.interactive(draw, {'manual': not _live_frontend()},
+        variant=w.Dropdown(options=list(VARIANTS) + list(models), value='transject',
+                           description='variant'),
         n_layers=w.IntSlider(value=6, min=1, max=24, description='layers', continuous_update=False),
-        knob=w.FloatSlider(value=0.9, min=0., max=0.99, step=0.01, description='α / λ / τ', continuous_update=False),
+        knob=w.FloatSlider(value=0.9, min=0., max=0.99, step=0.01, description='α / λ / τ',
+                           continuous_update=False),
         seed=w.IntSlider(value=0, min=0, max=20, description='seed', continuous_update=False),
         text=w.Textarea(value=PAPER_SENTENCE, description='text', continuous_update=False,
                         layout=w.Layout(width='90%')))
@@ -147,9 +167,11 @@ def point_cloud(
     "A small 2-D point cloud: three clusters on a circle of radius 2."
     g = torch.Generator().manual_seed(seed)
     k = torch.arange(n_points) % 3
-    centres = 2 * torch.stack([torch.cos(2 * math.pi * k / 3), torch.sin(2 * math.pi * k / 3)], -1).double()  # (n, 2)
+    angle = 2 * math.pi * k / 3                                                        # (n,)
+    centres = 2 * torch.stack([torch.cos(angle), torch.sin(angle)], -1).double()      # (n, 2)
     return centres + 0.5 * torch.randn(n_points, 2, generator=g, dtype=torch.float64)
 
+# %% ../../nbs/20a_explorers.ipynb #39895s01
 def flow_trajectories(
     n_points:int=30,    # tokens in the cloud
     steps:int=30,       # attention iterations
@@ -158,7 +180,8 @@ def flow_trajectories(
     seed:int=0,         # seed of the cloud
 )->dict:                # 'attention' and 'fidelity λ=…' -> `steps + 1` arrays `(n_points, 2)`
     "Iterate symmetric attention on a 2-D point cloud, without and with NeuTRENO's fidelity term."
-    if steps < 0 or n_points < 2: raise ValueError(f"need steps >= 0 and n_points >= 2, got {steps}, {n_points}")
+    if steps < 0 or n_points < 2:
+        raise ValueError(f"need steps >= 0 and n_points >= 2, got {steps}, {n_points}")
     u0 = point_cloud(n_points, seed)
     Wq = beta * torch.eye(2, dtype=torch.float64)
     return {'attention': [u.numpy() for u in attention_flow(u0, Wq, None, steps, 0.)],
@@ -171,8 +194,10 @@ def plot_flow_step(
     ax=None,              # one Axes per run; a new figure if None
     trail:bool=True,      # draw each point's path so far
 ):                        # the Figure
-    "The point cloud at one attention step, one panel per run, with the paths so far and the spread in the title."
-    if ax is None: fig, ax = plt.subplots(1, len(traj), figsize=(6, 3.5), squeeze=False); ax = list(ax.flat)
+    ("The point cloud at one attention step, one panel per run, with the paths so far and the "
+     "spread in the title.")
+    if ax is None:
+        fig, ax = plt.subplots(1, len(traj), figsize=(6, 3.5), squeeze=False); ax = list(ax.flat)
     else: fig = ax[0].figure
     for a, (name, us) in zip(ax, traj.items()):
         t = range(len(us))[step]
@@ -180,7 +205,8 @@ def plot_flow_step(
         if trail:
             for i in range(P.shape[1]): a.plot(P[:, i, 0], P[:, i, 1], '-', color='0.75', lw=0.6)
         a.scatter(us[0][:, 0], us[0][:, 1], s=8, color='0.6', label='start')
-        a.scatter(P[-1][:, 0], P[-1][:, 1], s=14, c=np.arange(P.shape[1]) % 3, cmap='viridis', label=f'step {t}')
+        a.scatter(P[-1][:, 0], P[-1][:, 1], s=14, c=np.arange(P.shape[1]) % 3, cmap='viridis',
+                  label=f'step {t}')
         sp = float(spread(torch.as_tensor(P[-1])).max())
         a.set_title(f'{name}, step {t}\nlargest coordinate range {sp:.3f}', fontsize=8)
     lim = max(np.abs(np.concatenate([u for us in traj.values() for u in us[:1]])).max(), 1e-9) * 1.1
@@ -200,16 +226,22 @@ def plot_flow_explorer(
     "What the flow explorer draws: `flow_trajectories` up to `step`, shown at `step`."
     return plot_flow_step(flow_trajectories(n_points, step, lam, beta, seed), -1)
 
+# %% ../../nbs/20a_explorers.ipynb #bf5c3s01
 def flow_explorer(
     max_steps:int=60,     # largest step on the slider
 ):                        # an `ipywidgets.interactive`
-    "Widget: step through attention iterations on a 2-D point cloud, with and without the fidelity term."
+    ("Widget: step through attention iterations on a 2-D point cloud, with and without the "
+     "fidelity term.")
     import ipywidgets as w
     def draw(step, lam, beta, n_points, seed):
         plot_flow_explorer(step, lam, beta, n_points, seed); plt.show()
     return w.interactive(draw, {'manual': not _live_frontend()},
-        step=w.IntSlider(value=30, min=0, max=max_steps, description='step', continuous_update=False),
-        lam=w.FloatSlider(value=0.6, min=0., max=1.5, step=0.05, description='λ', continuous_update=False),
-        beta=w.FloatSlider(value=1.0, min=0., max=3., step=0.1, description='β', continuous_update=False),
-        n_points=w.IntSlider(value=30, min=3, max=120, description='points', continuous_update=False),
+        step=w.IntSlider(value=30, min=0, max=max_steps, description='step',
+                         continuous_update=False),
+        lam=w.FloatSlider(value=0.6, min=0., max=1.5, step=0.05, description='λ',
+                          continuous_update=False),
+        beta=w.FloatSlider(value=1.0, min=0., max=3., step=0.1, description='β',
+                           continuous_update=False),
+        n_points=w.IntSlider(value=30, min=3, max=120, description='points',
+                             continuous_update=False),
         seed=w.IntSlider(value=0, min=0, max=20, description='seed', continuous_update=False))
