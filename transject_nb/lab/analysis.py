@@ -462,6 +462,18 @@ def _masked_J(h, K, mask, normalize):
     J = nonlocal_energy(u, K) * (h.shape[1] / cnt) ** 2                               # (b,)
     return J / (u.pow(2).sum((-2, -1)) / cnt).clamp_min(1e-300) if normalize else J
 
+# %% ../../nbs/20_analysis.ipynb #64423s01
+def _batch_J(hs, mask, ctx, kernel, normalize, at)->torch.Tensor:
+    "`functional_J` of one batch: per layer `(L+1, b)` (uniform) or per block `(L, b)` (attention)."
+    b, n = mask.shape
+    if kernel == 'uniform':
+        ones = torch.ones(b, n, n, device=mask.device)
+        return torch.stack([_masked_J(h, ones, mask, normalize) for h in hs])         # (L+1, b)
+    cnt = mask.sum(-1).to(torch.float64)[:, None, None]                               # (b, 1, 1)
+    Hs = hs[:-1] if at == 'input' else hs[1:]                     # where each block's J is taken
+    return torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)      # K = m P̄
+                        for h, A in zip(Hs, ctx.attn)])                               # (L, b)
+
 # %% ../../nbs/20_analysis.ipynb #a9a1c002
 def functional_J(
     # an encoder or a `Learner` (a softmax variant for `kernel='attention'`)
@@ -489,16 +501,8 @@ def functional_J(
     passes = forward_layers(model_or_learner, data, tokenizer, device, bs, progress,
                             keep_attn=kernel == 'attention')
     for _, hs, mask, ctx in passes:
-        b, n = mask.shape
-        if kernel == 'uniform':
-            ones = torch.ones(b, n, n, device=mask.device)
-            J = torch.stack([_masked_J(h, ones, mask, normalize) for h in hs])        # (L+1, b)
-        else:
-            cnt = mask.sum(-1).to(torch.float64)[:, None, None]                       # (b, 1, 1)
-            Hs = hs[:-1] if at == 'input' else hs[1:]             # where each block's J is taken
-            J = torch.stack([_masked_J(h, cnt * A.double().mean(1), mask, normalize)  # K = m P̄
-                             for h, A in zip(Hs, ctx.attn)])                           # (L, b)
-        tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + b
+        J = _batch_J(hs, mask, ctx, kernel, normalize, at)                 # (L+1, b) or (L, b)
+        tot, N = (J.sum(1).cpu() if tot is None else tot + J.sum(1).cpu()), N + mask.shape[0]
     name = f'J ({kernel})' if kernel == 'uniform' else f'J (attention, at {at})'
     s = pd.Series((tot / N).numpy(), name=name)
     first = 0 if kernel == 'uniform' else 1

@@ -66,7 +66,7 @@ def time_fn(
 # %% ../../nbs/21_bench.ipynb #70ecc6de
 PEAK_SHAPES = ((8192, 256, 1024), (512, 256, 1024), (2048, 2048, 2048))
 
-# %% ../../nbs/21_bench.ipynb #70eccs01
+# %% ../../nbs/21_bench.ipynb #9d3a9b54
 def matmul_peak(
     dtype=torch.float32,   # element type
     device='cpu',          # where to measure
@@ -85,7 +85,7 @@ def matmul_peak(
     res['peak'] = max(res.values())
     return res
 
-# %% ../../nbs/21_bench.ipynb #70eccs02
+# %% ../../nbs/21_bench.ipynb #d396c1df
 def copy_bandwidth(
     mib:int=256,      # size of the copied tensor
     device='cpu',     # where to measure

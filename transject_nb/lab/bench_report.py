@@ -59,7 +59,7 @@ def _check_bench_args(models:dict, ns, B:int, reps:int, warmup:int, device)->lis
 # %% ../../nbs/21a_bench_report.ipynb #775c6c70
 _PROBE = (8192, 256, 1024)   # (m, k, n) of the product timed beside the models in every round
 
-# %% ../../nbs/21a_bench_report.ipynb #775c6s01
+# %% ../../nbs/21a_bench_report.ipynb #d7fed7be
 def _matmul_probe(dtype, device)->dict:
     ("Two steps timed beside the models: one product of `_PROBE`'s shape, and the same as 16 "
      "in-cache row blocks; the faster is the round's matmul peak.")
@@ -71,7 +71,7 @@ def _matmul_probe(dtype, device)->dict:
         for i in range(0, m, 512): torch.mm(pa[i:i + 512], pb, out=pout[i:i + 512])
     return {'_matmul': lambda: torch.mm(pa, pb, out=pout), '_matmul_blocks': blocks}
 
-# %% ../../nbs/21a_bench_report.ipynb #775c6s02
+# %% ../../nbs/21a_bench_report.ipynb #2b1b3d96
 def _time_rounds(steps:dict, reps:int, warmup:int, device, slow:set)->dict:
     ("`interleaved_times` of `steps`; out of memory, one step at a time, "
      "and a step still out of memory gets None and joins `slow`.")
@@ -116,6 +116,16 @@ def _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_
         if med > max_step_s: slow.add(k)
     return rows
 
+# %% ../../nbs/21a_bench_report.ipynb #ffc88s01
+def _length_steps(models, n, B, vocab, seed, train, dtype, compiled, sdpa, slow, device)->dict:
+    "`bench_table`'s steps at one length: every model not yet too slow, on one random batch."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, vocab, (B, n), generator=g).to(device)     # (B, n)
+    y = torch.randint(0, 2, (B,), generator=g).to(device)           # (B,)
+    return {k: make_step(m, x, y, train, dtype, compiled.get(k),
+                         sdpa if not isinstance(m, TransJect) else None)
+            for k, m in models.items() if k not in slow}
+
 # %% ../../nbs/21a_bench_report.ipynb #775c6c73
 def bench_table(
     models:dict,             # name -> model (same vocabulary); the reference's name is `reference`
@@ -144,12 +154,8 @@ def bench_table(
     compiled = {k: torch.compile(m) for k, m in models.items()} if compile else {}
     if progress is None: progress = not os.environ.get('IN_TEST')
     for n in progress_iter(ns, 'length', show=progress and len(ns) > 1):
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randint(1, vocab, (B, n), generator=g).to(device)     # (B, n)
-        y = torch.randint(0, 2, (B,), generator=g).to(device)           # (B,)
-        steps = {k: make_step(m, x, y, train, dtype, compiled.get(k),
-                              sdpa if not isinstance(m, TransJect) else None)
-                 for k, m in models.items() if k not in slow} | probe
+        steps = _length_steps(models, n, B, vocab, seed, train, dtype, compiled, sdpa, slow,
+                              device) | probe
         ts = _time_rounds(steps, reps, warmup, device, slow)
         rows += _length_rows(n, ts, steps, models, B, train, memory, device, slow, max_step_s)
         gc_collect(device)
