@@ -24,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import matplotlib.pyplot as plt
 from fastprogress.fastprogress import progress_bar
+
+# %% ../../nbs/20_analysis.ipynb #01311s01
 from ..core import PAD_ID, Trace, unwrap
 from ..gradflow import mean_pairwise_cosine, nonlocal_energy
 from ..similarity import token_similarity, token_diversity

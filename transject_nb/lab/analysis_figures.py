@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
+
+# %% ../../nbs/20b_analysis_figures.ipynb #f84f8s01
 from ..core import unwrap
 from ..similarity import deflate
 from ..bounds import layer_bounds
@@ -135,6 +137,17 @@ def paper_entropy(
     return torch.where(pos, -X.clamp_min(torch.finfo(X.dtype).tiny).log().mean(0), nan)
 
 # %% ../../nbs/20b_analysis_figures.ipynb #8c61c9d2
+def _entropy_row(X, method)->dict:
+    "`layer_entropy`'s row of one layer's token sample `X` `(T, d)`: means over the neurons."
+    pe, sp = paper_entropy(X), spacing_entropy(X, method)                              # (d,), (d,)
+    ok = ~pe.isnan()
+    nan = float('nan')
+    return dict(gaussian=gaussian_entropy(X).mean().item(), spacing=sp.mean().item(),
+                paper_eq8=pe[ok].mean().item() if ok.any() else nan,
+                spacing_eq8=sp[ok].mean().item() if ok.any() else nan,
+                paper_defined=ok.double().mean().item())
+
+# %% ../../nbs/20b_analysis_figures.ipynb #8c61cs01
 def layer_entropy(
     model_or_learner,        # an encoder or a `Learner`
     data,                    # anything `batches` accepts
@@ -157,17 +170,7 @@ def layer_entropy(
     T = toks[0].shape[0]
     if T < 4: raise ValueError(f"need at least 4 real tokens for an entropy estimate, got {T}")
     keep = torch.randperm(T, generator=torch.Generator().manual_seed(seed))[:max_tokens]
-    rows = []
-    for X in toks:
-        X = X[keep]
-        pe, sp = paper_entropy(X), spacing_entropy(X, method)                          # (d,), (d,)
-        ok = ~pe.isnan()
-        nan = float('nan')
-        rows.append(dict(gaussian=gaussian_entropy(X).mean().item(), spacing=sp.mean().item(),
-                         paper_eq8=pe[ok].mean().item() if ok.any() else nan,
-                         spacing_eq8=sp[ok].mean().item() if ok.any() else nan,
-                         paper_defined=ok.double().mean().item()))
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([_entropy_row(X[keep], method) for X in toks])
     df.index.name = 'layer'
     return df
 

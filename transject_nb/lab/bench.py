@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
+
+# %% ../../nbs/21_bench.ipynb #cc443s01
 from .. import transject as _tj
 from ..core import PAD_ID, EncoderConfig, EncoderClassifier, sinusoidal_pe
 from ..training.utils import error_line
@@ -158,6 +160,14 @@ def inverse_flops(
     return g1 + g2 + g, l1 + l2
 
 # %% ../../nbs/21_bench.ipynb #2a612dcb
+def _sigma_flops(d, B, n, train)->int:
+    "FLOPs of Σ (approx) for a batch: from the d×d Gram when n ≥ d, else from the n×n one."
+    if d <= n:
+        back = _gemm(d, d, d) + _gemm(n, d, d) if train else 0
+        return B * (_gemm(d, n, d) + _gemm(d, d, d) + back)
+    return B * (_gemm(n, d, d) + _gemm(n, d, n)) * (3 if train else 1)
+
+# %% ../../nbs/21_bench.ipynb #2a612s01
 def transject_flops(
     cfg:TransJectConfig,  # the model's config
     B:int,                # batch size
@@ -172,11 +182,7 @@ def transject_flops(
     d, E, L, k = cfg.d_model, cfg.n_experts, cfg.n_layers, 3 if train else 1
     G, N, R = (1, B * n, B * n) if cfg.sigma == 'random' else (B, n, B * n)
     f = dict.fromkeys(('sigma', 'orthogonal maps', 'fold', 'experts', 'ffn', 'head', 'lapack'), 0)
-    if cfg.sigma == 'approx':
-        if d <= n:
-            f['sigma'] = B * (_gemm(d, n, d) + _gemm(d, d, d)
-                              + (_gemm(d, d, d) + _gemm(n, d, d) if train else 0))
-        else: f['sigma'] = B * (_gemm(n, d, d) + _gemm(n, d, n)) * (3 if train else 1)
+    if cfg.sigma == 'approx': f['sigma'] = _sigma_flops(d, B, n, train)
     if train:
         for m in [2 * E + 2] * L + ([1] if cfg.sigma == 'approx' else []):
             g, lap = inverse_flops(d)
@@ -235,6 +241,16 @@ def flop_count(
                     f"got {type(model).__name__}")
 
 # %% ../../nbs/21_bench.ipynb #58eea642
+def _step_contexts(dev, dtype, sdpa)->contextlib.ExitStack:
+    "A step's contexts: `torch.autocast(dev, dtype)` and the SDPA backend `sdpa`, where not None."
+    stack = contextlib.ExitStack()
+    if dtype is not None: stack.enter_context(torch.autocast(dev, dtype=dtype))
+    if sdpa is not None:
+        from torch.nn.attention import sdpa_kernel
+        stack.enter_context(sdpa_kernel(sdpa))
+    return stack
+
+# %% ../../nbs/21_bench.ipynb #58eeas01
 def make_step(
     model:EncoderClassifier,  # the model
     x:torch.Tensor,           # token ids `(B, n)`
@@ -251,13 +267,7 @@ def make_step(
     # not `compiled or model`: a compiled module has no truth value
     fwd = model if compiled is None else compiled
     if y is None: y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-    def ctxs():
-        stack = contextlib.ExitStack()
-        if dtype is not None: stack.enter_context(torch.autocast(dev, dtype=dtype))
-        if sdpa is not None:
-            from torch.nn.attention import sdpa_kernel
-            stack.enter_context(sdpa_kernel(sdpa))
-        return stack
+    ctxs = lambda: _step_contexts(dev, dtype, sdpa)
     if train:
         model.train()
         def step():
@@ -326,6 +336,18 @@ def interleaved_times(
     return ts
 
 # %% ../../nbs/21_bench.ipynb #7734e515
+def _trace_peak_mib(prof)->float:
+    "MiB at the peak of a memory profile, beyond the allocator's total before its first allocation."
+    with tempfile.TemporaryDirectory() as tmp:
+        fn = os.path.join(tmp, 'trace.json'); prof.export_chrome_trace(fn)
+        with open(fn) as f: events = json.load(f)['traceEvents']
+    mem = sorted((e['ts'], e['args']['Total Allocated'], e['args'].get('Bytes', 0)) for e in events
+                 if e.get('name') == '[memory]' and 'Total Allocated' in e.get('args', {}))
+    if not mem: return 0.
+    base = mem[0][1] - mem[0][2]          # the profiler's total before the step's first allocation
+    return max(t for _, t, _ in mem) / 2**20 - base / 2**20
+
+# %% ../../nbs/21_bench.ipynb #7734es01
 def peak_memory(
     step,            # a step from `make_step` (its `.model` gradients are cleared first)
     device='cpu',    # where the step runs
@@ -345,15 +367,7 @@ def peak_memory(
     with quiet_profiler(), _cpu.threads(1), profile(activities=acts, profile_memory=True) as prof:
         step()
     del held
-    with tempfile.TemporaryDirectory() as tmp:
-        fn = os.path.join(tmp, 'trace.json'); prof.export_chrome_trace(fn)
-        with open(fn) as f: events = json.load(f)['traceEvents']
-    mem = sorted((e['ts'], e['args']['Total Allocated'], e['args'].get('Bytes', 0)) for e in events
-                 if e.get('name') == '[memory]' and 'Total Allocated' in e.get('args', {}))
-    if not mem: return 0.
-    # the profiler's running total before the step's first allocation
-    base = mem[0][1] - mem[0][2]
-    return max(t for _, t, _ in mem) / 2**20 - base / 2**20
+    return _trace_peak_mib(prof)
 
 # %% ../../nbs/21_bench.ipynb #43086e05
 def train_briefly(

@@ -17,6 +17,8 @@ __all__ = ['BENCH_HELP', 'BENCH_DEFAULTS', 'BENCH_FIXED', 'BENCH_KERNELS', 'gc_c
 # %% ../../nbs/21a_bench_report.ipynb #c22b5681
 import pandas as pd
 import torch
+
+# %% ../../nbs/21a_bench_report.ipynb #c22b5s01
 from ..core import check_choice, variant_spec
 from ..training.utils import (atomic_write, check_writable, progress_iter, split_choices,
                                          split_fields)
@@ -241,6 +243,18 @@ BENCH_DEFAULTS = dict(d_model=256, n_layers=2, n_experts=4, n_heads=4)
 BENCH_FIXED = dict(vocab_sz=30522, n_classes=2, kernel=None)
 
 # %% ../../nbs/21a_bench_report.ipynb #8e719s03
+def _bench_epilog()->str:
+    "`bench --help`'s last words: the model config fields it takes, with their defaults."
+    owners = field_owners([*(variant_spec(v).config_cls for v in VARIANTS), TorchEncoderConfig])
+    rest = sorted(set(owners) - set(BENCH_DEFAULTS) - set(BENCH_FIXED) - {'d_ff', 'max_len'})
+    given = ', '.join(f'--{k} (default {v})' for k, v in BENCH_DEFAULTS.items())
+    return ("Model config fields follow the options as --field value, typed by their "
+            f"annotation, and apply to every model that has them: {given}, --d_ff (default 4 "
+            f"d_model); and with their config's default: {', '.join(f'--{k}' for k in rest)}. "
+            "max_len is the longest --n, the vocabulary bert's "
+            f"({BENCH_FIXED['vocab_sz']} ids), TransJect's layer chosen by --kernels.")
+
+# %% ../../nbs/21a_bench_report.ipynb #f16a4273
 def add_bench_args(
     p:argparse.ArgumentParser,  # the parser (or subparser) to extend
 ):
@@ -266,14 +280,7 @@ def add_bench_args(
     p.add_argument('--compile', action='store_true', help='time torch.compile(model)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--csv', default=None, help='also write the table to this CSV file')
-    owners = field_owners([*(variant_spec(v).config_cls for v in VARIANTS), TorchEncoderConfig])
-    rest = sorted(set(owners) - set(BENCH_DEFAULTS) - set(BENCH_FIXED) - {'d_ff', 'max_len'})
-    given = ', '.join(f'--{k} (default {v})' for k, v in BENCH_DEFAULTS.items())
-    p.epilog = ("Model config fields follow the options as --field value, typed by their "
-                f"annotation, and apply to every model that has them: {given}, --d_ff (default 4 "
-                f"d_model); and with their config's default: {', '.join(f'--{k}' for k in rest)}. "
-                "max_len is the longest --n, the vocabulary bert's "
-                f"({BENCH_FIXED['vocab_sz']} ids), TransJect's layer chosen by --kernels.")
+    p.epilog = _bench_epilog()
 
 # %% ../../nbs/21a_bench_report.ipynb #e0c85ae4
 # TransJect's layer: the equations as written, or the fused CPU kernel
@@ -367,6 +374,16 @@ def _check_bench_options(
         check_writable(Path(csv).parent)             # an OSError says why, before the benchmark
 
 # %% ../../nbs/21a_bench_report.ipynb #8017250f
+def _print_crossover(df:pd.DataFrame, v:str):
+    "Print from which length `v` overtakes the reference, or where it is faster, or never."
+    x, faster = crossover(df, v), df[(df.model == v) & (df.ratio > 1)].n.tolist()
+    if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
+    elif faster:
+        print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}",
+              flush=True)
+    else: print(f"{v} is slower than {REFERENCE} at every measured length", flush=True)
+
+# %% ../../nbs/21a_bench_report.ipynb #80172s01
 def bench_command(
     a:argparse.Namespace,  # parsed `add_bench_args` options
     # model config fields (text as typed, or values), applied to every model that has them
@@ -391,13 +408,7 @@ def bench_command(
                         'gflops_per_s', 'frac_peak', 'peak_mib', 'load') if c in df]
     print(df[cols].round(2).to_string(index=False), flush=True)
     for v in (k for k in models if k != REFERENCE):
-        if 'tokens_per_s' not in df: continue
-        x, faster = crossover(df, v), df[(df.model == v) & (df.ratio > 1)].n.tolist()
-        if x == x: print(f"{v} overtakes {REFERENCE} from n ≈ {x:.0f}", flush=True)
-        elif faster:
-            print(f"{v} is faster than {REFERENCE} only at n = {', '.join(map(str, faster))}",
-                  flush=True)
-        else: print(f"{v} is slower than {REFERENCE} at every measured length", flush=True)
+        if 'tokens_per_s' in df: _print_crossover(df, v)
     if a.csv: atomic_write(a.csv, df.to_csv(index=False))
     return df
 

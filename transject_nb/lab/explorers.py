@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
+
+# %% ../../nbs/20a_explorers.ipynb #a2aacs01
 from .analysis import (PAPER_SENTENCE, SAMPLE_TEXTS, word_tokenizer, tokenizer_of,
                                       set_residual_weight, layer_measures, plot_layer_curves)
 from .analysis_figures import activation_bounds, plot_activation_bounds
