@@ -52,6 +52,7 @@ def orthogonalize(
 # %% ../nbs/02a_cpu.ipynb #c0a1e007
 INV_LEAF = 64   # `block_inverse` hands blocks of at most this size to LAPACK
 
+# %% ../nbs/02a_cpu.ipynb #ca8ca028
 def block_inverse(
     K:torch.Tensor,     # `(..., d, d)`, each with a positive definite symmetric part $K+K^\top \succ 0$
     leaf:int=INV_LEAF,  # blocks of at most this size are inverted by LAPACK (on one thread)
@@ -67,7 +68,6 @@ def block_inverse(
     X22 = block_inverse(K22 - K21 @ T, leaf)                             # S^{-1}, S = K22 - K21 K11^{-1} K12
     X21 = -(X22 @ U)
     return torch.cat([torch.cat([X11 - T @ X21, -(T @ X22)], -1), torch.cat([X21, X22], -1)], -2)
-
 
 # %% ../nbs/02a_cpu.ipynb #d77c868d
 class _Cayley(torch.autograd.Function):
@@ -85,6 +85,7 @@ class _Cayley(torch.autograd.Function):
         P, BP = ctx.saved_tensors
         return BP.mT @ g @ P.mT, None
 
+# %% ../nbs/02a_cpu.ipynb #f3bb4ddd
 def cayley_map(
     A:torch.Tensor,     # `(..., d, d)` skew-symmetric
     base=None,          # `(..., d, d)` orthogonal base $B$ (no gradient), or None for $I$
@@ -125,6 +126,7 @@ def same_values(
 # %% ../nbs/02a_cpu.ipynb #81db701a
 ORTH_MAPS = ('cayley', 'matrix_exp', 'householder')
 
+# %% ../nbs/02a_cpu.ipynb #2a61deaf
 class OrthogonalBank(nn.Module):
     "`n` learnable orthogonal `d`×`d` matrices in one parameter; a call computes them all (without gradients: cached)."
     def __init__(self,
@@ -152,7 +154,6 @@ class OrthogonalBank(nn.Module):
             return self._cache[1]
 
     def extra_repr(self): return f"n={self.n}, d={self.d}, orth_map={self.orth_map!r}"
-
 
 # %% ../nbs/02a_cpu.ipynb #c3e122a9
 @torch.no_grad()
@@ -201,6 +202,7 @@ def fold_experts(
     M = (U[None] * sigma[:, None, None, :]) @ V                          # (G, E, d, d)  U_e diag(σ_g) V_e
     return M.permute(0, 2, 1, 3).reshape(sigma.shape[0], d, E * d)
 
+# %% ../nbs/02a_cpu.ipynb #c929b5f4
 def layer_path(
     n_rows:int,          # tokens per group (n, or B*n when Σ is shared)
     d:int,               # width
@@ -213,6 +215,7 @@ def _elu_(z):
     "ELU in place: max(z, exp(min(z, 0)) - 1)."
     return torch.maximum(z, z.clamp(max=0).exp_().sub_(1), out=z)
 
+# %% ../nbs/02a_cpu.ipynb #22dfc06e
 def _elu_grad(y):
     "ELU'(z) from y = ELU(z): 1 + min(y, 0)."
     return y.clamp(max=0).add_(1)
@@ -220,6 +223,7 @@ def _elu_grad(y):
 # %% ../nbs/02a_cpu.ipynb #c9faf34e
 CHUNK_BYTES = 2 << 20   # CPU row blocks: rows x E*d elements of about this many bytes
 
+# %% ../nbs/02a_cpu.ipynb #1909d757
 def _plan(G, N, row_bytes, device, chunk_rows=None):
     "Blocks `(group slice, row slice)`: rows of one group, or whole groups when they are short."
     if chunk_rows is None:
@@ -233,6 +237,7 @@ def _plan(G, N, row_bytes, device, chunk_rows=None):
 # %% ../nbs/02a_cpu.ipynb #3b8a75c1
 _THREADS = ContextVar('transject_nb_fused_threads', default=None)
 
+# %% ../nbs/02a_cpu.ipynb #9bc8ccbb
 @contextlib.contextmanager
 def threads(
     k:int|None,   # worker threads sharing the CPU's blocks; 1: the calling thread only; None: `torch.get_num_threads()`
@@ -244,6 +249,7 @@ def threads(
     try: yield
     finally: _THREADS.reset(token)
 
+# %% ../nbs/02a_cpu.ipynb #6d100624
 def n_threads(device)->int: # worker threads the kernel would use now on `device`
     ("The number of worker threads of the fused kernel here: the innermost `threads(k)`, "
      "else torch's thread count on the CPU; 1 on other devices.")
@@ -266,8 +272,10 @@ def _units(blocks, threads):
     owned = all(len(v) == 1 for v in unit_of.values()) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     return units, owned
 
+# %% ../nbs/02a_cpu.ipynb #f17a05ed
 _POOL = {}
 
+# %% ../nbs/02a_cpu.ipynb #0f33bf9c
 def _run_units(fn, units, threads):
     ("`fn(unit)` for every unit, on up to `threads` worker threads (one intra-op thread each) "
      "that take the next unit when free; results in unit order.")
@@ -304,6 +312,7 @@ class KernelInputs(NamedTuple):
     b2:torch.Tensor              # `(d,)`
     a:torch.Tensor               # 0-d, $a=\alpha_l/L$
 
+# %% ../nbs/02a_cpu.ipynb #19215949
 @dataclass(frozen=True)
 class Plan:
     "How the kernel runs: not tensors, so not differentiated."
@@ -374,6 +383,7 @@ def _forward_blocks(out, part, k:KernelInputs, plan:Plan, save:bool):
         if save: saved.append((i, (A, Z1, h1, e1, e2)))
     return saved
 
+# %% ../nbs/02a_cpu.ipynb #b4aa6e70
 def _layer_forward(k:KernelInputs, plan:Plan, save:bool):
     ("The layer block by block, the blocks dealt to `plan.threads` workers; "
      "`save`: keep what the backward pass needs, in block order.")
@@ -388,6 +398,7 @@ def _acc_mm(acc, a, b):
     if a.dtype != acc.dtype: return acc.add_(a @ b)
     return torch.baddbmm(acc, a, b, out=acc) if a.ndim == 3 else torch.addmm(acc, a, b, out=acc)
 
+# %% ../nbs/02a_cpu.ipynb #d60a4b10
 def _ffn_backward(acc:KernelInputs, g, h1, e1, e2, k:KernelInputs, mm):
     ("One block of the FFN sublayer: adds the gradients of $a, W_1, b_1, W_2, b_2$ into `acc`, "
      "returns the one of $h_1$ `(R, d)`.")
@@ -450,6 +461,7 @@ def _sum_units(parts):
     if parts[0] is None or parts[0] is parts[-1]: return parts[0]
     return sum(parts[1:], parts[0])
 
+# %% ../nbs/02a_cpu.ipynb #7a86c9c0
 class _LayerFn(torch.autograd.Function):
     "The fused layer with a block-by-block backward pass: `apply(plan, *kernel_inputs)`."
     @staticmethod

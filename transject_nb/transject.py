@@ -43,6 +43,7 @@ def orthogonal_attention(
 # %% ../nbs/02_transject.ipynb #95bc35b7
 SIGMAS = ('approx', 'random')
 
+# %% ../nbs/02_transject.ipynb #6bfe82f4
 class _GramDiag(torch.autograd.Function):
     ("σ*_i = (U^T G U)_ii and ||G||_F^2 from the Gram G = X^T X (B, d, d), with the backward in "
      "d x d products.")
@@ -181,6 +182,7 @@ class LayerWeights(NamedTuple):
     b2:torch.Tensor        # `(d,)`
     cases:torch.Tensor|None = None  # `(E, d)` entropic cases (entropic residual, training) or None
 
+# %% ../nbs/02_transject.ipynb #d6972c9e
 def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
     sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1

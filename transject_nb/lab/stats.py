@@ -30,6 +30,7 @@ def _check_alpha(alpha):
 # %% ../../nbs/22a_stats.ipynb #d6d5646f
 def _is_p(p)->bool: return isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1
 
+# %% ../../nbs/22a_stats.ipynb #ca0078e8
 def judge(
     p:float,                   # the (family-adjusted) two-sided p-value of 'no effect'
     effect:float,              # the measured effect
@@ -94,10 +95,12 @@ def _arrays(**kw)->tuple:
     m = next(iter(lens.values()), 1)
     return {k: np.broadcast_to(a, (m,)).astype(float) for k, a in arrs.items()}, not lens
 
+# %% ../../nbs/22a_stats.ipynb #7ea08888
 def _check_counts(n, k):
     if not (np.isfinite(n).all() and (n == np.round(n)).all() and (n >= 1).all()):
         raise ValueError(f"{k} must hold whole numbers of values, at least 1; got {n.tolist()}")
 
+# %% ../../nbs/22a_stats.ipynb #41ee0863
 def _check_finite(x, k, where=None):
     bad = ~np.isfinite(x) if where is None else where & ~np.isfinite(x)
     if bad.any():
@@ -109,6 +112,7 @@ def _check_finite(x, k, where=None):
 # or points in [0, 100]), and count as zero
 _TINY = 1e-12
 
+# %% ../../nbs/22a_stats.ipynb #c9cd350a
 def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
     ("se, t, Welch–Satterthwaite df and two-sided p; NaN where a side has no spread estimate; "
      "the zero-spread rule where neither side varies.")

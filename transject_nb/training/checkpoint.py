@@ -55,12 +55,14 @@ CKPT_VERSION = 1   # the layout of a checkpoint's content
 # %% ../../nbs/12a_checkpoint.ipynb #b7c0f00e
 def _floats(xs)->list: return [float(x) for x in xs]
 
+# %% ../../nbs/12a_checkpoint.ipynb #0d70f71b
 def _opt_state(opt)->dict:
     sd = opt.state_dict()
     hypers = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in h.items()}
               for h in sd['hypers']]
     return dict(state=[dict(s) for s in sd['state']], hypers=hypers)
 
+# %% ../../nbs/12a_checkpoint.ipynb #25a8d714
 def checkpoint_state(
     learn:Learner,   # a learner in `fit`
     done:bool,       # whether the run has finished
@@ -182,6 +184,7 @@ def after_cancel_epoch(self:TrainCheckpoint):
     self.recorder.log = L(self.epoch) + self.state['values'][self.epoch]
     self.recorder.start_epoch = time.time() - self.state['times'][self.epoch]
 
+# %% ../../nbs/12a_checkpoint.ipynb #8c2cc568
 @patch
 def after_validate(self:TrainCheckpoint):
     ("An epoch's time, taken here: early stopping may end the fit before `after_epoch` "
@@ -219,6 +222,7 @@ class HistoryCSV(CSVLogger):
 # the one training field a resumed run may change: more epochs extend it (`train_learner`)
 _MAY_GROW = {'epochs'}
 
+# %% ../../nbs/12a_checkpoint.ipynb #dc39d951
 def _differences(part:str, old:dict, new:dict)->dict:
     ("'part.field' -> (checkpoint's, now) for the fields both have that differ; "
      "an `amp` recorded as 'auto' is not told.")
@@ -227,6 +231,7 @@ def _differences(part:str, old:dict, new:dict)->dict:
     return {f'{part}.{k}': (old[k], new[k]) for k in old if k in new   # the checkpoint's order
             if not (part == 'train' and k in _MAY_GROW) and not same(k)}
 
+# %% ../../nbs/12a_checkpoint.ipynb #3f296196
 def check_resumable(
     learn:Learner,   # the learner that would resume (a `learner.TaskLearner`, with its `config`)
     st:dict,         # the checkpoint in its run folder
@@ -244,8 +249,6 @@ def check_resumable(
         raise ValueError(f"checkpoint {file} was written by a different run; differences "
                          f"(checkpoint, now): {diff}. Resume it with its own settings, or train "
                          "in another folder (from Python: another path, or resume=False)")
-
-
 
 # %% ../../nbs/12a_checkpoint.ipynb #b7c0f01f
 def restore_history(
@@ -304,6 +307,7 @@ class _MovedUnpickler(pickle.Unpickler):
     def find_class(self, module:str, name:str):
         return super().find_class(transject_nb.MOVED.get(module, module), name)
 
+# %% ../../nbs/12a_checkpoint.ipynb #99e102a4
 # `pickle` with `_MovedUnpickler`, for `torch.load(pickle_module=...)`
 moved_pickle = types.ModuleType('moved_pickle')
 moved_pickle.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswith('__')})

@@ -38,6 +38,7 @@ def show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc
     display_df(pd.DataFrame(ctxs))
     return ctxs
 
+# %% ../../nbs/12b_fastai_fixes.ipynb #a8a3914f
 show_results.register(show_text_results)   # fastai #4092: replaces fastai's method for `TensorText`
 
 # %% ../../nbs/12b_fastai_fixes.ipynb #d417d3f9

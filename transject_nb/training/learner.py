@@ -147,6 +147,7 @@ def encode(self:TaskLearner,
         seqs.append(ids)
     return pad_batch(seqs)
 
+# %% ../../nbs/13_learner.ipynb #1306c2b7
 @patch
 def predict_proba(self:TaskLearner,
     texts,          # raw texts, or token ids (see `encode`)
@@ -195,10 +196,9 @@ def amp_mode(
                          "(or 'auto', which picks it)")
     return amp
 
+# %% ../../nbs/13_learner.ipynb #ffdcf1b0
 def _amp_cb(amp:str, device:torch.device):
     return None if (mode := amp_mode(amp, device)) == 'off' else MixedPrecision(amp_mode=mode)
-
-
 
 # %% ../../nbs/13_learner.ipynb #d7c0f014
 def train_callbacks(
