@@ -36,7 +36,6 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.metrics import accuracy
     from fastai.optimizer import Adam
     from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
-from fastcore.basics import patch
 from fastcore.foundation import L
 
 # %% ../../nbs/13_learner.ipynb #e6f76f9f
@@ -47,8 +46,10 @@ from ..models import create_model, n_params
 from .batches import BucketDL
 from .config import TrainConfig, check_listops_len, resolve_config
 from .config import DataConfig  # noqa: F401 -- older code imports it from here
-from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
-from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
+from .checkpoint import (HistoryCSV, ModelRecipe, SaveBestCallback,
+                                              TrainCheckpoint)
+from .checkpoint import (check_resumable, load_checkpoint, load_weights,
+                                              restore_history)
 from .fastai_fixes import FixedLearner
 
 # %% ../../nbs/13_learner.ipynb #176dd2ad
@@ -130,32 +131,54 @@ class TaskLearner(FixedLearner):
         if isinstance(d.get('model'), ModelRecipe): d['model'] = d['model'].build()
         super().__setstate__(d)
 
+    def encode(self,
+        # raw text (ListOps: an expression, compact or LRA form), a list, or token ids
+        texts,
+    )->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
+        "Token ids of raw texts, with this learner's tokenizer."
+        one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
+        if isinstance(texts, (str, torch.Tensor)) or one_ids: texts = [texts]
+        if not len(texts): raise ValueError("predict needs at least one text")
+        return pad_batch([_token_ids(t, self.tokenizer, self.max_len) for t in texts])
+
+    def predict_proba(self,
+        texts,          # raw texts, or token ids (see `encode`)
+        bs:int=64,      # batch size
+    )->torch.Tensor:    # `(B, n_classes)` class probabilities
+        "Class probabilities of raw texts, in evaluation mode."
+        return _class_probs(unwrap(self.model), self.encode(texts), bs)
+
+    def predict(self,
+        item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
+        rm_type_tfms=None,   # unused; fastai's signature
+        with_input=False,    # also return the token ids
+    ):                       # as fastai's `predict`; the ids first if `with_input`
+        "The class of one raw text: `(class name, class id, probabilities)`."
+        p = self.predict_proba([item])[0]
+        i = int(p.argmax())
+        res = (self.classes[i], torch.tensor(i), p)
+        return (self.encode(item)[0],) + res if with_input else res
+
 # %% ../../nbs/13_learner.ipynb #d7c0f010
-@patch
-def encode(self:TaskLearner,
-    texts,          # raw text (ListOps: an expression, compact or LRA form), a list, or token ids
-)->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
-    "Token ids of raw texts, with this learner's tokenizer."
-    one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
-    if isinstance(texts, (str, torch.Tensor)) or one_ids: texts = [texts]
-    if not len(texts): raise ValueError("predict needs at least one text")
-    seqs = []
-    for t in texts:
-        if isinstance(t, str): ids = encode_text(self.tokenizer, t, self.max_len)
-        else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:self.max_len]
-        if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
-        seqs.append(ids)
-    return pad_batch(seqs)
+def _token_ids(
+    t,               # one raw text, or its token ids
+    tokenizer,       # the learner's tokenizer
+    max_len:int,     # longest sequence kept
+)->list:             # token ids, at most `max_len`
+    "The token ids of one text, cut to `max_len`; an empty sequence is refused."
+    if isinstance(t, str): ids = encode_text(tokenizer, t, max_len)
+    else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:max_len]
+    if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
+    return ids
 
 # %% ../../nbs/13_learner.ipynb #1306c2b7
-@patch
-def predict_proba(self:TaskLearner,
-    texts,          # raw texts, or token ids (see `encode`)
-    bs:int=64,      # batch size
-)->torch.Tensor:    # `(B, n_classes)` class probabilities
-    "Class probabilities of raw texts, in evaluation mode."
-    model = unwrap(self.model)
-    x, dev, out = self.encode(texts), next(model.parameters()).device, []
+def _class_probs(
+    model:nn.Module,   # a classifier of token ids
+    x:torch.Tensor,    # `(B, n)` token ids
+    bs:int,            # batch size
+)->torch.Tensor:       # `(B, n_classes)` class probabilities, on the CPU
+    "Class probabilities of token ids, `bs` sequences at a time, in evaluation mode."
+    dev, out = next(model.parameters()).device, []
     was = model.training; model.eval()
     try:
         with torch.inference_mode():
@@ -163,19 +186,6 @@ def predict_proba(self:TaskLearner,
                 out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
     finally: model.train(was)
     return torch.cat(out)
-
-# %% ../../nbs/13_learner.ipynb #d7c0f011
-@patch
-def predict(self:TaskLearner,
-    item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
-    rm_type_tfms=None,   # unused; fastai's signature
-    with_input=False,    # also return the token ids
-):                       # as fastai's `predict`; the ids first if `with_input`
-    "The class of one raw text: `(class name, class id, probabilities)`."
-    p = self.predict_proba([item])[0]
-    i = int(p.argmax())
-    res = (self.classes[i], torch.tensor(i), p)
-    return (self.encode(item)[0],) + res if with_input else res
 
 # %% ../../nbs/13_learner.ipynb #23d3c359
 def amp_mode(
