@@ -331,7 +331,8 @@ _UTILS = ('atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove
           'progress_iter', 'DEBUG_ENV', 'debug_mode', 'error_line', 'Stopped', '_temporaries',
           '_write_to')
 # the names that left `core` -> their module now
-_MOVED = {n: 'transject_nb.presets' for n in _PRESETS} | {n: 'transject_nb.training.utils' for n in _UTILS}
+_MOVED = ({n: 'transject_nb.presets' for n in _PRESETS}
+          | {n: 'transject_nb.training.utils' for n in _UTILS})
 _IMPORT_FROM = dis.opmap['IMPORT_FROM']   # the bytecode of `from module import name`
 
 # %% ../nbs/00_core.ipynb #339a53c2
