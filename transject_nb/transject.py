@@ -70,7 +70,7 @@ def _sigma_star(
     U:torch.Tensor,   # the orthogonal basis `(d, d)`, in `X`'s dtype
 # `(s (B, d), g2 (B,))`: $\sigma^\ast_i=(U^\top X^\top XU)_{ii}$ and $\|X^\top X\|_F^2$
 )->tuple:
-    "The diagonal of $X^\top X$ in the basis $U$ and its squared Frobenius norm, the cheaper way."
+    "The diagonal of $X^\\top X$ in the basis $U$ and its squared Frobenius norm, the cheaper way."
     # d <= n: from the d x d Gram, 2nd^2 + 2d^3 flops per sequence
     if X.shape[-1] <= X.shape[-2]: return _GramDiag.apply(X, U)
     s = (X @ U).pow(2).sum(1)                    # (B, d)  σ*_i = ||(XU)_{:,i}||^2
@@ -347,7 +347,7 @@ class TransJect(EncoderClassifier):
 def _real_pairs(
     mask:torch.Tensor,  # `(B, n)`, True on real tokens
 )->torch.Tensor:        # `(B, n, n)`, True on pairs of distinct real tokens
-    "The pairs $(i, j)$, $i\ne j$, of real tokens of each sequence; an error if there is none."
+    "The pairs $(i, j)$, $i\\ne j$, of real tokens of each sequence; an error if there is none."
     pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
     pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
     if not bool(pair.any()):

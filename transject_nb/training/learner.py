@@ -251,7 +251,7 @@ def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->Ta
 def _opt_func(
     tcfg:TrainConfig,   # the run's training settings
 ):                      # fastai's `opt_func`
-    "fastai's `Adam` with the run's $\beta_1$, $\beta_2$, $\epsilon$ and weight decay."
+    "fastai's `Adam` with the run's $\\beta_1$, $\\beta_2$, $\\epsilon$ and weight decay."
     return partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
 
 # %% ../../nbs/13_learner.ipynb #2d11a1a8
