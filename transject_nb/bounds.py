@@ -23,6 +23,7 @@ def _check_float(x, name:str):
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
+# %% ../nbs/01_bounds.ipynb #1cd5072d
 def _randn_like(x:torch.Tensor, seed:int)->torch.Tensor:
     ("Standard normal noise shaped like `x`, drawn on the CPU from `seed` so that every device "
      "sees the same numbers.")
@@ -30,6 +31,7 @@ def _randn_like(x:torch.Tensor, seed:int)->torch.Tensor:
     return (torch.randn(tuple(x.shape), generator=g, dtype=torch.float64)
             .to(device=x.device, dtype=x.dtype))
 
+# %% ../nbs/01_bounds.ipynb #a99650a9
 def _unit(v:torch.Tensor, dim=-1)->torch.Tensor:
     "`v` scaled to unit norm along `dim` (zero stays zero)."
     return v / (torch.linalg.vector_norm(v, dim=dim, keepdim=True)
@@ -165,6 +167,7 @@ def pair_ratios(
 # %% ../nbs/01_bounds.ipynb #b342e8ca
 def _rms(t): return t.pow(2).mean(-1, keepdim=True).sqrt()              # (..., 1)
 
+# %% ../nbs/01_bounds.ipynb #d599d21a
 def _start_pair(f, x, y, steps, lr, seed):
     ("`worst_ratio`'s checked start: `x`, `y` (default: `x` plus a small seeded offset) and their "
      "distances `(..., 1)`.")
@@ -269,6 +272,7 @@ def layer_bounds(
     hi = torch.cat([one, torch.cumprod((1 + a / L) ** 2, 0)])            # (l+1,)
     return lo, hi
 
+# %% ../nbs/01_bounds.ipynb #d7f2d3d6
 def transject_bounds(
     L:int,            # number of layers
 )->tuple:             # `(lo, hi)` $=((1-1/L)^{2L},\ (1+1/L)^{2L})$, the α-free worst case

@@ -143,6 +143,7 @@ def sinusoidal_pe(
 # %% ../nbs/00_core.ipynb #9ac60df7
 POOLINGS = ('mean', 'max')
 
+# %% ../nbs/00_core.ipynb #7febcf10
 def masked_pool(
     h:torch.Tensor,    # hidden states `(B, n, d)`
     mask:torch.Tensor, # `(B, n)`, True on real tokens
@@ -251,8 +252,10 @@ class VariantSpec(NamedTuple):
     family:str        # the model family, e.g. 'transject' or 'softmax'
     knob:str|None     # what the explorers turn: a config field, 'alpha' (residual weights) or None
 
+# %% ../nbs/00_core.ipynb #58a2244a
 _REGISTRY:dict = {}   # name -> VariantSpec, in registration order
 
+# %% ../nbs/00_core.ipynb #9ab1901a
 def register_variant(
     name:str,              # the variant's public name, e.g. 'entropic-transject'
     config_cls:type,       # dataclass of its config, a subclass of `EncoderConfig`
@@ -285,6 +288,7 @@ def registered_variants(
      "its table's order).")
     return tuple(n for n, s in _REGISTRY.items() if family is None or s.family == family)
 
+# %% ../nbs/00_core.ipynb #e4ba3fc5
 def variant_spec(
     name:str,              # a registered variant's name
 )->VariantSpec:
@@ -301,6 +305,7 @@ def config_fields(cfg_cls:type)->list:
     "Names of the fields of a config dataclass."
     return [f.name for f in fields(cfg_cls)]
 
+# %% ../nbs/00_core.ipynb #983d210f
 def build_config(
     name:str,       # registered variant name
     vocab_sz:int,   # vocabulary size, padding included
@@ -326,9 +331,11 @@ _UTILS = ('atomic_write', 'atomic_save', 'copy_new', 'atomic_write_all', 'remove
           'progress_iter', 'DEBUG_ENV', 'debug_mode', 'error_line', 'Stopped', '_temporaries',
           '_write_to')
 # the names that left `core` -> their module now
-_MOVED = {n: 'transject_nb.presets' for n in _PRESETS} | {n: 'transject_nb.training.utils' for n in _UTILS}
+_MOVED = ({n: 'transject_nb.presets' for n in _PRESETS}
+          | {n: 'transject_nb.training.utils' for n in _UTILS})
 _IMPORT_FROM = dis.opmap['IMPORT_FROM']   # the bytecode of `from module import name`
 
+# %% ../nbs/00_core.ipynb #339a53c2
 def __getattr__(name:str):
     "A name that left `core` fails with an error naming its new home; others fail as usual."
     if name not in _MOVED: raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

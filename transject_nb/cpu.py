@@ -43,20 +43,23 @@ def one_thread(
 def orthogonalize(
     Q:torch.Tensor,   # `(..., d, d)` square matrices
 )->torch.Tensor:      # `(..., d, d)` orthogonal
-    "The orthogonal factor of the QR decomposition of each matrix, with the signs fixed so that diag(R) > 0."
+    ("The orthogonal factor of the QR decomposition of each matrix, with the signs fixed so that "
+     "diag(R) > 0.")
     with one_thread(Q.device.type == 'cpu'): q, r = torch.linalg.qr(Q)
     sg = r.diagonal(dim1=-2, dim2=-1).sgn()
     return q * torch.where(sg == 0, torch.ones_like(sg), sg)[..., None, :]
 
-
 # %% ../nbs/02a_cpu.ipynb #c0a1e007
 INV_LEAF = 64   # `block_inverse` hands blocks of at most this size to LAPACK
 
+# %% ../nbs/02a_cpu.ipynb #ca8ca028
 def block_inverse(
-    K:torch.Tensor,     # `(..., d, d)`, each with a positive definite symmetric part $K+K^\top \succ 0$
+    # `(..., d, d)`, each with a positive definite symmetric part $K+K^\top \succ 0$
+    K:torch.Tensor,
     leaf:int=INV_LEAF,  # blocks of at most this size are inverted by LAPACK (on one thread)
 )->torch.Tensor:        # `(..., d, d)` the inverses
-    "Inverse by recursive 2×2 block elimination without pivoting, mostly matrix products; stable if $K+K^\\top\\succ0$."
+    ("Inverse by recursive 2×2 block elimination without pivoting, mostly matrix products; "
+     "stable if $K+K^\\top\\succ0$.")
     d = K.shape[-1]
     if d <= leaf or K.device.type != 'cpu':
         with one_thread(K.device.type == 'cpu'): return torch.linalg.inv(K)
@@ -64,10 +67,10 @@ def block_inverse(
     K11, K12, K21, K22 = K[..., :h, :h], K[..., :h, h:], K[..., h:, :h], K[..., h:, h:]
     X11 = block_inverse(K11, leaf)                                       # K11^{-1}
     T, U = X11 @ K12, K21 @ X11
-    X22 = block_inverse(K22 - K21 @ T, leaf)                             # S^{-1}, S = K22 - K21 K11^{-1} K12
+    # S^{-1}, S = K22 - K21 K11^{-1} K12
+    X22 = block_inverse(K22 - K21 @ T, leaf)
     X21 = -(X22 @ U)
     return torch.cat([torch.cat([X11 - T @ X21, -(T @ X22)], -1), torch.cat([X21, X22], -1)], -2)
-
 
 # %% ../nbs/02a_cpu.ipynb #d77c868d
 class _Cayley(torch.autograd.Function):
@@ -75,7 +78,8 @@ class _Cayley(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, base):
         I = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-        P = block_inverse(I - A / 2)                                     # (..., d, d); LAPACK leaves on one thread
+        # (..., d, d); LAPACK leaves on one thread
+        P = block_inverse(I - A / 2)
         BP = P if base is None else base @ P
         ctx.save_for_backward(P, BP)
         return 2 * BP - (I if base is None else base)
@@ -85,6 +89,7 @@ class _Cayley(torch.autograd.Function):
         P, BP = ctx.saved_tensors
         return BP.mT @ g @ P.mT, None
 
+# %% ../nbs/02a_cpu.ipynb #f3bb4ddd
 def cayley_map(
     A:torch.Tensor,     # `(..., d, d)` skew-symmetric
     base=None,          # `(..., d, d)` orthogonal base $B$ (no gradient), or None for $I$
@@ -95,7 +100,8 @@ def cayley_map(
 
 # %% ../nbs/02a_cpu.ipynb #055f4b43
 class CayleyOrthogonal(nn.Module):
-    "Parametrization $Q = B\\,(I - A/2)^{-1}(I + A/2)$ (skew $A$, fixed orthogonal $B$), by `cayley_map`."
+    ("Parametrization $Q = B\\,(I - A/2)^{-1}(I + A/2)$ (skew $A$, fixed orthogonal $B$), "
+     "by `cayley_map`.")
     def __init__(self):
         super().__init__()
         self.register_buffer('base', None)
@@ -103,12 +109,14 @@ class CayleyOrthogonal(nn.Module):
     def forward(self,
         W:torch.Tensor,   # unconstrained weight `(..., d, d)`
     )->torch.Tensor:      # orthogonal `(..., d, d)`
-        A = W.tril(); A = A - A.mT                                       # (..., d, d) skew-symmetric
+        # (..., d, d) skew-symmetric
+        A = W.tril(); A = A - A.mT
         return cayley_map(A, self.base)
 
     @torch.no_grad()
     def right_inverse(self, Q):
-        "Assigning `Q` makes it (its orthogonal factor) the base and resets the free parameter to 0: $\\phi(0) = I$."
+        ("Assigning `Q` makes it (its orthogonal factor) the base and resets the free parameter "
+         "to 0: $\\phi(0) = I$.")
         self.base = orthogonalize(Q)
         return torch.zeros_like(Q)
 
@@ -117,74 +125,87 @@ def same_values(
     a:list,   # tensors
     b:list,   # tensors
 )->bool:      # True if both lists hold tensors of the same shapes, dtypes, devices and values
-    "Whether two lists of tensors are equal value by value: the test that sees every write, `.data` ones too."
-    same = lambda x, y: x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y)
+    ("Whether two lists of tensors are equal value by value: the test that sees every write, "
+     "`.data` ones too.")
+    same = lambda x, y: (x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+                         and torch.equal(x, y))
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-
 
 # %% ../nbs/02a_cpu.ipynb #81db701a
 ORTH_MAPS = ('cayley', 'matrix_exp', 'householder')
 
+# %% ../nbs/02a_cpu.ipynb #2a61deaf
 class OrthogonalBank(nn.Module):
-    "`n` learnable orthogonal `d`×`d` matrices in one parameter; a call computes them all (without gradients: cached)."
+    ("`n` learnable orthogonal `d`×`d` matrices in one parameter; a call computes them all "
+     "(without gradients: cached).")
     def __init__(self,
         n:int,                 # number of matrices
         d:int,                 # size of each matrix
-        orth_map:str='cayley', # 'cayley' (`CayleyOrthogonal`), or torch's 'matrix_exp' or 'householder'
+        # 'cayley' (`CayleyOrthogonal`), or torch's 'matrix_exp' or 'householder'
+        orth_map:str='cayley',
     ):
         super().__init__()
-        if orth_map not in ORTH_MAPS: raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {orth_map!r}")
+        if orth_map not in ORTH_MAPS:
+            raise ValueError(f"orth_map must be one of {ORTH_MAPS}, got {orth_map!r}")
         self.n, self.d, self.orth_map = n, d, orth_map
-        self.weight = nn.Parameter(torch.randn(n, d, d))                # initial value: Haar-random orthogonal via QR
-        with one_thread():                                               # the initial QR, torch's checks: one thread
+        # initial value: Haar-random orthogonal via QR
+        self.weight = nn.Parameter(torch.randn(n, d, d))
+        # the initial QR, torch's checks: one thread
+        with one_thread():
             if orth_map == 'cayley':
-                parametrize.register_parametrization(self, 'weight', CayleyOrthogonal(), unsafe=True)
+                parametrize.register_parametrization(self, 'weight', CayleyOrthogonal(),
+                                                     unsafe=True)
             else: orthogonal(self, 'weight', orthogonal_map=orth_map)
-        self._cache = None                                               # (copies of the inputs, their matrices)
+        # (copies of the inputs, their matrices)
+        self._cache = None
 
     def forward(self)->torch.Tensor: # `(n, d, d)` orthogonal matrices, float32 or wider
         p = self.parametrizations.weight
         with torch.autocast(p.original.device.type, enabled=False):
             if torch.is_grad_enabled() and p.original.requires_grad: return self.weight
-            inputs = [t.detach() for t in (*p.parameters(), *p.buffers())]   # the free weight and the base
-            if self._cache is None or not same_values(self._cache[0], inputs):  # recompute only when a value changed
+            # the free weight and the base
+            inputs = [t.detach() for t in (*p.parameters(), *p.buffers())]
+            # recompute only when a value changed
+            if self._cache is None or not same_values(self._cache[0], inputs):
                 self._cache = ([t.clone() for t in inputs], self.weight.detach())
             return self._cache[1]
 
     def extra_repr(self): return f"n={self.n}, d={self.d}, orth_map={self.orth_map!r}"
-
 
 # %% ../nbs/02a_cpu.ipynb #c3e122a9
 @torch.no_grad()
 def reorthogonalize_(
     model:nn.Module,    # any module; every `OrthogonalBank` inside it is reset
 )->nn.Module:           # the same module
-    "Make every orthogonal matrix of `model` orthogonal to its current dtype's rounding (after `.double()`, say)."
+    ("Make every orthogonal matrix of `model` orthogonal to its current dtype's rounding "
+     "(after `.double()`, say).")
     for m in model.modules():
         if isinstance(m, OrthogonalBank): m.weight = orthogonalize(m())
     return model
 
-
 # %% ../nbs/02a_cpu.ipynb #c0a1e00d
 def orthogonality_error(
     model:nn.Module,    # any module; every `OrthogonalBank` inside it is checked
-)->float:               # $\max \|Q^\top Q - I\|_{\max}$ over all its orthogonal matrices (0 if none)
+)->float: # $\max \|Q^\top Q - I\|_{\max}$ over all its orthogonal matrices (0 if none)
     "Largest entry of $Q^\\top Q - I$ over every orthogonal matrix of `model`, computed in float64."
     errs = [0.]
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, OrthogonalBank):
                 Q = m().double()
-                errs.append((Q.mT @ Q - torch.eye(m.d, dtype=Q.dtype, device=Q.device)).abs().max().item())
+                I = torch.eye(m.d, dtype=Q.dtype, device=Q.device)
+                errs.append((Q.mT @ Q - I).abs().max().item())
     return max(errs)
-
 
 # %% ../nbs/02a_cpu.ipynb #74395a88
 def mix_weights(
-    p,                   # the layer's weights, a `transject.LayerWeights`: reads λ, $a$ and the entropic cases
+    # the layer's weights, a `transject.LayerWeights`: reads λ, $a$ and the entropic cases
+    p,
     d:int,               # width
-)->tuple:                # `(w (E, d), cx (d,) or None)`: $w_e = a\lambda_e c^F_e$, $c^x=\sum_e\lambda_ec^x_e$ (None: 1)
-    "The attention sublayer as per-expert, per-channel weights: $h\\odot c^x + \\sum_e w_e\\odot A_e$."
+# `(w (E, d), cx (d,) or None)`: $w_e = a\lambda_e c^F_e$, $c^x=\sum_e\lambda_ec^x_e$ (None: 1)
+)->tuple:
+    ("The attention sublayer as per-expert, per-channel weights: "
+     "$h\\odot c^x + \\sum_e w_e\\odot A_e$.")
     lam, a = p.lam, p.a
     if p.cases is None: return (a * lam)[:, None].expand(lam.shape[0], d), None
     coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[p.cases]     # (E, d, 2)
@@ -198,9 +219,11 @@ def fold_experts(
 )->torch.Tensor:         # `(G, d, E*d)`: $[U_1\Sigma_g V_1|\dots|U_E\Sigma_g V_E]$
     "The experts' maps with Σ folded in, side by side: one $d\\times Ed$ matrix per group."
     E, d, _ = U.shape
-    M = (U[None] * sigma[:, None, None, :]) @ V                          # (G, E, d, d)  U_e diag(σ_g) V_e
+    # (G, E, d, d)  U_e diag(σ_g) V_e
+    M = (U[None] * sigma[:, None, None, :]) @ V
     return M.permute(0, 2, 1, 3).reshape(sigma.shape[0], d, E * d)
 
+# %% ../nbs/02a_cpu.ipynb #c929b5f4
 def layer_path(
     n_rows:int,          # tokens per group (n, or B*n when Σ is shared)
     d:int,               # width
@@ -213,6 +236,7 @@ def _elu_(z):
     "ELU in place: max(z, exp(min(z, 0)) - 1)."
     return torch.maximum(z, z.clamp(max=0).exp_().sub_(1), out=z)
 
+# %% ../nbs/02a_cpu.ipynb #22dfc06e
 def _elu_grad(y):
     "ELU'(z) from y = ELU(z): 1 + min(y, 0)."
     return y.clamp(max=0).add_(1)
@@ -220,30 +244,37 @@ def _elu_grad(y):
 # %% ../nbs/02a_cpu.ipynb #c9faf34e
 CHUNK_BYTES = 2 << 20   # CPU row blocks: rows x E*d elements of about this many bytes
 
+# %% ../nbs/02a_cpu.ipynb #1909d757
 def _plan(G, N, row_bytes, device, chunk_rows=None):
     "Blocks `(group slice, row slice)`: rows of one group, or whole groups when they are short."
     if chunk_rows is None:
         if device.type != 'cpu': return [(slice(0, G), slice(0, N))]
         chunk_rows = max(16, CHUNK_BYTES // row_bytes)
     if N >= chunk_rows:
-        return [(slice(g, g + 1), slice(r, min(r + chunk_rows, N))) for g in range(G) for r in range(0, N, chunk_rows)]
+        return [(slice(g, g + 1), slice(r, min(r + chunk_rows, N)))
+                for g in range(G) for r in range(0, N, chunk_rows)]
     k = max(1, chunk_rows // N)
     return [(slice(g, min(g + k, G)), slice(0, N)) for g in range(0, G, k)]
 
 # %% ../nbs/02a_cpu.ipynb #3b8a75c1
 _THREADS = ContextVar('transject_nb_fused_threads', default=None)
 
+# %% ../nbs/02a_cpu.ipynb #9bc8ccbb
 @contextlib.contextmanager
 def threads(
-    k:int|None,   # worker threads sharing the CPU's blocks; 1: the calling thread only; None: `torch.get_num_threads()`
+    # worker threads sharing the CPU's blocks; 1: the calling thread only;
+    # None: `torch.get_num_threads()`
+    k:int|None,
 ):
-    "Run the fused kernel inside the block with `k` worker threads, then restore the previous setting."
+    ("Run the fused kernel inside the block with `k` worker threads, then restore the previous "
+     "setting.")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"threads: expected a positive int or None, got {k!r}")
     token = _THREADS.set(k)
     try: yield
     finally: _THREADS.reset(token)
 
+# %% ../nbs/02a_cpu.ipynb #6d100624
 def n_threads(device)->int: # worker threads the kernel would use now on `device`
     ("The number of worker threads of the fused kernel here: the innermost `threads(k)`, "
      "else torch's thread count on the CPU; 1 on other devices.")
@@ -263,11 +294,14 @@ def _units(blocks, threads):
     for u, unit in enumerate(units):
         for _, (gs, _r) in unit: unit_of.setdefault((gs.start, gs.stop), set()).add(u)
     spans = sorted(unit_of)
-    owned = all(len(v) == 1 for v in unit_of.values()) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    owned = (all(len(v) == 1 for v in unit_of.values())
+             and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])))
     return units, owned
 
+# %% ../nbs/02a_cpu.ipynb #f17a05ed
 _POOL = {}
 
+# %% ../nbs/02a_cpu.ipynb #0f33bf9c
 def _run_units(fn, units, threads):
     ("`fn(unit)` for every unit, on up to `threads` worker threads (one intra-op thread each) "
      "that take the next unit when free; results in unit order.")
@@ -276,7 +310,8 @@ def _run_units(fn, units, threads):
     if k not in _POOL: _POOL[k] = ThreadPoolExecutor(k, thread_name_prefix='transject')
     grad, infer = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     todo, results, lock = iter(range(len(units))), [None] * len(units), threading.Lock()
-    def worker():                                                        # grad mode and inference mode are thread-local
+    # grad mode and inference mode are thread-local
+    def worker():
         torch.set_num_threads(1)
         with torch.inference_mode(infer), torch.set_grad_enabled(grad):
             while True:
@@ -304,6 +339,7 @@ class KernelInputs(NamedTuple):
     b2:torch.Tensor              # `(d,)`
     a:torch.Tensor               # 0-d, $a=\alpha_l/L$
 
+# %% ../nbs/02a_cpu.ipynb #19215949
 @dataclass(frozen=True)
 class Plan:
     "How the kernel runs: not tensors, so not differentiated."
@@ -312,74 +348,99 @@ class Plan:
     cd:torch.dtype     # dtype of the products: the autocast dtype, else the input's
     threads:int        # worker threads sharing the blocks
 
-# %% ../nbs/02a_cpu.ipynb #ef727a46
-def kernel_inputs(
+# %% ../nbs/02a_cpu.ipynb #0deccccc
+def _check_layer_shapes(
     h:torch.Tensor,      # tokens `(B, n, d)`
-    sigma:torch.Tensor,  # Σ's diagonal `(B, d)` (an expanded `(d,)` or a `(1, d)` counts as shared by the batch)
+    sigma:torch.Tensor,  # Σ's diagonal, `(B, d)` or `(1, d)`
     p,                   # the layer's weights, a `transject.LayerWeights`
-    path:str='auto',     # 'fold', 'direct', or 'auto' (`layer_path`)
-    chunk_rows=None,     # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
-)->tuple:                # `(KernelInputs, Plan)`
-    ("What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, the mixture's weights; "
-     "and how it runs.")
+):
+    "Raise a `ValueError` unless Σ, the experts' $U$, $V$ and λ fit the tokens `h`."
     (B, n, d), E = h.shape, p.U.shape[0]
     if sigma.shape != (B, d) and sigma.shape != (1, d):
         raise ValueError(f"sigma must have shape ({B}, {d}) or (1, {d}), got {tuple(sigma.shape)}")
     if p.U.shape != (E, d, d) or p.V.shape != (E, d, d) or p.lam.shape != (E,):
         raise ValueError(f"expected U, V of shape (E, {d}, {d}) and lam of shape (E,); "
                          f"got {tuple(p.U.shape)}, {tuple(p.V.shape)}, {tuple(p.lam.shape)}")
-    shared = sigma.shape[0] == 1 or sigma.stride(0) == 0                 # one Σ for the batch: one group of B*n rows
+
+# %% ../nbs/02a_cpu.ipynb #ef727a46
+def kernel_inputs(
+    h:torch.Tensor,      # tokens `(B, n, d)`
+    # Σ's diagonal `(B, d)` (an expanded `(d,)` or a `(1, d)` counts as shared by the batch)
+    sigma:torch.Tensor,
+    p,                   # the layer's weights, a `transject.LayerWeights`
+    path:str='auto',     # 'fold', 'direct', or 'auto' (`layer_path`)
+    # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
+    chunk_rows=None,
+)->tuple:                # `(KernelInputs, Plan)`
+    ("What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, "
+     "the mixture's weights; and how it runs.")
+    _check_layer_shapes(h, sigma, p)
+    (B, n, d), E = h.shape, p.U.shape[0]
+    # one Σ for the batch: one group of B*n rows
+    shared = sigma.shape[0] == 1 or sigma.stride(0) == 0
     G = 1 if shared else B
     sig, hg = sigma[:1] if shared else sigma, h.reshape(G, B * n // G, d)
     if path == 'auto': path = layer_path(hg.shape[1], d)
-    if path not in ('fold', 'direct'): raise ValueError(f"path must be 'auto', 'fold' or 'direct', got {path!r}")
+    if path not in ('fold', 'direct'):
+        raise ValueError(f"path must be 'auto', 'fold' or 'direct', got {path!r}")
     dev = h.device.type
     cd = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
     c = lambda t: None if t is None else t.to(cd)
     if path == 'fold':
-        wd = torch.promote_types(cd, torch.float32)                      # the fold in float32 or wider
-        with torch.autocast(dev, enabled=False): M = fold_experts(p.U.to(wd), p.V.to(wd), sig.to(wd))   # (G, d, E*d)
+        # the fold in float32 or wider
+        wd = torch.promote_types(cd, torch.float32)
+        # (G, d, E*d)
+        with torch.autocast(dev, enabled=False):
+            M = fold_experts(p.U.to(wd), p.V.to(wd), sig.to(wd))
         M, Ucat, V, sg = c(M), None, None, None
     else: M, Ucat, V, sg = None, c(p.U.permute(1, 0, 2).reshape(d, E * d)), c(p.V), c(sig)
     w, cx = mix_weights(p, d)
     k = KernelInputs(hg, M, Ucat, V, sg, w.to(h.dtype), None if cx is None else cx.to(h.dtype),
-                     c(p.W1), c(p.b1), c(p.W2), c(p.b2), torch.as_tensor(p.a, dtype=h.dtype, device=h.device))
+                     c(p.W1), c(p.b1), c(p.W2), c(p.b2),
+                     torch.as_tensor(p.a, dtype=h.dtype, device=h.device))
     blocks = _plan(G, hg.shape[1], E * d * torch.finfo(cd).bits // 8, h.device, chunk_rows)
     return k, Plan(E, blocks, cd, n_threads(h.device))
 
 # %% ../nbs/02a_cpu.ipynb #ef70b475
 def _forward_blocks(out, part, k:KernelInputs, plan:Plan, save:bool):
-    ("The layer on the blocks `part` (a list of `(index, (group slice, row slice))`), written into `out`; "
-     "returns what the backward pass needs.")
+    ("The layer on the blocks `part` (a list of `(index, (group slice, row slice))`), "
+     "written into `out`; returns what the backward pass needs.")
     E, d, saved = plan.E, k.h.shape[-1], []
     mm = lambda t: t if t.dtype == plan.cd else t.to(plan.cd)
     for i, (gs, rs) in part:
         hc = k.h[gs, rs]                                                 # (nb, nr, d)
         nb, nr = hc.shape[:2]; R = nb * nr
-        if k.M is not None:                                              # fold: one product for all experts
-            Mg = k.M[gs] if nb > 1 else k.M[gs.start if k.M.shape[0] > 1 else 0]   # (nb, d, E*d) or (d, E*d)
-            A = _elu_(torch.matmul(mm(hc) if nb > 1 else mm(hc[0]), Mg))  # (nb, nr, E*d) or (nr, E*d)
+        # fold: one product for all experts
+        if k.M is not None:
+            # (nb, d, E*d) or (d, E*d)
+            Mg = k.M[gs] if nb > 1 else k.M[gs.start if k.M.shape[0] > 1 else 0]
+            # (nb, nr, E*d) or (nr, E*d)
+            A = _elu_(torch.matmul(mm(hc) if nb > 1 else mm(hc[0]), Mg))
             Ae, Z1 = A.view(R, E, d).unbind(1), None
-        else:                                                            # direct: [U_1|..|U_E], σ, then each V_e
+        # direct: [U_1|..|U_E], σ, then each V_e
+        else:
             Z1 = torch.matmul(mm(hc), k.Ucat)                            # (nb, nr, E*d)
             Z1s = Z1.view(nb, nr, E, d) * k.sig[gs][:, None, None, :]    # (nb, nr, E, d)  h U_e Σ
             A = _elu_(torch.matmul(Z1s.view(R, E, d).transpose(0, 1), k.V))  # (E, R, d)
             Ae = A.unbind(0)
         h1 = hc.reshape(R, d) if k.cx is None else hc.reshape(R, d) * k.cx
         h1 = torch.addcmul(h1, Ae[0], k.w[0])
-        for e in range(1, E): h1.addcmul_(Ae[e], k.w[e])                 # (R, d)  h c^x + Σ_e w_e A_e
+        # (R, d)  h c^x + Σ_e w_e A_e
+        for e in range(1, E): h1.addcmul_(Ae[e], k.w[e])
         e1 = _elu_(torch.addmm(k.b1, mm(h1), k.W1))                      # (R, d)
         e2 = _elu_(torch.addmm(k.b2, e1, k.W2))                          # (R, d)
-        out[gs, rs] = torch.addcmul(h1, e2, k.a).view(nb, nr, d)         # h1 + a ELU(ELU(h1 W1 + b1) W2 + b2)
+        # h1 + a ELU(ELU(h1 W1 + b1) W2 + b2)
+        out[gs, rs] = torch.addcmul(h1, e2, k.a).view(nb, nr, d)
         if save: saved.append((i, (A, Z1, h1, e1, e2)))
     return saved
 
+# %% ../nbs/02a_cpu.ipynb #b4aa6e70
 def _layer_forward(k:KernelInputs, plan:Plan, save:bool):
     ("The layer block by block, the blocks dealt to `plan.threads` workers; "
      "`save`: keep what the backward pass needs, in block order.")
     out = torch.empty_like(k.h)
-    parts = _run_units(lambda part: _forward_blocks(out, part, k, plan, save), _units(plan.blocks, plan.threads)[0],
-                       plan.threads)
+    parts = _run_units(lambda part: _forward_blocks(out, part, k, plan, save),
+                       _units(plan.blocks, plan.threads)[0], plan.threads)
     return out, [s for _, s in sorted((x for p in parts for x in p), key=lambda x: x[0])]
 
 # %% ../nbs/02a_cpu.ipynb #5fbb996e
@@ -388,6 +449,7 @@ def _acc_mm(acc, a, b):
     if a.dtype != acc.dtype: return acc.add_(a @ b)
     return torch.baddbmm(acc, a, b, out=acc) if a.ndim == 3 else torch.addmm(acc, a, b, out=acc)
 
+# %% ../nbs/02a_cpu.ipynb #d60a4b10
 def _ffn_backward(acc:KernelInputs, g, h1, e1, e2, k:KernelInputs, mm):
     ("One block of the FFN sublayer: adds the gradients of $a, W_1, b_1, W_2, b_2$ into `acc`, "
      "returns the one of $h_1$ `(R, d)`.")
@@ -396,12 +458,13 @@ def _ffn_backward(acc:KernelInputs, g, h1, e1, e2, k:KernelInputs, mm):
     _acc_mm(acc.W2, e1.T, du2); acc.b2.add_(du2.sum(0))
     du1 = (du2 @ k.W2.T).mul_(_elu_grad(e1))                             # (R, d)  d/d(h1 W1 + b1)
     _acc_mm(acc.W1, mm(h1).T, du1); acc.b1.add_(du1.sum(0))
-    return torch.addmm(g, du1, k.W1.T) if g.dtype == du1.dtype else g + du1 @ k.W1.T   # (R, d) d/d h1
+    # (R, d) d/d h1
+    return torch.addmm(g, du1, k.W1.T) if g.dtype == du1.dtype else g + du1 @ k.W1.T
 
 # %% ../nbs/02a_cpu.ipynb #d0d5cca0
 def _experts_backward(acc:KernelInputs, g1, hc, gs, A, Z1, k:KernelInputs, plan:Plan, mm):
-    ("One block of the attention sublayer: adds the gradients of $c^x$, $w$ and the experts' maps into `acc`, "
-     "returns the one of the tokens `(nb, nr, d)`.")
+    ("One block of the attention sublayer: adds the gradients of $c^x$, $w$ and the experts' maps "
+     "into `acc`, returns the one of the tokens `(nb, nr, d)`.")
     (nb, nr, d), E = hc.shape, plan.E; R = nb * nr
     dhc = (g1 if k.cx is None else g1 * k.cx).view(nb, nr, d)
     if k.cx is not None: acc.cx.add_((g1 * hc.reshape(R, d)).sum(0))
@@ -409,15 +472,18 @@ def _experts_backward(acc:KernelInputs, g1, hc, gs, A, Z1, k:KernelInputs, plan:
         A3 = A.view(R, E, d)
         acc.w.add_((A3 * g1[:, None, :]).sum(0))
         dZ = mm(_elu_grad(A3).mul_(g1[:, None, :]).mul_(k.w))            # (R, E, d) d/dZ
-        if nb > 1:                                                       # whole sequences: batched products
+        # whole sequences: batched products
+        if nb > 1:
             dZ = dZ.view(nb, nr, E * d)
             _acc_mm(acc.M[gs], mm(hc).mT, dZ)
             return dhc + dZ @ k.M[gs].mT
-        g = gs.start if k.M.shape[0] > 1 else 0              # rows of one sequence (or of the shared Σ's one group)
+        # rows of one sequence (or of the shared Σ's one group)
+        g = gs.start if k.M.shape[0] > 1 else 0
         dZ = dZ.view(R, E * d)
         _acc_mm(acc.M[g], mm(hc[0]).T, dZ)
         return dhc + (dZ @ k.M[g].mT).view(nb, nr, d)
-    acc.w.add_((A * g1[None]).sum(1))                                    # direct: Z_e = (h U_e Σ) V_e
+    # direct: Z_e = (h U_e Σ) V_e
+    acc.w.add_((A * g1[None]).sum(1))
     dZ = mm(_elu_grad(A).mul_(g1[None]).mul_(k.w[:, None, :]))           # (E, R, d) d/dZ_e
     sg = k.sig[gs][:, None, None, :]                                     # (nb, 1, 1, d)
     Z1s = (Z1.view(nb, nr, E, d) * sg).view(R, E, d).transpose(0, 1)     # (E, R, d)  h U_e Σ
@@ -440,7 +506,8 @@ def _backward_blocks(dh, part, gout, k:KernelInputs, plan:Plan, dM=None, dsig=No
     mm = lambda t: t if t.dtype == plan.cd else t.to(plan.cd)
     for i, (gs, rs), (A, Z1, h1, e1, e2) in part:
         hc = k.h[gs, rs]                                                 # (nb, nr, d)
-        g1 = _ffn_backward(acc, gout[gs, rs].reshape(-1, hc.shape[-1]), h1, e1, e2, k, mm)   # (R, d) d/d h1
+        # (R, d) d/d h1
+        g1 = _ffn_backward(acc, gout[gs, rs].reshape(-1, hc.shape[-1]), h1, e1, e2, k, mm)
         dh[gs, rs] = _experts_backward(acc, g1, hc, gs, A, Z1, k, plan, mm)
     return acc
 
@@ -450,12 +517,14 @@ def _sum_units(parts):
     if parts[0] is None or parts[0] is parts[-1]: return parts[0]
     return sum(parts[1:], parts[0])
 
+# %% ../nbs/02a_cpu.ipynb #7a86c9c0
 class _LayerFn(torch.autograd.Function):
     "The fused layer with a block-by-block backward pass: `apply(plan, *kernel_inputs)`."
     @staticmethod
     def forward(ctx, plan:Plan, *tensors):
         k = KernelInputs(*tensors)
-        with torch.autocast(k.h.device.type, enabled=False): out, saved = _layer_forward(k, plan, True)
+        with torch.autocast(k.h.device.type, enabled=False):
+            out, saved = _layer_forward(k, plan, True)
         ctx.save_for_backward(*k, *(t for s in saved for t in s))
         ctx.plan = plan
         return out
@@ -467,24 +536,30 @@ class _LayerFn(torch.autograd.Function):
         units, owned = _units(plan.blocks, plan.threads)
         units = [[(i, b, flat[5 * i:5 * i + 5]) for i, b in unit] for unit in units]
         dh, acc_dt = torch.empty_like(k.h), torch.promote_types(plan.cd, torch.float32)
-        shared = [None if t is None or not owned else torch.zeros(t.shape, dtype=acc_dt, device=t.device)
-                  for t in (k.M, k.sig)]
+        shared = [None if t is None or not owned
+                  else torch.zeros(t.shape, dtype=acc_dt, device=t.device) for t in (k.M, k.sig)]
         with torch.autocast(k.h.device.type, enabled=False):
-            parts = _run_units(lambda unit: _backward_blocks(dh, unit, gout, k, plan, *shared), units, plan.threads)
+            parts = _run_units(lambda unit: _backward_blocks(dh, unit, gout, k, plan, *shared),
+                               units, plan.threads)
         grads = KernelInputs(*map(_sum_units, zip(*parts)))._replace(h=dh)
         return None, *grads
 
 # %% ../nbs/02a_cpu.ipynb #a530c5bd
 def fused_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
-    sigma:torch.Tensor,  # Σ's diagonal `(B, d)` (an expanded `(d,)` or a `(1, d)` counts as shared by the batch)
-    p,                   # the layer's weights, a `transject.LayerWeights`, as `transject_layer` takes them
+    # Σ's diagonal `(B, d)` (an expanded `(d,)` or a `(1, d)` counts as shared by the batch)
+    sigma:torch.Tensor,
+    # the layer's weights, a `transject.LayerWeights`, as `transject_layer` takes them
+    p,
     path:str='auto',     # 'fold', 'direct', or 'auto' (`layer_path`)
-    chunk_rows=None,     # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
+    # rows per block (default: from `CHUNK_BYTES` on the CPU, all at once on CUDA)
+    chunk_rows=None,
 )->torch.Tensor:         # `(B, n, d)`, the value of `transject_layer(h, sigma, p)`
-    "`transject_layer` computed block by block, with a hand-derived backward pass, on `threads()` workers."
+    ("`transject_layer` computed block by block, with a hand-derived backward pass, on `threads()` "
+     "workers.")
     k, plan = kernel_inputs(h, sigma, p, path, chunk_rows)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in k): out = _LayerFn.apply(plan, *k)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in k):
+        out = _LayerFn.apply(plan, *k)
     else:
         with torch.autocast(h.device.type, enabled=False): out = _layer_forward(k, plan, False)[0]
     return out.view(h.shape)

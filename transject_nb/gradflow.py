@@ -27,6 +27,7 @@ def attention_kernel(
     k = q if k is None else k
     return torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))          # (..., n, n)
 
+# %% ../nbs/03_gradflow.ipynb #ca2823e0
 def nonlocal_energy(
     u:torch.Tensor,  # token values `(..., n, D)`
     K:torch.Tensor,  # kernel `(..., n, n)`, held fixed
@@ -46,6 +47,7 @@ def energy_grad(
      "`torch.func.grad`.")
     return grad(nonlocal_energy)(u, K)
 
+# %% ../nbs/03_gradflow.ipynb #2ca9c85c
 def euler_step(
     u:torch.Tensor,  # token values `(n, D)`
     K:torch.Tensor,  # kernel `(n, n)`
@@ -56,6 +58,7 @@ def euler_step(
     d = K.sum(-1, keepdim=True)                                                   # (n, 1) row sums
     return u - n**2 / (2 * d) * energy_grad(u, K)
 
+# %% ../nbs/03_gradflow.ipynb #2418c9de
 def attention_update(
     u:torch.Tensor,  # token values `(..., n, D)`
     K:torch.Tensor,  # kernel `(..., n, n)`
@@ -72,6 +75,7 @@ def grad_cosine(
      "token.")
     return F.cosine_similarity(energy_grad(u, K), u - attention_update(u, K), dim=-1)
 
+# %% ../nbs/03_gradflow.ipynb #c8e9a236
 def asymmetry_sweep(
     eps:list,          # asymmetry levels ε in $W_Q = W_K + εR$
     n:int=16,          # tokens
@@ -132,6 +136,7 @@ def dobrushin(
     overlap = torch.minimum(P[..., :, None, :], P[..., None, :, :]).sum(-1)       # (..., n, n)
     return 1 - overlap.amin((-2, -1))
 
+# %% ../nbs/03_gradflow.ipynb #0c48bf07
 def spread(
     U:torch.Tensor,  # token values `(..., n, D)`
 )->torch.Tensor:     # per-coordinate range $\max_i U_{ic} - \min_i U_{ic}$, `(..., D)`
@@ -156,6 +161,7 @@ def mean_pairwise_cosine(
     pairs = m * (m - 1)
     return torch.where(pairs > 0, tot / pairs.clamp_min(1), torch.ones_like(tot))
 
+# %% ../nbs/03_gradflow.ipynb #60781688
 def attention_flow(
     u0:torch.Tensor,               # initial tokens `(..., n, D)`, also the fidelity target $f$
     Wq:torch.Tensor,               # query map `(D, D)`

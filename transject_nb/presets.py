@@ -20,6 +20,7 @@ TASKS = ('imdb', 'agnews', 'listops', 'charimdb')
 # the paper's sizes; a small CPU preset; the experiments notebooks' CPU-scale reproduction
 PRESET_KINDS = ('paper', 'cpu', 'repro')
 
+# %% ../nbs/00a_presets.ipynb #6010ba22
 def preset_section(
     task:str,            # one of `TASKS`
     kind:str='paper',    # one of `PRESET_KINDS`
@@ -29,6 +30,7 @@ def preset_section(
     check_choice(kind, PRESET_KINDS, 'kind')
     return task if kind == 'paper' else f'{task}-{kind}'
 
+# %% ../nbs/00a_presets.ipynb #1b80e898
 # the sections a presets file may have
 PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KINDS)
 
@@ -36,11 +38,13 @@ PRESET_SECTIONS = tuple(preset_section(t, k) for t in TASKS for k in PRESET_KIND
 # a section header starting with a task's name
 _TASK_SECTION = re.compile(r'^\[\s*(' + '|'.join(TASKS) + r')', re.M)
 
+# %% ../nbs/00a_presets.ipynb #f521da7b
 def packaged_settings()->Path:
     ("The presets shipped with the package, `transject_nb/settings.ini` "
      "(in the repository, a link to the top-level `settings.ini`).")
     return Path(importlib.resources.files('transject_nb'))/'settings.ini'
 
+# %% ../nbs/00a_presets.ipynb #56ae71c0
 def is_presets_file(
     p,       # a path
 )->bool:     # whether `p` is a transject_nb presets file
@@ -51,6 +55,7 @@ def is_presets_file(
     if not p.is_file(): return False
     return bool(_TASK_SECTION.search(p.read_text(encoding='utf-8', errors='replace')))
 
+# %% ../nbs/00a_presets.ipynb #c25d745e
 def settings_files()->list:
     ("The presets files read, in order: the shipped ones, "
      "then the user's override if any (`$TRANSJECT_SETTINGS`, "
@@ -75,6 +80,7 @@ def settings_files()->list:
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
 _TEXT_TYPES = (int, float, bool, str, type(None))   # the annotations text converts to
 
+# %% ../nbs/00a_presets.ipynb #065e7ab2
 def _options(t)->tuple:
     return typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
 

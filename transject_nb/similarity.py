@@ -26,6 +26,7 @@ def ones_projector(
     "The orthogonal projector onto span{1}: it replaces every token by the mean token."
     return torch.full((n, n), 1 / n, dtype=dtype, device=device)
 
+# %% ../nbs/03a_similarity.ipynb #abfccc49
 def _real_mean(X, mask):
     "Mean over the real tokens `(..., 1, d)` and the count `(..., 1, 1)`, in float32 or float64."
     Xf = X if X.dtype == torch.float64 else X.float()
@@ -51,6 +52,7 @@ def token_similarity(
     num = cnt[..., 0, 0] * mean.pow(2).sum((-2, -1))
     return num / Xf.pow(2).sum((-2, -1)).clamp_min(torch.finfo(Xf.dtype).tiny)
 
+# %% ../nbs/03a_similarity.ipynb #b4a77a5d
 def token_diversity(
     X:torch.Tensor,               # tokens `(..., n, d)`
     mask:torch.Tensor|None=None,  # `(..., n)`, True on real tokens
@@ -76,6 +78,7 @@ def deflate(
     # (I - Pi) P (I - Pi)
     return Q - Q.mean(-2, keepdim=True)
 
+# %% ../nbs/03a_similarity.ipynb #9ec40e16
 def second_eigenvalue(
     P:torch.Tensor,  # row-stochastic `(n, n)`
 )->torch.Tensor:     # complex $\lambda_2$, largest in modulus once one eigenvalue 1 is removed
@@ -94,6 +97,7 @@ def residual_rate(
     rest = ev[torch.arange(len(ev), device=ev.device) != (ev - 1).abs().argmin()]
     return ((1 + rest).abs().max() / 2).item()
 
+# %% ../nbs/03a_similarity.ipynb #a1f61629
 def escalation_curve(
     P:torch.Tensor,     # fixed row-stochastic attention `(n, n)`
     X:torch.Tensor,     # initial tokens `(n, d)`
@@ -134,6 +138,7 @@ def plot_escalation(
     ax.legend(fontsize=8)
     return ax
 
+# %% ../nbs/03a_similarity.ipynb #a89bf5f9
 def plot_spectral_rate(
     predicted:list,   # predicted per-step rates $r$
     measured:list,    # measured per-step rates
@@ -167,6 +172,7 @@ def remove_similarity(
 # %% ../nbs/03a_similarity.ipynb #b1179ed8
 PLACEMENTS = ('none', 'branch', 'values', 'sum', 'after_ln')
 
+# %% ../nbs/03a_similarity.ipynb #6af3a2d1
 def simulate_post_norm(
     X:torch.Tensor,         # initial tokens `(n, d)`
     n_layers:int=24,        # depth

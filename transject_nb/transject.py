@@ -43,6 +43,7 @@ def orthogonal_attention(
 # %% ../nbs/02_transject.ipynb #95bc35b7
 SIGMAS = ('approx', 'random')
 
+# %% ../nbs/02_transject.ipynb #6bfe82f4
 class _GramDiag(torch.autograd.Function):
     ("σ*_i = (U^T G U)_ii and ||G||_F^2 from the Gram G = X^T X (B, d, d), with the backward in "
      "d x d products.")
@@ -63,6 +64,18 @@ class _GramDiag(torch.autograd.Function):
         dU = 2 * (GU * ds[:, None, :]).sum(0) if ctx.needs_input_grad[1] else None
         return dX, dU
 
+# %% ../nbs/02_transject.ipynb #7b479237
+def _sigma_star(
+    X:torch.Tensor,   # masked tokens `(B, n, d)`, float32 or wider
+    U:torch.Tensor,   # the orthogonal basis `(d, d)`, in `X`'s dtype
+# `(s (B, d), g2 (B,))`: $\sigma^\ast_i=(U^\top X^\top XU)_{ii}$ and $\|X^\top X\|_F^2$
+)->tuple:
+    "The diagonal of $X^\\top X$ in the basis $U$ and its squared Frobenius norm, the cheaper way."
+    # d <= n: from the d x d Gram, 2nd^2 + 2d^3 flops per sequence
+    if X.shape[-1] <= X.shape[-2]: return _GramDiag.apply(X, U)
+    s = (X @ U).pow(2).sum(1)                    # (B, d)  σ*_i = ||(XU)_{:,i}||^2
+    return s, (X @ X.mT).pow(2).sum((-2, -1))    # (B,) ||X X^T||_F^2 = ||X^T X||_F^2
+
 # %% ../nbs/02_transject.ipynb #0a79fc54
 def approx_sigma(
     x:torch.Tensor,     # layer-0 tokens `(B, n, d)`
@@ -78,14 +91,7 @@ def approx_sigma(
     with torch.autocast(x.device.type, enabled=False):
         # (B, n, d) padding rows zeroed
         X = x.to(wd) * mask[..., None].to(wd)
-        n, d = X.shape[-2:]
-        # from the d x d Gram: 2nd^2 + 2d^3 flops per sequence
-        if d <= n: s, g2 = _GramDiag.apply(X, U.to(wd))
-        else:
-            # (B, d)  σ*_i = ||(XU)_{:,i}||^2
-            s = (X @ U.to(wd)).pow(2).sum(1)
-            # (B,) ||X X^T||_F^2 = ||X^T X||_F^2
-            g2 = (X @ X.mT).pow(2).sum((-2, -1))
+        s, g2 = _sigma_star(X, U.to(wd))
         # (B,) off-diagonal energy fraction
         recon = 1 - s.pow(2).sum(-1) / g2.clamp_min(torch.finfo(wd).tiny)
         sigma = s / s.amax(-1, keepdim=True).clamp_min(eps)              # (B, d) max sigma = 1
@@ -100,6 +106,25 @@ def random_sigma(
     t = torch.tanh(p)
     return t / t.abs().amax().clamp_min(eps)
 
+# %% ../nbs/02_transject.ipynb #1827fb72
+def _check_lam(
+    lam:torch.Tensor,   # expert weights
+    B:int,              # sequences
+    E:int,              # experts
+):
+    "Raise a `ValueError` unless λ is `(E,)` (static gate) or `(B, E)` (input gate)."
+    if lam.shape != (E,) and lam.shape != (B, E):
+        raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} "
+                         f"sequences, got {tuple(lam.shape)}")
+
+# %% ../nbs/02_transject.ipynb #7efc2b39
+def _case_coefs(
+    cases:torch.Tensor,   # `(E, d)` ints in 0..3, the entropic case per expert and channel
+    dtype, device,        # of the result
+)->torch.Tensor:          # `(E, d, 2)`: $(c^x, c^F)$ of each case
+    "The entropic residual's coefficients `ENTROPIC_CASES` of each expert's and channel's case."
+    return torch.tensor(ENTROPIC_CASES, dtype=dtype, device=device)[cases]
+
 # %% ../nbs/02_transject.ipynb #c915ac52
 def mix_experts(
     h:torch.Tensor,      # tokens `(B, n, d)`
@@ -110,20 +135,28 @@ def mix_experts(
 )->torch.Tensor:         # `(B, n, d)`: $\sum_e \lambda_e R(h, a A_e)$
     ("Mixture of residual experts $\\sum_e\\lambda_e R(h, aA_e)$, $R$ the injective residual "
      "$h+F$ or the entropic one.")
-    B, E = A.shape[0], A.shape[-2]
-    if lam.shape != (E,) and lam.shape != (B, E):
-        raise ValueError(f"lam must have shape ({E},) or ({B}, {E}) for {E} experts and {B} "
-                         f"sequences, got {tuple(lam.shape)}")
+    _check_lam(lam, A.shape[0], A.shape[-2])
     # (B, 1, E): one λ per sequence
     if lam.ndim == 2: lam = lam[:, None]
     # h + a Σ_e λ_e A_e
     if cases is None: return h + a * (lam.to(A.dtype)[..., None] * A).sum(-2)
-    coef = torch.tensor(ENTROPIC_CASES, dtype=lam.dtype, device=lam.device)[cases]   # (E, d, 2)
+    coef = _case_coefs(cases, lam.dtype, lam.device)                    # (E, d, 2)
     # λc^x, λc^F: (E, d) | (B, 1, E, d)
     cx, cf = lam[..., None] * coef[..., 0], lam[..., None] * coef[..., 1]
     # h Σ_e λ_e c^x_e + a Σ_e λ_e c^F_e A_e
     return h * cx.sum(-2).to(h.dtype) + a * (cf.to(A.dtype) * A).sum(-2)
 
+# %% ../nbs/02_transject.ipynb #a5159133
+def _expert_residuals(
+    h:torch.Tensor,      # tokens `(B, n, d)`
+    A:torch.Tensor,      # expert outputs `(B, n, E, d)`
+    a,                   # residual weight α/L
+    cases=None,          # `(E, d)` entropic cases, or None for the plain residual
+)->torch.Tensor:         # `(B, n, E, d)`: $R(h, aA_e)$ of every expert
+    "Each expert's residual output $R(h, aA_e)$ on its own: $h+aA_e$, or the entropic one."
+    if cases is None: return h[:, :, None] + a * A                  # h + a A_e
+    coef = _case_coefs(cases, h.dtype, h.device)                         # (E, d, 2)
+    return h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A      # c^x_e h + c^F_e a A_e
 
 # %% ../nbs/02_transject.ipynb #a4e1c7b2
 def input_gate(
@@ -142,14 +175,7 @@ def input_gate(
     # the gate in float32 or wider, also under autocast
     wd = torch.promote_types(h.dtype, torch.float32)
     with torch.autocast(h.device.type, enabled=False):
-        h, A = h.to(wd), A.to(wd)
-        # (B, n, E, d)  R(h, a A_e) = h + a A_e
-        if cases is None: R = h[:, :, None] + a * A
-        else:
-            # (E, d, 2)
-            coef = torch.tensor(ENTROPIC_CASES, dtype=wd, device=h.device)[cases]
-            # (B, n, E, d)  c^x_e h + c^F_e a A_e
-            R = h[:, :, None] * coef[..., 0] + a * coef[..., 1] * A
+        R = _expert_residuals(h.to(wd), A.to(wd), a, cases)             # (B, n, E, d)
         # padding never wins the max
         if mask is not None: R = R.masked_fill(~mask[:, :, None, None], float('-inf'))
         # (B, E) softmax_e(w · max_t R_e)
@@ -181,6 +207,7 @@ class LayerWeights(NamedTuple):
     b2:torch.Tensor        # `(d,)`
     cases:torch.Tensor|None = None  # `(E, d)` entropic cases (entropic residual, training) or None
 
+# %% ../nbs/02_transject.ipynb #d6972c9e
 def transject_layer(
     h:torch.Tensor,      # tokens `(B, n, d)`
     sigma:torch.Tensor,  # Σ's diagonal `(B, d)`, max|σ| = 1
@@ -316,6 +343,24 @@ class TransJect(EncoderClassifier):
         "The residual weights $\\alpha_1..\\alpha_L$."
         return torch.stack([b.alpha() for b in self.blocks])
 
+# %% ../nbs/02_transject.ipynb #1c5d55b0
+def _real_pairs(
+    mask:torch.Tensor,  # `(B, n)`, True on real tokens
+)->torch.Tensor:        # `(B, n, n)`, True on pairs of distinct real tokens
+    "The pairs $(i, j)$, $i\\ne j$, of real tokens of each sequence; an error if there is none."
+    pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
+    pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
+    if not bool(pair.any()):
+        raise ValueError("no pair of real tokens: every sequence has a single real token")
+    return pair
+
+# %% ../nbs/02_transject.ipynb #a8ae2dbc
+def _pair_dists(
+    t:torch.Tensor,   # hidden states `(B, n, d)`
+)->torch.Tensor:      # `(B, n, n)` float64 distances $\|t_i-t_j\|$, computed directly
+    "Distances between the tokens of each sequence in float64, without the matrix-product shortcut."
+    return torch.cdist(t.double(), t.double(), compute_mode='donot_use_mm_for_euclid_dist')
+
 # %% ../nbs/02_transject.ipynb #3ca0e608
 def token_distance_ratios(
     hs:list,            # every layer's hidden states, `n_layers+1` tensors `(B, n, d)`
@@ -323,22 +368,26 @@ def token_distance_ratios(
 )->tuple:        # `(lo, hi)`, float64 `(n_layers+1,)`: range of $\|h^l_i-h^l_j\|/\|h^0_i-h^0_j\|$
     ("Smallest and largest distance ratio, layer $l$ against layer 0, "
      "over every pair of real tokens of each sequence that differ at layer 0.")
-    pair = mask[:, :, None] & mask[:, None, :]                           # (B, n, n)
-    pair &= ~torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
-    if not bool(pair.any()):
-        raise ValueError("no pair of real tokens: every sequence has a single real token")
-    # (B, n, n)
-    dist = lambda t: torch.cdist(t.double(), t.double(),
-                                 compute_mode='donot_use_mm_for_euclid_dist')
-    D0 = dist(hs[0])                                                     # (B, n, n)
+    pair = _real_pairs(mask)                                             # (B, n, n)
+    D0 = _pair_dists(hs[0])                                              # (B, n, n)
     # a ratio needs distinct tokens at layer 0 (models without positions can repeat one)
     pair &= D0 > 0
     if not bool(pair.any()):
         raise ValueError("every pair of real tokens is equal at layer 0: no distance ratio is "
                          "defined")
     d0 = D0[pair]                                                        # (P,)
-    r = torch.stack([dist(h)[pair] / d0 for h in hs])                    # (L+1, P)
+    r = torch.stack([_pair_dists(h)[pair] / d0 for h in hs])             # (L+1, P)
     return r.min(1).values, r.max(1).values
+
+# %% ../nbs/02_transject.ipynb #28d4758d
+def _plot_transject_bounds(
+    ax,       # matplotlib Axes
+    L:int,    # layers
+):
+    "`transject_bounds(L)`, Theorem 2's bounds for any α, as two dotted lines on `ax`."
+    tlo, thi = transject_bounds(L)
+    ax.axhline(thi, c='C3', ls=':', lw=1.2, label=r'transject_bounds: $(1\pm 1/L)^{2L}$')
+    ax.axhline(max(tlo, 1e-3), c='C3', ls=':', lw=1.2)
 
 # %% ../nbs/02_transject.ipynb #ecf9223e
 def plot_distance_ratios(
@@ -359,9 +408,7 @@ def plot_distance_ratios(
                                                                          'token pairs')
     ax.plot(ls, blo, 'k--', lw=1, label=r'layer_bounds ($\alpha$ of the model)')
     ax.plot(ls, bhi, 'k--', lw=1)
-    tlo, thi = transject_bounds(L)
-    ax.axhline(thi, c='C3', ls=':', lw=1.2, label=r'transject_bounds: $(1\pm 1/L)^{2L}$')
-    ax.axhline(max(tlo, 1e-3), c='C3', ls=':', lw=1.2)
+    _plot_transject_bounds(ax, L)
     ax.set_xticks(list(ls)); ax.set_yscale('log'); ax.set_xlabel('layer $l$')
     ax.set_ylabel(r'$\|h^l_i-h^l_j\| / \|h^0_i-h^0_j\|$')
     ax.set_title(f"Theorem 2 on {'training' if model.training else 'eval'}-mode TransJect, L={L}",

@@ -61,6 +61,7 @@ FAMILIES = {   # family -> (the page that asks it, the question)
 # %% ../../nbs/22d_claims.ipynb #50e2ea15
 TASK_NAMES = dict(imdb='IMDb', agnews='AG News', listops='ListOps', charimdb='Char-IMDb')
 
+# %% ../../nbs/22d_claims.ipynb #c3ead800
 def fair_runs(
     results:Path,               # the committed results folder (`nbs/results`)
 )->pd.DataFrame:                # the fair studies' seed runs, every task
@@ -68,6 +69,7 @@ def fair_runs(
     return pd.concat([pd.read_csv(Path(results)/'fair'/t/'runs.csv') for t in TASKS],
                      ignore_index=True)
 
+# %% ../../nbs/22d_claims.ipynb #1c7672a6
 def fair_table(
     results:Path,               # the committed results folder
 # `experiments.results_table`: per (task, model) mean ± std, the baselines, the paper
@@ -76,6 +78,7 @@ def fair_table(
     r, base = fair_runs(results), pd.read_csv(Path(results)/'fair'/'baselines.csv')
     return results_table(r[list(RESULT_COLUMNS)], base[base.task.isin(r.task.unique())])
 
+# %% ../../nbs/22d_claims.ipynb #b88fdba8
 def _paper_gap(task, a, b)->float:
     "The paper's difference in points between two models on a task (Tables 2 and 3), or NaN."
     acc = PAPER_RESULTS['test_acc']
@@ -86,6 +89,7 @@ def _paper_gap(task, a, b)->float:
 _FAIR = "d 64, L 2, own rates, early stopping"
 _PAPER_OF = {'transject': 'TransJect', 'neutreno': 'NeuTRENO', 'similarity-removal': 'Yu & Zhang'}
 
+# %% ../../nbs/22d_claims.ipynb #4935abe2
 def fair_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
@@ -158,13 +162,16 @@ def robustness_claims(
 # %% ../../nbs/22d_claims.ipynb #e386d87c
 _DEPTH = "IMDb subset, d 64, 2 epochs of one-cycle, rate tuned per depth"
 
+# %% ../../nbs/22d_claims.ipynb #50d370ac
 def _kept(results:Path)->pd.DataFrame:
     df, _ = load_grid(Path(results)/'depth')
     return df[df.chosen.astype(bool)]
 
+# %% ../../nbs/22d_claims.ipynb #4ac09f83
 def _seeds(k:pd.DataFrame, v:str, L:int, col:str='test_acc')->np.ndarray:
     return k[(k.variant == v) & (k.n_layers == L)][col].to_numpy(float)
 
+# %% ../../nbs/22d_claims.ipynb #4881d657
 def shallow_best(
     k:pd.DataFrame,             # the depth grid's chosen runs
     v:str,                      # a variant
@@ -256,9 +263,11 @@ def lm_runs(
     d, p = Path(results)/'lm'/name, STUDIES[name]
     return with_arm_depth(settled_runs(pd.read_csv(d/'runs.csv'), pd.read_csv(d/'trials.csv'), p))
 
+# %% ../../nbs/22d_claims.ipynb #05669a70
 def _loss(r:pd.DataFrame, arm:str, L:int)->np.ndarray:
     return r[(r.arm == arm) & (r.L == L)].test_loss.to_numpy(float)
 
+# %% ../../nbs/22d_claims.ipynb #9be66384
 def _lm_test(name:str, L=None)->str:
     p = STUDIES[name]
     d = p.fixed.get('d_model', 64)
@@ -269,6 +278,7 @@ def _lm_test(name:str, L=None)->str:
 # NeuTRENO Table 3: test perplexity, WikiText-103
 NEUTRENO_TABLE3_CHANGE = round(100 * (33.70 / 34.29 - 1), 2)
 
+# %% ../../nbs/22d_claims.ipynb #81ad68f2
 def neutreno_lm_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
@@ -301,6 +311,7 @@ def _trend_effect(t:pd.Series, which:str)->dict:
                 method="least-squares slope on log2 L, Welch's interval for a difference",
                 kind='log', scale=100.)
 
+# %% ../../nbs/22d_claims.ipynb #d19a9833
 def lm_depth_claims(
     results:Path,               # the committed results folder
     gpu:bool=False,             # the H200's d 256 grid (`lm-depth-gpu`), else this CPU's d 64 grid
@@ -489,6 +500,7 @@ NEUTRENO_NOT_TESTED = (   # NeuTRENO's image and pretrained-model claims, and it
 # Yu & Zhang: none (its text here is the abstract)
 NOT_TESTED = TRANSJECT_NOT_TESTED + NEUTRENO_NOT_TESTED
 
+# %% ../../nbs/22d_claims.ipynb #c42347e5
 def not_tested_claims()->list:
     "The claims not tested here, each with its reason (`NOT_TESTED`)."
     return [claim_row(p, c, f, '', untested(why), sec, unit=u, paper_effect=pe,
@@ -512,6 +524,7 @@ def build_claims(
     rows = sorted(rows, key=lambda r: (order[r['family']]))   # stable: each family's rows in order
     return ledger(rows)
 
+# %% ../../nbs/22d_claims.ipynb #083a5d25
 def save_claims(
     claims:pd.DataFrame,        # from `build_claims`
     path='results/claims.csv',  # where
@@ -520,6 +533,7 @@ def save_claims(
     Path(path).write_text(claims.to_csv(index=False, float_format='%.6g'))
     return Path(path)
 
+# %% ../../nbs/22d_claims.ipynb #76f05da4
 def load_claims(
     path='results/claims.csv',  # a file written by `save_claims`
 )->pd.DataFrame:                # `ledger.LEDGER_COLUMNS`
@@ -540,6 +554,7 @@ def page_claims(
     c = claims[claims.section.str.split('#').str[0] == page]
     return c[np.isfinite(c.ci_low.astype(float))] if tested else c
 
+# %% ../../nbs/22d_claims.ipynb #686668ff
 HEADLINES = (   # the claims a reader comes with first
     'Table 2, IMDb: transject > transformer', 'Table 3, ListOps: transject > transformer',
     '§4, IMDb: neutreno > transformer', 'abstract, IMDb: similarity-removal > transformer',
@@ -553,6 +568,7 @@ HEADLINES = (   # the claims a reader comes with first
     "Theorem 2: the encoder's distance ratio is at least 0.25 for L > 1",
 )
 
+# %% ../../nbs/22d_claims.ipynb #710e90d1
 def headlines(
     claims:pd.DataFrame,        # the ledger
 )->pd.DataFrame:                # the headline rows in `HEADLINES`' order (a depth trend: d 64's)

@@ -87,6 +87,7 @@ def spread_effect(
                 p_paper=math.nan, se=math.nan, df=(float(df_a), float(df_b)),
                 n=f"{int(df_a) + 1}+{int(df_b) + 1}", method='F interval', kind='F', scale=100.)
 
+# %% ../../nbs/22b_ledger.ipynb #0308d037
 def check_effect(
     value:float,                # what the check measured
     holds:bool,                 # whether it agrees with the claim
@@ -96,6 +97,7 @@ def check_effect(
     return dict(effect=float(value), ci_low=nan, ci_high=nan, p=nan, p_paper=nan, se=nan, df=nan,
                 n='', method='numerical check', kind='check', scale=nan, holds=bool(holds))
 
+# %% ../../nbs/22b_ledger.ipynb #9c708559
 def untested(
     reason:str,                 # why the claim was not tested here
 )->dict:                        # `EFFECT_KEYS`, every number NaN
@@ -178,6 +180,7 @@ def ledger(
     d['verdict'] = [_verdict(r) for _, r in d.iterrows()]
     return d[list(LEDGER_COLUMNS)].reset_index(drop=True)
 
+# %% ../../nbs/22b_ledger.ipynb #7f469801
 def _verdict(r)->str:
     if r['kind'] == 'check': return 'reproduced' if r['holds'] else 'contradicted'
     if r['kind'] == 'untested' or not np.isfinite(r['p_adj']): return 'not tested'
@@ -195,6 +198,7 @@ def effect_text(
     f = lambda x: f"{x:+.{digits}f}".replace('-', '−')
     return f(effect) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else '')
 
+# %% ../../nbs/22b_ledger.ipynb #8b738e42
 def answer_table(
     claims:pd.DataFrame,        # rows of `ledger`
     digits:int=1,               # decimals of the effects

@@ -27,9 +27,13 @@ def _check_alpha(alpha):
         raise ValueError(f"alpha must be a level strictly between 0 and 1, e.g. {ALPHA}; "
                          f"got {alpha!r}")
 
-# %% ../../nbs/22a_stats.ipynb #d6d5646f
-def _is_p(p)->bool: return isinstance(p, (int, float, np.integer, np.floating)) and 0 <= p <= 1
+# %% ../../nbs/22a_stats.ipynb #be9287e9
+def _is_number(x)->bool: return isinstance(x, (int, float, np.integer, np.floating))
 
+# %% ../../nbs/22a_stats.ipynb #d6d5646f
+def _is_p(p)->bool: return _is_number(p) and 0 <= p <= 1
+
+# %% ../../nbs/22a_stats.ipynb #ca0078e8
 def judge(
     p:float,                   # the (family-adjusted) two-sided p-value of 'no effect'
     effect:float,              # the measured effect
@@ -60,8 +64,7 @@ def verdict_of(
     "The verdict on the claim 'a is better than b' from a two-sided test at level `alpha`."
     _check_alpha(alpha)
     for k, n in (('n_a', n_a), ('n_b', n_b)):
-        if not (isinstance(n, (int, float, np.integer, np.floating))
-                and float(n).is_integer() and n >= 1):
+        if not (_is_number(n) and float(n).is_integer() and n >= 1):
             raise ValueError(f"{k} must be a whole number of values, at least 1; got {n!r}")
     if n_a < 2 or n_b < 2: return 'not tested'
     if not _is_p(p):
@@ -94,10 +97,12 @@ def _arrays(**kw)->tuple:
     m = next(iter(lens.values()), 1)
     return {k: np.broadcast_to(a, (m,)).astype(float) for k, a in arrs.items()}, not lens
 
+# %% ../../nbs/22a_stats.ipynb #7ea08888
 def _check_counts(n, k):
     if not (np.isfinite(n).all() and (n == np.round(n)).all() and (n >= 1).all()):
         raise ValueError(f"{k} must hold whole numbers of values, at least 1; got {n.tolist()}")
 
+# %% ../../nbs/22a_stats.ipynb #41ee0863
 def _check_finite(x, k, where=None):
     bad = ~np.isfinite(x) if where is None else where & ~np.isfinite(x)
     if bad.any():
@@ -109,6 +114,7 @@ def _check_finite(x, k, where=None):
 # or points in [0, 100]), and count as zero
 _TINY = 1e-12
 
+# %% ../../nbs/22a_stats.ipynb #c9cd350a
 def _parts(diff, var_a, n_a, df_a, var_b, n_b, df_b):
     ("se, t, Welch–Satterthwaite df and two-sided p; NaN where a side has no spread estimate; "
      "the zero-spread rule where neither side varies.")
@@ -203,6 +209,18 @@ def welch_from_stats(
         t[ok], p[ok] = r.statistic, r.pvalue
     return _finish(diff, se, t, df, p, a['n_a'], a['n_b'], alpha, scalar)
 
+# %% ../../nbs/22a_stats.ipynb #1e252770
+def _seed_values(v, k:str)->np.ndarray:
+    "One side's per-seed values as a 1-D float array, checked non-empty and finite."
+    try: x = np.asarray(v, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{k} must be a 1-D array of per-seed values, got {v!r}") from None
+    if x.ndim != 1:
+        raise ValueError(f"{k} must be a 1-D array of per-seed values, got shape {x.shape}")
+    if not x.size: raise ValueError(f"{k} is empty: give at least one value per side")
+    _check_finite(x, k)
+    return x
+
 # %% ../../nbs/22a_stats.ipynb #83b1c83c
 def welch(
     a,                  # per-seed values of the claimed better side (1-D, finite)
@@ -210,21 +228,29 @@ def welch(
     alpha:float=ALPHA,  # the test's level
 )->dict:                # diff, se, t, df, p, lo, hi, n_a, n_b, verdict (see `welch_from_var`)
     "Welch's t-test at level `alpha` of the claim that `a`'s values exceed `b`'s, and its verdict."
-    xs = {}
-    for k, v in (('a', a), ('b', b)):
-        try: x = np.asarray(v, dtype=float)
-        except (TypeError, ValueError):
-            raise TypeError(f"{k} must be a 1-D array of per-seed values, got {v!r}") from None
-        if x.ndim != 1:
-            raise ValueError(f"{k} must be a 1-D array of per-seed values, got shape {x.shape}")
-        if not x.size: raise ValueError(f"{k} is empty: give at least one value per side")
-        _check_finite(x, k)
-        xs[k] = x
+    xs = {k: _seed_values(v, k) for k, v in (('a', a), ('b', b))}
     sd = lambda x: float('nan') if x.size < 2 else 0.0 if np.ptp(x) == 0 else float(x.std(ddof=1))
     # equal values: exactly that, no round-off
     mean = lambda x: float(x[0]) if np.ptp(x) == 0 else float(x.mean())
     return welch_from_stats(mean(xs['a']), sd(xs['a']), xs['a'].size,
                             mean(xs['b']), sd(xs['b']), xs['b'].size, alpha)
+
+# %% ../../nbs/22a_stats.ipynb #dd3e241c
+def _finite_nonneg(x)->bool: return _is_number(x) and math.isfinite(x) and x >= 0
+
+# %% ../../nbs/22a_stats.ipynb #e45734d1
+def _f_test(va:float, vb:float, df_a:float, df_b:float)->tuple:
+    "`(F, p)`: the variance ratio and its two-sided p-value; `(nan, 1)` if neither side varies."
+    if va == vb == 0: return float('nan'), 1.0                        # neither varies
+    F = va / vb if vb > 0 else math.inf
+    return F, min(1.0, 2 * min(float(st.f.cdf(F, df_a, df_b)), float(st.f.sf(F, df_a, df_b))))
+
+# %% ../../nbs/22a_stats.ipynb #c2ca068f
+def _ratio_interval(ratio:float, df_a:float, df_b:float, alpha:float)->tuple:
+    "`(lo, hi)`: the 1-alpha interval of a ratio of standard deviations, from F's quantiles."
+    # F's quantiles, high then low
+    q = [float(st.f.ppf(x, df_a, df_b)) for x in (1 - alpha / 2, alpha / 2)]
+    return tuple(ratio / math.sqrt(x) for x in q) if math.isfinite(ratio) else (math.nan, math.nan)
 
 # %% ../../nbs/22a_stats.ipynb #d6a860de
 def spread_test(
@@ -239,27 +265,18 @@ def spread_test(
     "Two-sided F test of the claim that side a's spread is smaller than side b's, and its verdict."
     _check_alpha(alpha)
     for k, d in (('df_a', df_a), ('df_b', df_b)):
-        if not (isinstance(d, (int, float, np.integer, np.floating))
-                and math.isfinite(d) and d >= 0):
-            raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
+        if not _finite_nonneg(d): raise ValueError(f"{k} must be finite and at least 0, got {d!r}")
     nan = float('nan')
     out = dict(ratio=nan, lo=nan, hi=nan, F=nan, df_a=float(df_a), df_b=float(df_b), p=nan,
                diff=nan)
     if df_a < 1 or df_b < 1: return out | dict(verdict='not tested')
     for k, s in (('std_a', std_a), ('std_b', std_b)):
-        if not (isinstance(s, (int, float, np.integer, np.floating))
-                and math.isfinite(s) and s >= 0):
+        if not _finite_nonneg(s):
             raise ValueError(f"{k} must be a finite standard deviation, at least 0; got {s!r}")
-    va, vb = float(std_a) ** 2, float(std_b) ** 2
-    if va == vb == 0: F, p = float('nan'), 1.0                         # neither varies
-    else:
-        F = va / vb if vb > 0 else math.inf
-        p = min(1.0, 2 * min(float(st.f.cdf(F, df_a, df_b)), float(st.f.sf(F, df_a, df_b))))
+    F, p = _f_test(float(std_a) ** 2, float(std_b) ** 2, df_a, df_b)
     diff = float(std_b) - float(std_a)
     ratio = float(std_a) / float(std_b) if std_b > 0 else (math.inf if std_a > 0 else float('nan'))
-    # F's quantiles, high then low
-    q = [float(st.f.ppf(x, df_a, df_b)) for x in (1 - alpha / 2, alpha / 2)]
-    lo, hi = (ratio / math.sqrt(x) for x in q) if math.isfinite(ratio) else (nan, nan)
+    lo, hi = _ratio_interval(ratio, df_a, df_b, alpha)
     return out | dict(ratio=ratio, lo=lo, hi=hi, F=F, p=p, diff=diff,
                       verdict=verdict_of(p, diff, int(df_a) + 1, int(df_b) + 1, alpha))
 

@@ -35,6 +35,7 @@ from ..similarity import (deflate, escalation_curve, ones_projector, residual_ra
 PAPERS = ('TransJect', 'NeuTRENO', 'Yu & Zhang')   # the papers, in the ledger's order
 COLUMNS = ('paper', 'claim', 'test', 'value', 'claimed', 'unit', 'holds', 'section', 'note')
 
+# %% ../../nbs/22c_theorems.ipynb #378b7e19
 def check_row(
     paper:str,       # one of `PAPERS`
     claim:str,       # the theorem, lemma or section and what it states, at most 70 characters
@@ -67,6 +68,7 @@ def quarto_id(
     while s and not s[0].isalpha(): s = s[1:]                           # from the first letter on
     return s
 
+# %% ../../nbs/22c_theorems.ipynb #2e7dfe48
 def notebook_anchors(
     path,          # a notebook, `.ipynb`
 )->set:            # the anchor of every section heading of its markdown cells
@@ -412,6 +414,7 @@ def _sym_attention(n, d, beta, seed):
     G = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return torch.softmax(beta * G @ G.T / math.sqrt(d), -1)
 
+# %% ../../nbs/22c_theorems.ipynb #e6f9f09b
 def _measured_rate(dv, floor=1e-20, window=10):
     "Per-layer rate of $\\sqrt{t_{\\rm div}}$ over the last `window` layers above `floor`."
     t1 = max(t for t in range(len(dv)) if dv[t] > floor)
@@ -469,6 +472,7 @@ CHECKS = (check_stochastic_bound, check_lipschitz_jacobian, check_orthogonal_att
           check_attention_step, check_oversmoothing, check_neutreno_limit, check_table4,
           check_invariant_eigenspace, check_escalation_rate, check_similarity_removal)
 
+# %% ../../nbs/22c_theorems.ipynb #8a880c0a
 def theorem_checks() -> pd.DataFrame:
     ("Each theorem of the three papers, checked numerically on the exported code: "
      "one row per claim.")

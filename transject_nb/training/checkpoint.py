@@ -19,7 +19,6 @@ __all__ = ['CKPT_VERSION', 'moved_pickle', 'SaveBestCallback', 'checkpoint_state
 import numpy as np
 import torch
 import transject_nb
-from fastcore.basics import patch
 from fastcore.foundation import L
 from .utils import fastai_quietly
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
@@ -55,12 +54,14 @@ CKPT_VERSION = 1   # the layout of a checkpoint's content
 # %% ../../nbs/12a_checkpoint.ipynb #b7c0f00e
 def _floats(xs)->list: return [float(x) for x in xs]
 
+# %% ../../nbs/12a_checkpoint.ipynb #0d70f71b
 def _opt_state(opt)->dict:
     sd = opt.state_dict()
     hypers = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in h.items()}
               for h in sd['hypers']]
     return dict(state=[dict(s) for s in sd['state']], hypers=hypers)
 
+# %% ../../nbs/12a_checkpoint.ipynb #25a8d714
 def checkpoint_state(
     learn:Learner,   # a learner in `fit`
     done:bool,       # whether the run has finished
@@ -126,6 +127,51 @@ def epoch_loader(
     dl = learn.dls.train
     return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)
 
+# %% ../../nbs/12a_checkpoint.ipynb #6bf54f6a
+def _save_checkpoint(
+    cb:Callback,   # a `TrainCheckpoint`
+    done:bool,     # False: after the epoch `cb.epoch`; True: the fit has ended
+):
+    ("Write the learner's state (`checkpoint_state`) atomically to `cb.file`, from the first "
+     "process only; when done, up to the last recorded epoch (nothing if none ran).")
+    epoch = len(cb.recorder.values) - 1 if done else cb.epoch
+    if epoch >= 0 and not rank_distrib():
+        atomic_save(checkpoint_state(cb.learn, done, epoch, cb.times, cb.run_config), cb.file)
+
+# %% ../../nbs/12a_checkpoint.ipynb #a745e990
+def _resume_at(
+    learn:Learner,   # the learner to resume
+    state:dict,      # its checkpoint (`load_checkpoint`)
+)->int:              # the first epoch to train
+    "Restore `state` into `learn` (`restore_state`); the epochs before the returned one replay."
+    restore_state(learn, state)
+    return state['epoch'] + 1
+
+# %% ../../nbs/12a_checkpoint.ipynb #1c294784
+def _replay_row(
+    cb:Callback,   # a `TrainCheckpoint` whose learner replays its epoch `cb.epoch`
+):
+    "Hand the replayed epoch's stored row to the Recorder, which logs it and feeds the trackers."
+    cb.recorder.log = L(cb.epoch) + cb.state['values'][cb.epoch]
+    cb.recorder.start_epoch = time.time() - cb.state['times'][cb.epoch]
+
+# %% ../../nbs/12a_checkpoint.ipynb #97854516
+def _replay_times(
+    cb:Callback,   # a `TrainCheckpoint` whose learner replays its epoch `cb.epoch`
+):
+    "Put the replayed epoch's stored batch count and time back in the Recorder and `cb.times`."
+    cb.recorder.iters[-1] = cb.state['iters'][cb.epoch]
+    cb.times.append(cb.state['times'][cb.epoch])
+
+# %% ../../nbs/12a_checkpoint.ipynb #84ce84bd
+def _take_time(
+    cb:Callback,   # a `TrainCheckpoint` whose learner just validated
+):
+    "Append the time of the epoch that trained and validated to `cb.times`, once."
+    if (getattr(cb, 'active', False) and cb.training is False and not cb.learn.replaying
+            and hasattr(cb, 't0')):
+        cb.times.append(time.time() - cb.t0); del cb.t0
+
 # %% ../../nbs/12a_checkpoint.ipynb #99bcd006
 class TrainCheckpoint(Callback):
     ("Save a run's state atomically after every epoch; on resume, restore it and "
@@ -139,16 +185,11 @@ class TrainCheckpoint(Callback):
             fname, config or {}, epoch0, None, [])
     @property
     def file(self)->Path: return self.path/self.model_dir/f'{self.fname}.pth'
-    def _save(self, done, epoch):
-        atomic_save(checkpoint_state(self.learn, done, epoch, self.times, self.run_config),
-                    self.file)
 
     def before_fit(self):
         self.learn.replaying, self.start, self.times = False, 0, []
         self.active = not hasattr(self.learn, 'lr_finder')   # lr_find calls fit too: none then
-        if self.state is None or not self.active: return
-        self.start = self.state['epoch'] + 1
-        restore_state(self.learn, self.state)
+        if self.state is not None and self.active: self.start = _resume_at(self.learn, self.state)
 
     def before_epoch(self):
         self.learn.replaying, self.t0, self.trained = self.epoch < self.start, time.time(), False
@@ -159,36 +200,25 @@ class TrainCheckpoint(Callback):
 
     def after_epoch(self):
         if not self.active: return
-        if self.learn.replaying:
-            self.recorder.iters[-1] = self.state['iters'][self.epoch]
-            self.times.append(self.state['times'][self.epoch])
-        elif getattr(self, 'trained', False) and not rank_distrib():   # it trained
-            self._save(False, self.epoch)
+        if self.learn.replaying: _replay_times(self)
+        elif getattr(self, 'trained', False): _save_checkpoint(self, False)   # it trained
 
     def after_fit(self):
         self.learn.replaying = False
         if not self.active: return
         self.learn.epoch_times = list(self.times)
-        n_done = len(self.recorder.values)
-        if n_done and not rank_distrib(): self._save(True, n_done - 1)
+        _save_checkpoint(self, True)
         self.state, self.active = None, False
 
-# %% ../../nbs/12a_checkpoint.ipynb #b7c0f027
-@patch
-def after_cancel_epoch(self:TrainCheckpoint):
-    ("A skipped epoch of a resumed run: hand its stored row to the Recorder, "
-     "which logs it and feeds the trackers.")
-    if not self.learn.replaying: return
-    self.recorder.log = L(self.epoch) + self.state['values'][self.epoch]
-    self.recorder.start_epoch = time.time() - self.state['times'][self.epoch]
+    def after_cancel_epoch(self):
+        ("A skipped epoch of a resumed run: hand its stored row to the Recorder, "
+         "which logs it and feeds the trackers.")
+        if self.learn.replaying: _replay_row(self)
 
-@patch
-def after_validate(self:TrainCheckpoint):
-    ("An epoch's time, taken here: early stopping may end the fit before `after_epoch` "
-     "reaches this callback.")
-    if (getattr(self, 'active', False) and self.training is False and not self.learn.replaying
-            and hasattr(self, 't0')):
-        self.times.append(time.time() - self.t0); del self.t0
+    def after_validate(self):
+        ("An epoch's time, taken here: early stopping may end the fit before `after_epoch` "
+         "reaches this callback.")
+        _take_time(self)
 
 # %% ../../nbs/12a_checkpoint.ipynb #f0caaa8a
 class HistoryCSV(CSVLogger):
@@ -219,6 +249,7 @@ class HistoryCSV(CSVLogger):
 # the one training field a resumed run may change: more epochs extend it (`train_learner`)
 _MAY_GROW = {'epochs'}
 
+# %% ../../nbs/12a_checkpoint.ipynb #dc39d951
 def _differences(part:str, old:dict, new:dict)->dict:
     ("'part.field' -> (checkpoint's, now) for the fields both have that differ; "
      "an `amp` recorded as 'auto' is not told.")
@@ -227,6 +258,7 @@ def _differences(part:str, old:dict, new:dict)->dict:
     return {f'{part}.{k}': (old[k], new[k]) for k in old if k in new   # the checkpoint's order
             if not (part == 'train' and k in _MAY_GROW) and not same(k)}
 
+# %% ../../nbs/12a_checkpoint.ipynb #3f296196
 def check_resumable(
     learn:Learner,   # the learner that would resume (a `learner.TaskLearner`, with its `config`)
     st:dict,         # the checkpoint in its run folder
@@ -244,8 +276,6 @@ def check_resumable(
         raise ValueError(f"checkpoint {file} was written by a different run; differences "
                          f"(checkpoint, now): {diff}. Resume it with its own settings, or train "
                          "in another folder (from Python: another path, or resume=False)")
-
-
 
 # %% ../../nbs/12a_checkpoint.ipynb #b7c0f01f
 def restore_history(
@@ -304,6 +334,7 @@ class _MovedUnpickler(pickle.Unpickler):
     def find_class(self, module:str, name:str):
         return super().find_class(transject_nb.MOVED.get(module, module), name)
 
+# %% ../../nbs/12a_checkpoint.ipynb #99e102a4
 # `pickle` with `_MovedUnpickler`, for `torch.load(pickle_module=...)`
 moved_pickle = types.ModuleType('moved_pickle')
 moved_pickle.__dict__.update({k: v for k, v in vars(pickle).items() if not k.startswith('__')})

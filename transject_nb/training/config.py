@@ -109,6 +109,7 @@ def preset_configs()->tuple:
 # `DataConfig`'s fields of the ListOps generator
 _GENERATOR = ('min_length', 'max_length', 'max_depth', 'max_args')
 
+# %% ../../nbs/12_config.ipynb #006d0ac6
 def _listops_fields(vals:dict, overrides:dict)->dict:
     ("ListOps' settings `vals` as they apply: no `valid_pct`; read from `source`, none of the "
      "generator's fields.")
@@ -123,8 +124,6 @@ def _listops_fields(vals:dict, overrides:dict)->dict:
                          f"drop {', '.join(given)}, or source")
     # the preset's: they do not apply
     return {k: v for k, v in vals.items() if k not in _GENERATOR}
-
-
 
 # %% ../../nbs/12_config.ipynb #2ec462aa
 def check_listops_len(
@@ -147,6 +146,7 @@ def _preset_kind(preset:str)->str:
     check_choice(preset, PRESETS, 'preset')
     return ('paper' if torch.cuda.is_available() else 'cpu') if preset == 'auto' else preset
 
+# %% ../../nbs/12_config.ipynb #0c85ac8d
 def resolve_config(
     task:str,           # one of `TASKS`
     variant:str,        # one of `VARIANTS`

@@ -19,10 +19,10 @@ import torch
 from .utils import fastai_quietly
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     import fastai.callback.hook  # noqa: F401 -- adds `Learner.summary`, which `FixedLearner` wraps
-    import fastai.text.learner   # noqa: F401 -- fastai's `show_results` for `TensorText`, replaced below
+    import fastai.text.learner  # noqa: F401 -- its `show_results` for `TensorText`, replaced below
     from fastai.data.core import show_results
     from fastai.distributed import DistributedDL
-    from fastai.learner import Learner
+    from fastai.learner import Learner, Recorder
     from fastai.text.data import TensorText
     from fastai.torch_core import display_df, get_empty_df, rank_distrib
 from fastcore.basics import patch
@@ -31,46 +31,61 @@ from .utils import atomic_write
 
 # %% ../../nbs/12b_fastai_fixes.ipynb #c3e5a002
 def show_text_results(x:TensorText, y, samples, outs, ctxs=None, max_n=10, trunc_at=150, **kwargs):
-    "fastai's `show_results` for text inputs (a table of texts, targets and predictions), the generic one via plum."
+    ("fastai's `show_results` for text inputs (a table of texts, targets and predictions), "
+     "the generic one via plum.")
     if ctxs is None: ctxs = get_empty_df(min(len(samples), max_n))
     samples = L((s[0].truncate(trunc_at), *s[1:]) for s in samples)
-    ctxs = show_results.invoke(object, object, object, object)(x, y, samples, outs, ctxs=ctxs, max_n=max_n, **kwargs)
+    generic = show_results.invoke(object, object, object, object)
+    ctxs = generic(x, y, samples, outs, ctxs=ctxs, max_n=max_n, **kwargs)
     display_df(pd.DataFrame(ctxs))
     return ctxs
 
+# %% ../../nbs/12b_fastai_fixes.ipynb #a8a3914f
 show_results.register(show_text_results)   # fastai #4092: replaces fastai's method for `TensorText`
 
 # %% ../../nbs/12b_fastai_fixes.ipynb #d417d3f9
 @patch
 def _broadcast(self:DistributedDL, t, rank):
-    "Broadcast `t` from `rank` to all ranks: on CUDA for NCCL, on the CPU for gloo (fastai always used CUDA)."
+    ("Broadcast `t` from `rank` to all ranks: on CUDA for NCCL, on the CPU for gloo "
+     "(fastai always used CUDA).")
     t = torch.LongTensor(t)
     if torch.distributed.get_backend() == 'nccl': t = t.cuda()
     torch.distributed.broadcast(t, rank)
     return t.cpu().tolist()
 
+# %% ../../nbs/12b_fastai_fixes.ipynb #9661e7e6
+@contextmanager
+def _history_kept(
+    rec:Recorder,   # a learner's recorder
+):
+    "Inside the block `rec`'s history may change; afterwards it is back as it was."
+    keep = {k: getattr(rec, k, None) for k in ('lrs', 'iters', 'losses', 'values', 'metric_names')}
+    try: yield rec
+    finally:
+        for k, v in keep.items():
+            if v is not None: setattr(rec, k, v)
+
 # %% ../../nbs/12b_fastai_fixes.ipynb #c7c0f014
 class FixedLearner(Learner):
-    "fastai's `Learner` whose `validate`, `get_preds` and `summary` keep the training history, and `fit` the logger."
+    ("fastai's `Learner` whose `validate`, `get_preds` and `summary` keep the training history, "
+     "and `fit` the logger.")
     @contextmanager
     def evaluation_only(self):
-        "Run validation outside `fit` without the training-only callbacks and without touching the training history."
-        rec = self.recorder
-        keep = {k: getattr(rec, k, None) for k in ('lrs', 'iters', 'losses', 'values', 'metric_names')}
-        try:
-            with self.removed_cbs([c for c in self.cbs if getattr(c, '_only_train_loop', False)]): yield self
-        finally:
-            for k, v in keep.items():
-                if v is not None: setattr(rec, k, v)
+        ("Run validation outside `fit` without the training-only callbacks and without touching "
+         "the training history.")
+        train_only = [c for c in self.cbs if getattr(c, '_only_train_loop', False)]
+        with _history_kept(self.recorder), self.removed_cbs(train_only): yield self
 
     def fit(self, *args, **kwargs):
-        "fastai's `fit`; afterwards the logger is the one before (fastai's loggers put theirs back in the wrong order)."
+        ("fastai's `fit`; afterwards the logger is the one before (fastai's loggers put theirs "
+         "back in the wrong order).")
         logger = self.logger
         try: return super().fit(*args, **kwargs)
         finally: self.logger = logger
 
     def validate(self, ds_idx=1, dl=None, cbs=None):
-        "fastai's `validate` (returns `[loss, *metrics]`), leaving the training history and `history.csv` alone."
+        ("fastai's `validate` (returns `[loss, *metrics]`), leaving the training history and "
+         "`history.csv` alone.")
         with self.evaluation_only(): return super().validate(ds_idx=ds_idx, dl=dl, cbs=cbs)
 
     def get_preds(self, *args, **kwargs):
@@ -78,28 +93,49 @@ class FixedLearner(Learner):
         with self.evaluation_only(): return super().get_preds(*args, **kwargs)
 
     def summary(self):
-        "fastai's `summary` (layers, output shapes, parameters, callbacks), leaving the training history alone."
+        ("fastai's `summary` (layers, output shapes, parameters, callbacks), leaving the training "
+         "history alone.")
         with self.evaluation_only(): return super().summary()
 
-# %% ../../nbs/12b_fastai_fixes.ipynb #d1a54aa7
-@patch
-def export(self:FixedLearner,
-    fname='export.pkl',          # the file, in `self.path`
-    pickle_module=cloudpickle,   # fastai's default
-    pickle_protocol=2,           # fastai's default
-):
-    "fastai's `export`, written atomically: a failed export leaves the old file whole and the learner as it was."
-    if rank_distrib(): return                                # as fastai: only the first process writes
-    self._end_cleanup()
-    dls, state = self.dls, self.opt.state_dict() if self.opt is not None else None
-    self.dls, self.opt = self.dls.new_empty(), None
-    try:
-        with warnings.catch_warnings():                       # fastai's: torch warns about the model's source
-            warnings.simplefilter('ignore')
-            buf = io.BytesIO(); torch.save(self, buf, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-        atomic_write(self.path/fname, buf.getbuffer())
-    finally:
-        self.create_opt()
-        if state is not None: self.opt.load_state_dict(state)
-        self.dls = dls
+    def export(self,
+        fname='export.pkl',          # the file, in `self.path`
+        pickle_module=cloudpickle,   # fastai's default
+        pickle_protocol=2,           # fastai's default
+    ):
+        ("fastai's `export`, written atomically: a failed export leaves the old file whole and the "
+         "learner as it was.")
+        # as fastai: only the first process writes
+        if rank_distrib(): return
+        self._end_cleanup()
+        with _emptied(self):
+            buf = _pickled(self, pickle_module, pickle_protocol)
+            atomic_write(self.path/fname, buf.getbuffer())
 
+# %% ../../nbs/12b_fastai_fixes.ipynb #d1a54aa7
+@contextmanager
+def _emptied(
+    learn:Learner,   # the learner to export
+):
+    ("Inside the block `learn` holds empty data and no optimiser; afterwards both are back, "
+     "whatever happens.")
+    dls, state = learn.dls, learn.opt.state_dict() if learn.opt is not None else None
+    learn.dls, learn.opt = learn.dls.new_empty(), None
+    try: yield learn
+    finally:
+        learn.create_opt()
+        if state is not None: learn.opt.load_state_dict(state)
+        learn.dls = dls
+
+# %% ../../nbs/12b_fastai_fixes.ipynb #cb0d2fb3
+def _pickled(
+    learn:Learner,     # the learner, already emptied (`_emptied`)
+    pickle_module,     # as fastai's `export` takes it
+    pickle_protocol,   # as fastai's `export` takes it
+)->io.BytesIO:         # the bytes of the file `export` writes
+    "`learn` saved by `torch.save` into memory, as fastai's `export` saves it."
+    # fastai's: torch warns about the model's source
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        buf = io.BytesIO()
+        torch.save(learn, buf, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    return buf

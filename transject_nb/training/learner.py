@@ -36,19 +36,22 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.metrics import accuracy
     from fastai.optimizer import Adam
     from fastai.torch_core import default_device, num_distrib, rank_distrib, set_seed
-from fastcore.basics import patch
 from fastcore.foundation import L
 
 # %% ../../nbs/13_learner.ipynb #e6f76f9f
 from ..core import EncoderClassifier, unwrap, variant_spec
+from ..models import create_model, n_params
+
+# %% ../../nbs/13_learner.ipynb #470eda3b
 from .utils import interactive_output, remove_temporaries
 from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
-from ..models import create_model, n_params
 from .batches import BucketDL
 from .config import TrainConfig, check_listops_len, resolve_config
 from .config import DataConfig  # noqa: F401 -- older code imports it from here
-from .checkpoint import HistoryCSV, ModelRecipe, SaveBestCallback, TrainCheckpoint
-from .checkpoint import check_resumable, load_checkpoint, load_weights, restore_history
+from .checkpoint import (HistoryCSV, ModelRecipe, SaveBestCallback,
+                                              TrainCheckpoint)
+from .checkpoint import (check_resumable, load_checkpoint, load_weights,
+                                              restore_history)
 from .fastai_fixes import FixedLearner
 
 # %% ../../nbs/13_learner.ipynb #176dd2ad
@@ -130,31 +133,54 @@ class TaskLearner(FixedLearner):
         if isinstance(d.get('model'), ModelRecipe): d['model'] = d['model'].build()
         super().__setstate__(d)
 
-# %% ../../nbs/13_learner.ipynb #d7c0f010
-@patch
-def encode(self:TaskLearner,
-    texts,          # raw text (ListOps: an expression, compact or LRA form), a list, or token ids
-)->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
-    "Token ids of raw texts, with this learner's tokenizer."
-    one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
-    if isinstance(texts, (str, torch.Tensor)) or one_ids: texts = [texts]
-    if not len(texts): raise ValueError("predict needs at least one text")
-    seqs = []
-    for t in texts:
-        if isinstance(t, str): ids = encode_text(self.tokenizer, t, self.max_len)
-        else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:self.max_len]
-        if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
-        seqs.append(ids)
-    return pad_batch(seqs)
+    def encode(self,
+        # raw text (ListOps: an expression, compact or LRA form), a list, or token ids
+        texts,
+    )->torch.Tensor:    # `(B, n)` token ids, right-padded with 0, cut to `max_len`
+        "Token ids of raw texts, with this learner's tokenizer."
+        one_ids = isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], int)
+        if isinstance(texts, (str, torch.Tensor)) or one_ids: texts = [texts]
+        if not len(texts): raise ValueError("predict needs at least one text")
+        return pad_batch([_token_ids(t, self.tokenizer, self.max_len) for t in texts])
 
-@patch
-def predict_proba(self:TaskLearner,
-    texts,          # raw texts, or token ids (see `encode`)
-    bs:int=64,      # batch size
-)->torch.Tensor:    # `(B, n_classes)` class probabilities
-    "Class probabilities of raw texts, in evaluation mode."
-    model = unwrap(self.model)
-    x, dev, out = self.encode(texts), next(model.parameters()).device, []
+    def predict_proba(self,
+        texts,          # raw texts, or token ids (see `encode`)
+        bs:int=64,      # batch size
+    )->torch.Tensor:    # `(B, n_classes)` class probabilities
+        "Class probabilities of raw texts, in evaluation mode."
+        return _class_probs(unwrap(self.model), self.encode(texts), bs)
+
+    def predict(self,
+        item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
+        rm_type_tfms=None,   # unused; fastai's signature
+        with_input=False,    # also return the token ids
+    ):                       # as fastai's `predict`; the ids first if `with_input`
+        "The class of one raw text: `(class name, class id, probabilities)`."
+        p = self.predict_proba([item])[0]
+        i = int(p.argmax())
+        res = (self.classes[i], torch.tensor(i), p)
+        return (self.encode(item)[0],) + res if with_input else res
+
+# %% ../../nbs/13_learner.ipynb #d7c0f010
+def _token_ids(
+    t,               # one raw text, or its token ids
+    tokenizer,       # the learner's tokenizer
+    max_len:int,     # longest sequence kept
+)->list:             # token ids, at most `max_len`
+    "The token ids of one text, cut to `max_len`; an empty sequence is refused."
+    if isinstance(t, str): ids = encode_text(tokenizer, t, max_len)
+    else: ids = torch.as_tensor(t, dtype=torch.long).reshape(-1).tolist()[:max_len]
+    if not ids: raise ValueError(f"token ids {t!r}: an empty sequence has no class")
+    return ids
+
+# %% ../../nbs/13_learner.ipynb #1306c2b7
+def _class_probs(
+    model:nn.Module,   # a classifier of token ids
+    x:torch.Tensor,    # `(B, n)` token ids
+    bs:int,            # batch size
+)->torch.Tensor:       # `(B, n_classes)` class probabilities, on the CPU
+    "Class probabilities of token ids, `bs` sequences at a time, in evaluation mode."
+    dev, out = next(model.parameters()).device, []
     was = model.training; model.eval()
     try:
         with torch.inference_mode():
@@ -162,19 +188,6 @@ def predict_proba(self:TaskLearner,
                 out.append(model(x[i:i + bs].to(dev)).float().softmax(-1).cpu())
     finally: model.train(was)
     return torch.cat(out)
-
-# %% ../../nbs/13_learner.ipynb #d7c0f011
-@patch
-def predict(self:TaskLearner,
-    item,                # one raw text (a ListOps expression for ListOps) or 1-d token ids
-    rm_type_tfms=None,   # unused; fastai's signature
-    with_input=False,    # also return the token ids
-):                       # as fastai's `predict`; the ids first if `with_input`
-    "The class of one raw text: `(class name, class id, probabilities)`."
-    p = self.predict_proba([item])[0]
-    i = int(p.argmax())
-    res = (self.classes[i], torch.tensor(i), p)
-    return (self.encode(item)[0],) + res if with_input else res
 
 # %% ../../nbs/13_learner.ipynb #23d3c359
 def amp_mode(
@@ -195,10 +208,9 @@ def amp_mode(
                          "(or 'auto', which picks it)")
     return amp
 
+# %% ../../nbs/13_learner.ipynb #ffdcf1b0
 def _amp_cb(amp:str, device:torch.device):
     return None if (mode := amp_mode(amp, device)) == 'off' else MixedPrecision(amp_mode=mode)
-
-
 
 # %% ../../nbs/13_learner.ipynb #d7c0f014
 def train_callbacks(
@@ -235,6 +247,25 @@ def _run_data(task:str, data:TaskData|None, rc:dict, max_len:int, cache_dir)->Ta
                                    test=data.test.truncate(max_len), max_len=max_len)
     return data
 
+# %% ../../nbs/13_learner.ipynb #300ff746
+def _opt_func(
+    tcfg:TrainConfig,   # the run's training settings
+):                      # fastai's `opt_func`
+    "fastai's `Adam` with the run's $\\beta_1$, $\\beta_2$, $\\epsilon$ and weight decay."
+    return partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
+
+# %% ../../nbs/13_learner.ipynb #2d11a1a8
+def _run_config(
+    task:str, variant:str,   # what the run trains
+    rc:dict,                 # `resolve_config`'s settings, the model's `max_len` set
+    tcfg:TrainConfig, data:TaskData,   # the training settings as it trains, and its data
+)->dict:                     # the config a run's checkpoints and results carry
+    "The run's config: task, variant, preset, the model's, training and data fields, the data."
+    return dict(task=task, variant=variant, preset=rc['preset'], model=dict(rc['model']),
+                train=dataclasses.asdict(tcfg), data=dataclasses.asdict(rc['data']),
+                data_key=data.cache_key, data_source=data.source,
+                vocab_sz=data.vocab_sz, n_classes=data.n_classes)
+
 # %% ../../nbs/13_learner.ipynb #5882c96c
 def get_learner(
     task:str,                 # one of `TASKS`
@@ -249,7 +280,7 @@ def get_learner(
 )->TaskLearner:
     "A fastai Learner for `variant` on `task`: presets from `settings.ini`, any field overridden."
     rc = resolve_config(task, variant, preset, **overrides)
-    mcfg, tcfg, dcfg = rc['model'], rc['train'], rc['data']
+    mcfg, tcfg = rc['model'], rc['train']
     max_len = mcfg.setdefault('max_len', variant_spec(variant).config_cls.max_len)
     data = _run_data(task, data, rc, max_len, cache_dir)
     device = default_device() if device is None else torch.device(device)
@@ -258,15 +289,10 @@ def get_learner(
     model = create_model(variant, data.vocab_sz, data.n_classes, **mcfg).to(device)
     aux = has_aux_loss(model)
     dls = get_dls(data, tcfg.bs, tcfg.seed, max_len, tcfg.bucket, device)
-    opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps,
-                       wd=tcfg.weight_decay)
-    config = dict(task=task, variant=variant, preset=rc['preset'], model=dict(mcfg),
-                  train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg),
-                  data_key=data.cache_key, data_source=data.source,
-                  vocab_sz=data.vocab_sz, n_classes=data.n_classes)
+    config = _run_config(task, variant, rc, tcfg, data)
     cbs = train_callbacks(tcfg, config, aux, device) + list(L(cbs))
     path = Path(path) if path is not None else Path('runs')/task/variant
-    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=opt_func,
+    learn = TaskLearner(dls, model, loss_func=CrossEntropyLossFlat(), opt_func=_opt_func(tcfg),
                         lr=tcfg.lr, wd=tcfg.weight_decay,
                         metrics=[accuracy] + ([ReconLoss()] if aux else []), cbs=cbs, path=path)
     learn.tokenizer, learn.classes, learn.task, learn.variant = (
@@ -327,6 +353,36 @@ def _check_budget(st:dict, epochs:int, tcfg:TrainConfig, file):
 
 
 
+# %% ../../nbs/13_learner.ipynb #3b894e60
+def _progress_mode(
+    progress:bool|str,   # `train_learner`'s `progress`
+)->bool|str:             # 'bars', 'lines' or False
+    "What `progress` asks for, True resolved: bars where the output is interactive, else lines."
+    mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
+    if mode not in (False, 'bars', 'lines'):
+        raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
+    return mode
+
+# %% ../../nbs/13_learner.ipynb #92875f50
+def _progress_ctxs(
+    learn:TaskLearner,   # the learner about to train
+    mode:bool|str,       # 'bars', 'lines' or False (`_progress_mode`)
+)->tuple:                # `(bars, table, lines)` contexts to train in
+    "The contexts that show training as `mode` asks: fastprogress's bars, plain lines, or nothing."
+    bars = nullcontext() if mode == 'bars' else learn.no_bar()
+    table = nullcontext() if mode == 'bars' else learn.no_logging()
+    lines = (learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib()
+             else nullcontext())
+    return bars, table, lines
+
+# %% ../../nbs/13_learner.ipynb #563bff3d
+def _distrib_ctx(
+    learn:TaskLearner,   # the learner about to train
+):                       # a context manager
+    "fastai's `distrib_ctx` when the run was started as several processes, else nothing."
+    on_cpu = next(unwrap(learn.model).parameters()).device.type == 'cpu'
+    return learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # gloo: cpu=True
+
 # %% ../../nbs/13_learner.ipynb #7e363c72
 def train_learner(
     learn:TaskLearner,     # from `get_learner`
@@ -337,9 +393,7 @@ def train_learner(
 )->TaskLearner:            # the same learner, holding the best weights
     ("Train with the configured schedule, early stopping and checkpoints; "
      "resume or extend a run from its checkpoint.")
-    mode = ('bars' if interactive_output() else 'lines') if progress is True else progress
-    if mode not in (False, 'bars', 'lines'):
-        raise ValueError(f"progress must be True, False, 'bars' or 'lines', got {progress!r}")
+    mode = _progress_mode(progress)
     tcfg, tcb = learn.train_cfg, learn.train_checkpoint
     if not rank_distrib():                                    # what a killed save left behind
         for d in (learn.path, learn.path/learn.model_dir): remove_temporaries(d)
@@ -356,12 +410,8 @@ def train_learner(
             return learn
     tcb.state = st
     start = st['epoch'] + 1 if st else 0
-    on_cpu = next(unwrap(learn.model).parameters()).device.type == 'cpu'
-    ctx = learn.distrib_ctx(cpu=on_cpu) if num_distrib() > 1 else nullcontext()   # gloo: cpu=True
-    bars = nullcontext() if mode == 'bars' else learn.no_bar()
-    table = nullcontext() if mode == 'bars' else learn.no_logging()
-    lines = (learn.added_cbs(EpochLines()) if mode == 'lines' and not rank_distrib()
-             else nullcontext())
+    ctx = _distrib_ctx(learn)
+    bars, table, lines = _progress_ctxs(learn, mode)
     with ctx, bars, table, lines:
         if tcfg.sched == '1cycle':
             learn.fit_one_cycle(epochs, tcfg.lr, moms=(tcfg.beta1,) * 3, wd=tcfg.weight_decay,
@@ -383,6 +433,17 @@ def history(
         df['seconds'] = np.round(t, 2)
     return df
 
+# %% ../../nbs/13_learner.ipynb #e585dfbe
+def _fit_summary(
+    learn:TaskLearner,   # a trained learner
+)->dict:                 # epochs, best_epoch (least valid_loss), train_secs (None if none)
+    "How the learner's training went, from its `history`."
+    h = history(learn) if learn.recorder.values else None
+    return dict(epochs=0 if h is None else len(h),
+                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
+                train_secs=(None if h is None or 'seconds' not in h
+                            else round(float(h['seconds'].sum()), 1)))
+
 # %% ../../nbs/13_learner.ipynb #d7c0f016
 def evaluate(
     learn:TaskLearner,   # a trained learner
@@ -390,15 +451,22 @@ def evaluate(
     ("Validation and test loss and accuracy of the learner's current (best) weights; "
      "the only use of the test set.")
     with learn.no_bar(): va, te = learn.validate(ds_idx=1), learn.validate(ds_idx=2)
-    h = history(learn) if learn.recorder.values else None
     test_counts = learn.dls.test.targets.bincount()
     return dict(task=learn.task, variant=learn.variant, seed=learn.train_cfg.seed,
                 test_acc=float(te[1]), test_loss=float(te[0]), valid_acc=float(va[1]),
                 valid_loss=float(va[0]), majority=float(test_counts.max() / test_counts.sum()),
-                params=n_params(unwrap(learn.model)), epochs=0 if h is None else len(h),
-                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
-                train_secs=(None if h is None or 'seconds' not in h
-                            else round(float(h['seconds'].sum()), 1)))
+                params=n_params(unwrap(learn.model))) | _fit_summary(learn)
+
+# %% ../../nbs/13_learner.ipynb #2539279d
+def _mean_curve(
+    hs:list,       # one run's histories, one per seed
+    metric:str,    # the column
+)->tuple:          # `(mean, std)` per epoch, `(n,)` each, over the seeds that reached the epoch
+    "Mean and standard deviation over seeds of a history column, epoch by epoch."
+    n = max(len(h) for h in hs)
+    m = np.full((len(hs), n), np.nan)
+    for j, h in enumerate(hs): m[j, :len(h)] = h[metric].to_numpy()
+    return np.nanmean(m, 0), np.nan_to_num(np.nanstd(m, 0))
 
 # %% ../../nbs/13_learner.ipynb #d43e9465
 def plot_curves(
@@ -420,11 +488,8 @@ def plot_curves(
         metric = metric or 'accuracy'
         for i, (name, hs) in enumerate(hist.items()):
             hs = [hs] if isinstance(hs, pd.DataFrame) else list(hs)
-            n = max(len(h) for h in hs)
-            m = np.full((len(hs), n), np.nan)
-            for j, h in enumerate(hs): m[j, :len(h)] = h[metric].to_numpy()
-            mu, sd = np.nanmean(m, 0), np.nan_to_num(np.nanstd(m, 0))
-            ep = np.arange(1, n + 1)
+            mu, sd = _mean_curve(hs, metric)
+            ep = np.arange(1, len(mu) + 1)
             ax.plot(ep, mu, marker='o', ms=3, color=f'C{i}', ls='-' if i < 10 else '--',
                     label=name)
             if len(hs) > 1: ax.fill_between(ep, mu - sd, mu + sd, color=f'C{i}', alpha=.15)
@@ -437,6 +502,18 @@ def plot_curves(
 # %% ../../nbs/13_learner.ipynb #9c47aed4
 LR_FIND = 'find'   # the value of `lr` that asks `find_lr` for the rate
 
+# %% ../../nbs/13_learner.ipynb #84adc036
+def _range_test(
+    learn:TaskLearner,   # from `get_learner`, not trained yet
+    num_it:int,          # mini-batches of the range test
+)->float:                # fastai's valley
+    "fastai's `lr_find`, quietly: without the run's files and trackers, bars or table."
+    from fastai.callback.schedule import valley
+    kinds = (TrainCheckpoint, HistoryCSV, SaveBestCallback, EarlyStoppingCallback)
+    quiet = [cb for cb in learn.cbs if isinstance(cb, kinds)]
+    with learn.removed_cbs(quiet), learn.no_bar(), learn.no_logging():
+        return float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,), show_plot=False).valley)
+
 # %% ../../nbs/13_learner.ipynb #d7c0f018
 def find_lr(
     learn:TaskLearner,   # from `get_learner`, not trained yet
@@ -444,16 +521,10 @@ def find_lr(
 )->float:                # the rate chosen, now `learn.train_cfg.lr` and in the run's config
     ("fastai's `lr_find` (its valley) as the run's learning rate; "
      "the model, run folder and callbacks stay as they were.")
-    from fastai.callback.schedule import valley
     if learn.train_checkpoint.file.exists():   # a started run keeps its rate
         lr = float(load_checkpoint(learn.train_checkpoint.file)['config']['train']['lr'])
     else:
-        quiet = [cb for cb in learn.cbs
-                 if isinstance(cb, (TrainCheckpoint, HistoryCSV, SaveBestCallback,
-                                    EarlyStoppingCallback))]
-        with learn.removed_cbs(quiet), learn.no_bar(), learn.no_logging():
-            lr = float(learn.lr_find(num_it=num_it, suggest_funcs=(valley,),
-                                     show_plot=False).valley)
+        lr = _range_test(learn, num_it)
         learn.opt = None   # training starts with a fresh optimizer
     learn.train_cfg = dataclasses.replace(learn.train_cfg, lr=lr)
     learn.config['train']['lr'] = learn.lr = lr   # the checkpoint and results.json record it

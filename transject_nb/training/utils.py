@@ -43,6 +43,7 @@ def _temporaries(paths:list):
         for t in tmps: Path(t).unlink(missing_ok=True)
         raise
 
+# %% ../../nbs/10_utils.ipynb #37830d5e
 def _write_to(tmp:str, content, dest:Path):
     "Write `content` (text, bytes or a function `write(f)`) to the file `tmp`; flush it to disk."
     data = content.encode() if isinstance(content, str) else content
@@ -54,7 +55,6 @@ def _write_to(tmp:str, content, dest:Path):
         if e.filename is None and e.strerror:
             raise OSError(e.errno, e.strerror, str(dest)) from None
         raise
-
 
 # %% ../../nbs/10_utils.ipynb #16f789d0
 def atomic_write(
@@ -125,6 +125,7 @@ def atomic_write_all(
 # `mkstemp`'s and `mkdtemp`'s names: `<name>.<random>.tmp`
 _TEMPORARY = re.compile(r'.+\.[a-z0-9_]{8}\.tmp')
 
+# %% ../../nbs/10_utils.ipynb #cc4bee9a
 def remove_temporaries(
     folder,   # a folder that `atomic_write` or `copy_new` writes into
 )->list:      # the names removed
@@ -136,7 +137,6 @@ def remove_temporaries(
         else: p.unlink(missing_ok=True)
         gone.append(p.name)
     return gone
-
 
 # %% ../../nbs/10_utils.ipynb #30b41cfa
 def check_writable(
@@ -194,6 +194,7 @@ def in_notebook()->bool:
     if 'google.colab' in sys.modules: return True
     return ip is not None and type(ip.get_ipython()).__name__ == 'ZMQInteractiveShell'
 
+# %% ../../nbs/10_utils.ipynb #89e8cce8
 def interactive_output()->bool:
     ("Whether progress bars can be redrawn in place: in a notebook, or when stdout is a terminal "
      "(not a file, a pipe or a CI log).")
@@ -227,11 +228,13 @@ def progress_iter(
 # %% ../../nbs/10_utils.ipynb #c9220334
 DEBUG_ENV = 'TRANSJECT_DEBUG'   # set (not to '' or '0'): failures show a traceback, not one line
 
+# %% ../../nbs/10_utils.ipynb #34fa780a
 def debug_mode()->bool:
     ("Whether a failure should show its traceback: `$TRANSJECT_DEBUG` set, "
      "as `transject-nb --debug` sets it.")
     return os.environ.get(DEBUG_ENV, '') not in ('', '0')
 
+# %% ../../nbs/10_utils.ipynb #3df86a8e
 _OS_ADVICE = {
     errno.EACCES: 'choose a folder you can write to, or make it writable',
     errno.EROFS: 'the file system is read-only: choose a folder on another one',
@@ -269,6 +272,7 @@ class Stopped(BaseException):
 # %% ../../nbs/10_utils.ipynb #e1a0c302
 _JIT_SCRIPT = r'`torch\.jit\.script` is deprecated'   # torch's message, from torch.jit._script
 
+# %% ../../nbs/10_utils.ipynb #c26d0ab7
 @contextmanager
 def fastai_quietly():
     "A block whose fastai imports hide the FutureWarning of fastai's `torch.jit.script` calls."
