@@ -1,4 +1,4 @@
-"""The tools of the experiments notebooks: linear baselines on the same splits as the neural runs, the runs of a sweep collected into one table with mean ± std over seeds, a saved run loaded back as a Learner, and the papers' figure data computed from trained models with the analysis functions.
+"""The tools of the experiments notebooks: linear baselines on the same splits as the neural runs, the runs of a sweep collected into one table with mean ± std over seeds, and a saved run loaded back as a Learner.
 
 Docs: https://transject-nb.github.io/transject_nb/experiments.html.md"""
 
@@ -13,31 +13,23 @@ from pathlib import Path
 __all__ = ['BASELINE_COLUMNS', 'C_GRID', 'FEATURES', 'RESULT_COLUMNS', 'PAPER_RESULTS', 'PAPER_SETUP', 'PAPER_CLAIMS',
            'TRANSJECT_CLAIMS', 'token_docs', 'majority_class', 'tfidf_logreg', 'linear_baselines', 'read_run',
            'collect_runs', 'paper_table', 'results_table', 'format_table', 'beside_paper', 'missing_runs',
-           'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run', 'figure_sample',
-           'pair_distance_data', 'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data',
-           'plot_expert_data', 'bound_data', 'plot_bound_data', 'certified_ratios', 'similarity_data',
-           'plot_similarity_data', 'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data',
-           'save_figure_data', 'load_figure_data']
+           'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run']
 
 # %% ../../nbs/22_experiments.ipynb #e5e18180
 import numpy as np
 import pandas as pd
-import torch
-import matplotlib.pyplot as plt
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
+
+# %% ../../nbs/22_experiments.ipynb #b0f9eb71
 from ..presets import PRESET_KINDS, TASKS, preset_section
-from ..training.data import TaskData, TokenSplit, load_task, stratified_take
 from ..models import VARIANTS
+from ..training.data import TaskData, TokenSplit, load_task
+
+# %% ../../nbs/22_experiments.ipynb #8a8c0107
 from ..training.config import DataConfig
 from ..training.checkpoint import load_checkpoint
 from ..training.learner import TaskLearner, get_learner, train_learner
-from ..bounds import layer_bounds, transject_bounds, worst_ratio
-from ..transject import token_map
-from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, activation_bounds, expert_weights, isomap_layers,
-                                   layer_entropy, layer_measures, plot_activation_bounds, plot_expert_weights,
-                                   plot_isomap, plot_layer_curves, plot_token_pairs, residual_weights, token_pair_stats)
-from ..core import unwrap
 from .stats import ALPHA, spread_test, welch_from_stats
 
 # %% ../../nbs/22_experiments.ipynb #32831896
@@ -471,254 +463,3 @@ def load_run(
     train_learner(learn, resume=True, progress=False)             # finished: best weights and history, no training
     learn.results = js['results']
     return learn
-
-# %% ../../nbs/22_experiments.ipynb #ab8c451c
-def figure_sample(
-    data:TaskData,     # a task from `load_task`
-    n:int=256,         # examples to take
-    split:str='test',  # 'train', 'valid' or 'test'
-    seed:int=0,        # seed of the sample
-)->TokenSplit:         # `n` examples, stratified by class
-    "A stratified, seeded sample of one split, for the figures."
-    if split not in data.splits: raise ValueError(f"split must be one of {list(data.splits)}, got {split!r}")
-    s = data.splits[split]
-    return s.subset(stratified_take(s.labels.numpy(), n, seed))
-
-def _per_model(learners:dict, fn, only=None)->pd.DataFrame:
-    if not isinstance(learners, dict) or not learners:
-        raise TypeError("learners must be a non-empty dict {name: learner or model}")
-    frames = [fn(m).reset_index().assign(variant=v) for v, m in learners.items() if only is None or only(m)]
-    if not frames: raise ValueError(f"none of {list(learners)} has what this figure needs")
-    df = pd.concat(frames, ignore_index=True)
-    return df[['variant'] + [c for c in df.columns if c not in ('variant', 'index')]]
-
-# %% ../../nbs/22_experiments.ipynb #143f723c
-def pair_distance_data(
-    learners:dict,         # name -> trained learner (or model)
-    text=PAPER_SENTENCE,   # a text, or token ids `(n,)`
-    pairs=PAPER_PAIRS,     # pairs of words of `text`, or of token positions
-    tokenizer=None,        # default: each learner's
-)->pd.DataFrame:           # variant, layer, pair, i, j, distance, cosine, ratio (distance over layer 0's)
-    "TransJect Fig. 1: distance and cosine of token pairs of one text at every layer, for each model."
-    return _per_model(learners, lambda m: token_pair_stats(m, text, pairs, tokenizer))
-
-def plot_pair_data(
-    df:pd.DataFrame,   # from `pair_distance_data`
-    title:str='',      # figure title
-):                     # the Figure
-    "Distance ratio and cosine of the token pairs against depth, one line style per model."
-    return plot_token_pairs({v: g for v, g in df.groupby('variant', sort=False)}, title=title)
-
-# %% ../../nbs/22_experiments.ipynb #d9f872a5
-def entropy_data(
-    learners:dict,          # name -> trained learner (or model)
-    data,                   # examples: a `TokenSplit` (e.g. from `figure_sample`) or anything `analysis.batches` takes
-    max_tokens:int=4096,    # real tokens sampled per layer
-)->pd.DataFrame:            # variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
-    "TransJect Fig. 5a: differential entropy per layer (mean over neurons), by `analysis.layer_entropy`."
-    return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens, progress=False))
-
-def plot_entropy_data(
-    df:pd.DataFrame,          # from `entropy_data`
-    estimator:str='spacing',  # the column: 'spacing' (sound), 'gaussian' (upper bound), 'paper_eq8'
-    ax=None,                  # matplotlib Axes
-):                            # the Axes
-    "Layer-wise entropy of each model."
-    return plot_layer_curves({v: g.set_index('layer')[estimator] for v, g in df.groupby('variant', sort=False)},
-                             ylabel=f'entropy (nats, {estimator})', ax=ax)
-
-# %% ../../nbs/22_experiments.ipynb #c2fa297c
-def _has_experts(m)->bool: return hasattr(unwrap(m), 'alphas')
-
-def expert_weight_data(
-    learners:dict,   # name -> trained learner (or model); only the TransJect variants are used
-    data,            # examples (see `entropy_data`)
-)->pd.DataFrame:     # variant, block, expert 1..E, spread, balance
-    "TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by `analysis.expert_weights`."
-    return _per_model(learners, lambda m: expert_weights(m, data, progress=False), only=_has_experts)
-
-def plot_expert_data(
-    df:pd.DataFrame,   # from `expert_weight_data`
-):                     # the Figure
-    "Stacked expert weights of every block, one panel per model."
-    groups = list(df.groupby('variant', sort=False))
-    fig, axs = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for ax, (v, g) in zip(axs[0], groups):
-        plot_expert_weights(g.set_index('block').drop(columns='variant').dropna(axis=1, how='all'), ax=ax, title=v)
-    return fig
-
-# %% ../../nbs/22_experiments.ipynb #0f6bb0be
-def bound_data(
-    learners:dict,   # name -> trained learner (or model)
-    data,            # examples (see `entropy_data`)
-# variant, layer, lo, hi (measured), bound_lo, bound_hi (Theorem 2 with the model's α; NaN without α), alpha,
-# worst_lo, worst_hi
-)->pd.DataFrame:
-    "TransJect Fig. 5c: measured min/max token distance ratio per layer beside the bounds from each model's own α."
-    def one(m):
-        df = activation_bounds(m, data, progress=False)
-        a, L = residual_weights(m), unwrap(m).cfg.n_layers
-        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m), 'alphas') else [np.nan] * L)
-        df['worst_lo'], df['worst_hi'] = transject_bounds(L) if _has_experts(m) else (np.nan, np.nan)
-        return df
-    return _per_model(learners, one)
-
-def plot_bound_data(
-    df:pd.DataFrame,   # from `bound_data`
-    ax=None,           # matplotlib Axes
-    title:str='',      # axes title
-):                     # the Axes
-    "Measured distance-ratio bands per layer, each model's bounds dashed."
-    return plot_activation_bounds({v: g.set_index('layer') for v, g in df.groupby('variant', sort=False)}, ax=ax,
-                                  title=title)
-
-# %% ../../nbs/22_experiments.ipynb #e8200f9d
-def certified_ratios(
-    learners:dict,      # name -> trained learner (or model); only the TransJect variants are used
-    data,               # examples: a `TokenSplit`
-    n_seqs:int=4,       # sequences whose tokens start the search
-    steps:int=100,      # Adam steps of each search
-# per model: measured (sample), searched (worst_ratio), Theorem 2 with the model's α, and the α-free worst case,
-# after all layers
-)->pd.DataFrame:
-    "Each TransJect model's distance ratio after the last layer: measured, searched for, and bounded."
-    if not isinstance(data, TokenSplit):
-        raise TypeError(f"certified_ratios needs a TokenSplit of examples, got {type(data).__name__}")
-    rows = []
-    for v, lm in learners.items():
-        if not _has_experts(lm): continue
-        m = unwrap(lm)
-        was = m.training; m.eval()
-        try:
-            x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)   # (b, n)
-            with torch.no_grad():
-                mask = x != 0
-                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma                              # (b, n, d), (b, d)
-            lo = hi = None
-            for b in range(x.shape[0]):
-                f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()                # (m, d) the real tokens
-                if len(pts) < 2: continue
-                l, h = worst_ratio(f, pts, minimize=True, steps=steps)[0], worst_ratio(f, pts, steps=steps)[0]
-                lo, hi = (l, h) if lo is None else (min(lo, l), max(hi, h))
-        finally: m.train(was)
-        L = m.cfg.n_layers
-        blo, bhi = layer_bounds(m.alphas().detach().cpu(), L)
-        meas = activation_bounds(m, data, progress=False).iloc[-1]
-        rows.append(dict(variant=v, L=L, alphas=[round(float(a), 4) for a in m.alphas().detach()],
-                         measured_lo=meas.lo, measured_hi=meas.hi,
-                         searched_lo=lo, searched_hi=hi, bound_lo=float(blo[-1]), bound_hi=float(bhi[-1]),
-                         worst_lo=transject_bounds(L)[0], worst_hi=transject_bounds(L)[1]))
-    if not rows: raise ValueError(f"none of {list(learners)} is a TransJect model")
-    df = pd.DataFrame(rows)
-    df['within_bound'] = (df.searched_lo >= df.bound_lo - 1e-5) & (df.searched_hi <= df.bound_hi + 1e-5)
-    return df
-
-# %% ../../nbs/22_experiments.ipynb #5e4671ec
-def similarity_data(
-    learners:dict,   # name -> trained learner (or model)
-    data,            # examples (see `entropy_data`)
-)->pd.DataFrame:     # variant, layer, cosine, similarity, diversity
-    ("NeuTRENO Fig. 1 and the similarity-escalation measure: mean pairwise cosine and similarity share per layer, "
-     "for each model.")
-    return _per_model(learners, lambda m: layer_measures(m, data, progress=False))
-
-def plot_similarity_data(
-    df:pd.DataFrame,         # from `similarity_data`
-    measure:str='cosine',    # 'cosine', 'similarity' or 'diversity'
-    ax=None,                 # matplotlib Axes
-):                           # the Axes
-    "One measure per layer, one line per model."
-    return plot_layer_curves({v: g.set_index('layer')[measure] for v, g in df.groupby('variant', sort=False)},
-                             ylabel=measure, ax=ax)
-
-# %% ../../nbs/22_experiments.ipynb #c3242041
-def isomap_data(
-    learners:dict,          # name -> trained learner (or model)
-    text=PAPER_SENTENCE,    # a text, or token ids `(n,)`
-    n_neighbors:int=5,      # Isomap's neighbourhood size
-    tokenizer=None,         # default: each learner's
-)->pd.DataFrame:            # variant, layer, position, token, x, y
-    "TransJect Fig. 6: 2-D Isomap coordinates of the tokens of one text at every layer, for each model."
-    def one(m):
-        r = isomap_layers(m, text, tokenizer, n_neighbors=n_neighbors)
-        return pd.DataFrame([dict(layer=l, position=i, token=t, x=float(c[i, 0]), y=float(c[i, 1]))
-                             for l, c in zip(r['layers'], r['coords']) for i, t in enumerate(r['tokens'])])
-    return _per_model(learners, one)
-
-def plot_isomap_data(
-    df:pd.DataFrame,   # from `isomap_data`
-    variant:str,       # the model to draw
-    title:str='',      # figure title (default: the variant)
-):                     # the Figure
-    "One panel per layer with the Isomap projection of the text's tokens, for one model."
-    g = df[df.variant == variant]
-    if g.empty:
-        raise ValueError(f"no Isomap data for {variant!r}; the frame has {list(df.variant.unique())}")
-    layers = sorted(g.layer.unique())
-    coords = [g[g.layer == l].sort_values('position')[['x', 'y']].to_numpy() for l in layers]
-    tokens = g[g.layer == layers[0]].sort_values('position').token.tolist()
-    return plot_isomap(dict(tokens=tokens, layers=layers, coords=coords), title=title or variant)
-
-# %% ../../nbs/22_experiments.ipynb #12ed6257
-def loss_curves(
-    run_dirs:dict,   # name -> finished run folder
-    every:int=10,    # average the training loss over bins of this many steps
-# variant, step, loss, kind ('train': fastai's smoothed training loss, binned; 'valid': at the end of each epoch)
-)->pd.DataFrame:
-    "TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's checkpoint."
-    if not isinstance(every, int) or every < 1: raise ValueError(f"every must be a positive int, got {every!r}")
-    frames = []
-    for v, d in run_dirs.items():
-        st = load_checkpoint(Path(d)/'models'/'checkpoint.pth')
-        losses, iters = np.asarray(st['losses'], dtype=float), st['iters']
-        k = len(losses) // every * every
-        steps = np.arange(k).reshape(-1, every).mean(1) + 1 if k else np.zeros(0)
-        frames.append(pd.DataFrame(dict(variant=v, step=steps, loss=losses[:k].reshape(-1, every).mean(1) if k else [],
-                                        kind='train')))
-        vi = st['metric_names'].index('valid_loss') - 1                    # values hold the metrics after 'epoch'
-        frames.append(pd.DataFrame(dict(variant=v, step=np.asarray(iters, dtype=float),
-                                        loss=[r[vi] for r in st['values']], kind='valid')))
-    return pd.concat(frames, ignore_index=True)
-
-def plot_loss_data(
-    df:pd.DataFrame,   # from `loss_curves`
-    ax=None,           # matplotlib Axes
-    title:str='',      # axes title
-):                     # the Axes
-    "Training loss per step (lines) and validation loss per epoch (markers), one colour per model."
-    if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
-    for k, (v, g) in enumerate(df.groupby('variant', sort=False)):
-        tr, va = g[g.kind == 'train'], g[g.kind == 'valid']
-        ax.plot(tr.step, tr.loss, color=f'C{k}', lw=1, label=f'{v} train')
-        ax.plot(va.step, va.loss, 'o--', color=f'C{k}', ms=4, lw=1, label=f'{v} valid')
-    ax.set(xlabel='training step', ylabel='cross-entropy', title=title); ax.legend(fontsize=7)
-    return ax
-
-# %% ../../nbs/22_experiments.ipynb #dbafd9a5
-def _round(x, sig=6):
-    if isinstance(x, float): return float(f'{x:.{sig}g}') if math.isfinite(x) else x   # NaN, ±inf: as json writes them
-    if isinstance(x, list): return [_round(i, sig) for i in x]
-    if isinstance(x, (np.floating, np.integer)): return _round(x.item(), sig)
-    return x
-
-def save_figure_data(
-    frames:dict,     # name -> DataFrame
-    path,            # the JSON file to write
-    meta:dict|None=None, # what the data are: models, sample, dates (JSON-able)
-)->Path:             # the path written
-    "Store figure data frames (and a description) as one small JSON file."
-    out = dict(meta=meta or {}, frames={k: dict(columns=list(map(str, df.columns)),
-                                                data=[[_round(v) for v in r] for r in df.itertuples(index=False)])
-                                        for k, df in frames.items()})
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, separators=(',', ':')) + '\n')
-    return path
-
-def load_figure_data(
-    path,   # a file written by `save_figure_data`
-)->tuple:   # `(frames, meta)`: name -> DataFrame, and the description
-    "Read figure data stored by `save_figure_data`."
-    js = json.loads(Path(path).read_text())
-    if set(js) != {'meta', 'frames'}:
-        raise ValueError(f"{path} was not written by save_figure_data (keys {sorted(js)})")
-    return {k: pd.DataFrame(f['data'], columns=f['columns']) for k, f in js['frames'].items()}, js['meta']

@@ -9,23 +9,27 @@ from __future__ import annotations
 import itertools, json, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
-import numpy as np
-import pandas as pd
-import torch
-import torch.nn.functional as F
-from ..core import PAD_ID, check_choice
-from ..training.utils import atomic_write
-from ..models import VARIANTS
-from ..gradflow import mean_pairwise_cosine
-from ..similarity import token_similarity
-from ..training.learner import get_learner, train_learner, evaluate, history
-from .stats import ALPHA, welch, welch_from_var
 
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus',
-           'depth_answer', 'plot_grid', 'plot_layers', 'fix_tables', 'plot_depth_panels', 'init_sweep']
+           'load_grid', 'init_sweep']
+
+# %% ../../nbs/23_sweeps.ipynb #f80dffc8
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+# %% ../../nbs/23_sweeps.ipynb #51b0670b
+from ..core import PAD_ID, check_choice
+from ..models import VARIANTS
+from ..gradflow import mean_pairwise_cosine
+from ..similarity import token_similarity
+
+# %% ../../nbs/23_sweeps.ipynb #0efab7d4
+from ..training.utils import atomic_write
+from ..training.learner import get_learner, train_learner, evaluate, history
 
 # %% ../../nbs/23_sweeps.ipynb #12ea8529
 def grid_cells(
@@ -379,267 +383,6 @@ def load_grid(
     if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:
         raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
     return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
-
-# %% ../../nbs/23_sweeps.ipynb #e7676824
-def grid_summary(
-    df:pd.DataFrame,        # `run_grid`'s table
-    by=None,                # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
-    value:str='test_acc',   # the column summarised
-)->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
-    "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
-    if 'chosen' in df: df = df[df['chosen'].astype(bool)]                # a tuned grid: only the runs kept
-    cols = list(df.columns)
-    by = list(by) if by is not None else cols[cols.index('cell') + 1:cols.index('test_acc')]
-    if miss := [c for c in [value, *by] if c not in df]:
-        raise KeyError(f"columns {miss} not in the grid table; it has {cols}")
-    g = df.groupby(['variant', *by], sort=False)
-    return pd.DataFrame({'mean': g[value].mean(), 'std': g[value].std(ddof=1), 'seeds': g.size(),
-                         'diverged': g['diverged'].sum()})
-
-# %% ../../nbs/23_sweeps.ipynb #69aef495
-def best_cells(
-    df:pd.DataFrame,        # `run_grid`'s table
-    field:str,              # the grid field to choose, e.g. 'n_layers'
-    value:str='test_acc',   # maximised, averaged over seeds
-)->pd.DataFrame:            # per variant: the best value of `field`, its mean and std
-    "The best setting of one grid field per variant, by the seed-mean of `value`."
-    s = grid_summary(df, [field], value).reset_index()
-    return s.loc[s.groupby('variant', sort=False)['mean'].idxmax()].set_index('variant')
-
-# %% ../../nbs/23_sweeps.ipynb #d4e44ac4
-def best_valid(
-    df:pd.DataFrame,        # `run_grid`'s table (any runs, e.g. one seed at several learning rates)
-    by=('variant',),        # columns whose groups each get their best run
-)->pd.DataFrame:            # the best run's row per group, indexed by `by`
-    ("Per group, the run with the best validation accuracy among those that did not diverge "
-     "(among all of them if every one diverged).")
-    best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]   # `run_grid`'s own rule
-    return pd.DataFrame(best).set_index(list(by))
-
-# %% ../../nbs/23_sweeps.ipynb #f2a77516
-def at_best_rate(
-    df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
-    fixed:float,            # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
-)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
-    ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives "
-     "(`best_valid`).")
-    if df.groupby(['variant', 'lr']).size().max() > 1:
-        raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
-    at = df[np.isclose(df.lr, fixed)].set_index('variant').test_acc
-    if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]:
-        raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
-    b = best_valid(df)
-    t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc})
-    return t.loc[list(dict.fromkeys(df.variant))]
-
-# %% ../../nbs/23_sweeps.ipynb #b0b77bdd
-def versus_table(
-    df:pd.DataFrame,        # `run_grid`'s table
-    ref:str,                # the variant the others are measured against, e.g. 'transformer'
-    field:str,              # the grid field of the columns, e.g. 'n_layers'
-    value:str='test_acc',   # the column compared
-    alpha:float=ALPHA,      # the test's level
-# one row per (variant in `VARIANTS` order, value of `field`) where both ran:
-# gain, its 1-alpha interval (lo, hi) and se in points, df, p, verdict, sure, seeds of each side
-)->pd.DataFrame:
-    ("Every variant against `ref`, cell by cell, by Welch's t-test "
-     "with each variant's seed variance pooled over its cells.")
-    s = grid_summary(df, [field], value).reset_index()
-    if ref not in set(s.variant):
-        raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
-    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2        # squares about each cell's mean (none from one seed)
-    g = s.groupby('variant')
-    nu = g['seeds'].sum() - g.size()                            # pooled df: the sum of n - 1 over the variant's cells
-    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)          # pooled variance (unused where nu is 0)
-    m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
-    cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
-             if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
-    cols = ['variant', field, 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
-    if not cells: return pd.DataFrame(columns=cols)
-    vs, xs = [v for v, _ in cells], [x for _, x in cells]
-    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells],
-                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
-    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'], 'hi': 100 * r['hi'],
-                         'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
-                         'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')), 'seeds': r['n_a'],
-                         'seeds_ref': r['n_b']}, columns=cols)
-
-# %% ../../nbs/23_sweeps.ipynb #24ddbe9f
-def versus(
-    df:pd.DataFrame,        # `run_grid`'s table
-    ref:str,                # the variant the others are measured against, e.g. 'transformer'
-    field:str,              # the grid field of the columns, e.g. 'n_layers'
-    value:str='test_acc',   # the column compared
-    alpha:float=ALPHA,      # the test's level
-# `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref`
-# in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
-)->tuple:
-    ("Every variant against `ref`, cell by cell, as two frames: the gain in points "
-     "and whether the test (`versus_table`) finds it real.")
-    t = versus_table(df, ref, field, value, alpha)
-    s = grid_summary(df, [field], value).reset_index()
-    m = s.pivot(index='variant', columns=field, values='mean')
-    others = [v for v in VARIANTS if v != ref and v in m.index]
-    gain = 100 * (m.loc[others] - m.loc[ref])
-    sure = (t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns)
-            if len(t) else gain * np.nan)
-    return gain, sure.fillna(False).astype(bool)
-
-# %% ../../nbs/23_sweeps.ipynb #52310c50
-def depth_answer(
-    df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
-    depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
-    field:str='n_layers',   # the depth field
-    collapse_at:float=0.55, # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
-    keep_within:float=0.03, # a deepest cell within this of the best is 'within 3 points of its best'
-    alpha:float=ALPHA,      # the level of the test of best depth against deepest
-# per variant: best depth (on validation) and deepest, their test accuracies, diverged runs, similarity shares,
-# outcome, drop, its interval (lo, hi), p, verdict
-)->pd.DataFrame:
-    ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, and the test of "
-     "'the best depth beats the deepest'.")
-    s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
-    val = grid_summary(df, [field], 'valid_acc')['mean']
-    rows = {}
-    for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
-        g, k = s[s.variant == v].set_index(field), kept[kept.variant == v]
-        best, deep = val.loc[v].idxmax(), g.index.max()
-        sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
-        r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep,
-                 acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
-                 **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['outcome'] = ('incomplete' if set(g.index) != set(depths)
-                        else 'at chance' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'within 3 points of its best' if r['best_acc'] - r['acc_deepest'] <= keep_within
-                        and not r['diverged'] else 'more than 3 points below its best')
-        t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
-        r |= dict(drop=t['diff'], lo=t['lo'], hi=t['hi'], p=t['p'],
-                  verdict=t['verdict'] if best != deep else 'not tested')
-        rows[v] = r
-    return pd.DataFrame(rows).T.infer_objects()
-
-# %% ../../nbs/23_sweeps.ipynb #9b98502e
-def plot_grid(
-    df:pd.DataFrame,        # `run_grid`'s table
-    x:str,                  # the grid field on the x axis
-    y:str='test_acc',       # the column on the y axis
-    ax=None,                # axes to draw on
-    logx:bool=True,         # log-scale x (depths and widths double)
-    title:str|None=None,    # the axes' title
-):                          # the axes
-    ("One line per variant: the seed-mean of `y` against `x`, "
-     "with the spread over seeds as error bars and diverged runs marked.")
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(5, 3.2))[1]
-    s = grid_summary(df, [x], y).reset_index()
-    for v, t in s.groupby('variant', sort=False):
-        t = t.sort_values(x)        # cells come in any order (`axis_cells` puts the centre first): draw left to right
-        ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
-        bad = t[t['diverged'] > 0]
-        if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
-    if logx: ax.set_xscale('log', base=2)
-    ax.set_xlabel(x); ax.set_ylabel(y); ax.legend(fontsize=6)
-    ax.set_title(title or f'{y} against {x} (x: a diverged run)', fontsize=9)
-    return ax
-
-# %% ../../nbs/23_sweeps.ipynb #84913325
-def plot_layers(
-    records:list,           # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
-    key:str='share',        # 'share' or 'cosine'
-    when:str='final',       # 'init' or 'final'
-    ax=None,                # axes to draw on
-):                          # the axes
-    "Per-layer token similarity of each record, one line per (variant, cell), averaged over seeds."
-    import matplotlib.pyplot as plt
-    check_choice(key, ('share', 'cosine'), 'key'); check_choice(when, ('init', 'final'), 'stage')
-    ax = ax or plt.subplots(figsize=(5, 3.2))[1]
-    groups = {}
-    for r in (r for r in records if r.get('chosen', True)):
-        groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
-    for (v, c), ls in groups.items():
-        ax.plot(np.mean(ls, 0), marker='.', lw=1, label=f'{v} {c}')
-    ax.set_xlabel('layer (0: embedding)'); ax.set_ylabel(key); ax.legend(fontsize=6)
-    ax.set_title(f"{'similarity share' if key == 'share' else 'mean pairwise cosine'} per layer, "
-                 f"{'at initialisation' if when == 'init' else 'after training'}", fontsize=9)
-    return ax
-
-# %% ../../nbs/23_sweeps.ipynb #253c38da
-def _tests_table(o:pd.DataFrame)->pd.DataFrame:
-    "`experiments.check_orderings` as a reader's table: the claim, n, the difference with its interval, p, verdict."
-    from transject_nb.lab.ledger import effect_text
-    return pd.DataFrame({'task': o.task, 'claim': o.better + ' > ' + o.worse,
-                         'n': [f"{a}+{b}" for a, b in zip(o.n_better, o.n_worse)],
-                         'points [95% CI]': [effect_text(*r) for r in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
-                         'p': o.p.round(3), 'verdict': o.verdict}).set_index('task')
-
-def _fix_accuracy(R:Path, models:list, claims:list)->dict:
-    "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
-    from transject_nb.presets import TASKS
-    from transject_nb.lab.experiments import check_orderings, format_table, results_table, RESULT_COLUMNS
-    from transject_nb.lab.protocol import CLASSIFICATION_STUDIES, arm_status
-    fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
-    status = pd.concat({p.task: arm_status(pd.read_csv(fair/p.task/'trials.csv'), p)
-                        for p in CLASSIFICATION_STUDIES.values() if p.task in tasks}, names=['task', 'arm'])
-    runs = pd.concat([pd.read_csv(fair/t/'runs.csv') for t in tasks], ignore_index=True)
-    base = pd.read_csv(fair/'baselines.csv')
-    ftable = results_table(runs[list(RESULT_COLUMNS)], base[base.task.isin(tasks)])
-    stable = results_table(*(pd.read_csv(R/'repro'/f) for f in ('runs.csv', 'baselines.csv')))
-    rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class') or r.startswith('tfidf')]]
-    fo = check_orderings(ftable, claims)
-    ft, st = _tests_table(fo), _tests_table(check_orderings(stable, claims))
-    for side in ('better', 'worse'):                             # each arm's chosen rate, and whether it is the last
-        ft[f'rate of {side}'] = [status.lr[t, a] for t, a in zip(fo.task, fo[side])]
-        ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a]) for t, a in zip(fo.task, fo[side])]
-    ft['finished'] = [bool((status.loc[t].state == 'done').all()) for t in fo.task]
-    st['at own rates'] = ft.verdict.reindex(st.index)
-    return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)), single_tests=st)
-
-# %% ../../nbs/23_sweeps.ipynb #066eff15
-def fix_tables(
-    results:Path,               # the committed results folder (`nbs/results`)
-    models:list,                # the page's models, e.g. ['transformer', 'neutreno']
-    fix:str,                    # the model whose claims `experiments.PAPER_CLAIMS` holds, e.g. 'neutreno'
-    measure:str='share',        # the depth study's similarity measure: 'share' or 'cosine'
-    ref:str='transformer',      # the model the depth study compares the others with
-)->dict:                        # name -> DataFrame (see the text above)
-    "The tables of a fix's page: its accuracy at own and single rates, similarity per layer, and against depth."
-    from transject_nb.lab.experiments import PAPER_CLAIMS, load_figure_data
-    from transject_nb.lab.ledger import effect_text
-    check_choice(measure, ('share', 'cosine'), 'measure')
-    if not (claims := [c for c in PAPER_CLAIMS if c[0] == fix]):
-        raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of {sorted({c[0] for c in PAPER_CLAIMS})}")
-    R = Path(results)
-    frames, _ = load_figure_data(R/'fair'/'figures_imdb_seed1.json')
-    sim = frames['similarity'][frames['similarity'].variant.isin(models)]
-    last = sim[sim.layer == sim.layer.max()].set_index('variant')[['cosine', 'similarity']]
-    depth, _ = load_grid(R/'depth')
-    depth = depth[depth.variant.isin(models)]
-    cols = {f'{measure}_init': f'{measure} at init', f'{measure}_final': f'{measure} trained', 'test_acc': 'test acc'}
-    means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()}, axis=1).unstack(0)
-    vt = versus_table(depth, ref, 'n_layers')
-    dt = pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
-                       'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
-                       f'points above {ref} [95% CI]': [effect_text(*r) for r in zip(vt.gain, vt.lo, vt.hi)],
-                       'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
-    return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means, depth_tests=dt,
-                last_layer=last.reindex([v for v in models if v in last.index]))
-
-# %% ../../nbs/23_sweeps.ipynb #d304c216
-def plot_depth_panels(
-    df:pd.DataFrame,            # a depth grid (`load_grid`), e.g. a page's models
-    measure:str='share',        # the final layer's similarity measure: 'share' or 'cosine'
-    field:str='n_layers',       # the depth field
-):                              # the figure
-    "Three panels against depth: the final layer's `measure` at initialisation and after training, and test accuracy."
-    import matplotlib.pyplot as plt
-    check_choice(measure, ('share', 'cosine'), 'measure')
-    name = {'share': 'similarity share', 'cosine': 'mean pairwise cosine'}[measure]
-    after = f"after {int(df.epochs.max())} epochs" if 'epochs' in df else 'after training'
-    fig, axs = plt.subplots(1, 3, figsize=(15, 3.8))
-    plot_grid(df, field, f'{measure}_init', ax=axs[0], title=f'{name} at initialisation')
-    plot_grid(df, field, f'{measure}_final', ax=axs[1], title=f'{name} {after}')
-    plot_grid(df, field, ax=axs[2], title=f'test accuracy {after}')
-    return fig
 
 # %% ../../nbs/23_sweeps.ipynb #b752500a
 def init_sweep(
