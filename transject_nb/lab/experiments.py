@@ -33,9 +33,12 @@ from ..training.learner import TaskLearner, get_learner, train_learner
 from .stats import ALPHA, spread_test, welch_from_stats
 
 # %% ../../nbs/22_experiments.ipynb #32831896
-BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')   # one row of `linear_baselines`
-C_GRID = (0.1, 1.0, 10.0, 100.0)   # logistic regression's inverse regularisation strengths, tried on validation
-FEATURES = dict(                    # task -> (model name, token n-gram range) of its TF-IDF baselines
+# one row of `linear_baselines`
+BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')
+# logistic regression's inverse regularisation strengths, tried on validation
+C_GRID = (0.1, 1.0, 10.0, 100.0)
+# task -> (model name, token n-gram range) of its TF-IDF baselines
+FEATURES = dict(
     imdb=(('tfidf-lr unigrams', (1, 1)), ('tfidf-lr uni+bigrams', (1, 2))),
     agnews=(('tfidf-lr unigrams', (1, 1)), ('tfidf-lr uni+bigrams', (1, 2))),
     charimdb=(('tfidf-lr byte 1-4-grams', (1, 4)),),
@@ -48,7 +51,8 @@ def token_docs(
 )->list:                # one string per example: its token ids separated by spaces
     "Every example of a split as the text of its token ids, which scikit-learn's vectorizers read as words."
     if not isinstance(split, TokenSplit):
-        raise TypeError(f"token_docs needs a TokenSplit (a split of load_task's TaskData), got {type(split).__name__}")
+        raise TypeError("token_docs needs a TokenSplit (a split of load_task's TaskData), got "
+                        f"{type(split).__name__}")
     flat, off = split.flat.numpy().astype(np.int64), split.offsets.numpy()
     return [' '.join(map(str, flat[a:b].tolist())) for a, b in zip(off[:-1], off[1:])]
 
@@ -64,18 +68,21 @@ def majority_class(
     acc = lambda s: float((s.labels == k).double().mean())
     return dict(valid_acc=acc(valid), test_acc=acc(test), C=float('nan'))
 
+# %% ../../nbs/22_experiments.ipynb #e8a5496e
 def tfidf_logreg(
     train:TokenSplit,         # fits the vocabulary, the IDF weights and the model
     valid:TokenSplit,         # chooses C
     test:TokenSplit,          # scored once, with the chosen C
-    ngram_range:tuple=(1, 1), # token n-gram lengths: (1, 1) unigrams, (1, 2) unigrams and bigrams, ...
+    # token n-gram lengths: (1, 1) unigrams, (1, 2) unigrams and bigrams, ...
+    ngram_range:tuple=(1, 1),
     Cs=C_GRID,                # inverse regularisation strengths tried
     min_df:int=1,             # keep n-grams found in at least this many training examples
 )->dict:                      # valid_acc, test_acc and the chosen C
     "TF-IDF of token-id n-grams and a logistic regression (scikit-learn), C chosen on the validation split."
     ytr, yva, yte = (s.labels.numpy() for s in (train, valid, test))
     if len(np.unique(ytr)) < 2:
-        raise ValueError(f"the training split has a single class ({int(ytr[0])}): a classifier needs at least two")
+        raise ValueError(f"the training split has a single class ({int(ytr[0])}): a classifier "
+                         "needs at least two")
     if not len(Cs): raise ValueError("Cs is empty: give at least one C")
     vec = TfidfVectorizer(token_pattern=r'\S+', ngram_range=tuple(ngram_range), lowercase=False, sublinear_tf=True,
                           min_df=min_df, dtype=np.float32)
@@ -85,7 +92,8 @@ def tfidf_logreg(
     for C in Cs:
         m = LogisticRegression(C=C, max_iter=2000).fit(Xtr, ytr)
         acc = m.score(Xva, yva)
-        if best is None or acc > best[0]: best = (acc, C, m)   # the first of equal scores: the strongest regularisation
+        # the first of equal scores: the strongest regularisation
+        if best is None or acc > best[0]: best = (acc, C, m)
     acc, C, m = best
     return dict(valid_acc=float(acc), test_acc=float(m.score(Xte, yte)), C=float(C))
 
@@ -95,13 +103,16 @@ def linear_baselines(
     Cs=C_GRID,            # logistic regression's C grid, chosen on the validation split
     min_df:int=2,         # keep n-grams found in at least this many training examples
     features=None,        # (model name, n-gram range) pairs; default `FEATURES[data.task]`
-)->pd.DataFrame:          # one row per baseline, columns `BASELINE_COLUMNS`; secs: the wall time of fitting and scoring
+# one row per baseline, columns `BASELINE_COLUMNS`; secs: the wall time of fitting and scoring
+)->pd.DataFrame:
     ("The majority class and TF-IDF + logistic-regression baselines of a task, "
      "on the token ids of its train/valid/test splits.")
     if not isinstance(data, TaskData):
-        raise TypeError(f"linear_baselines needs a TaskData from load_task, got {type(data).__name__}")
+        raise TypeError("linear_baselines needs a TaskData from load_task, got "
+                        f"{type(data).__name__}")
     if features is None and data.task not in FEATURES:
-        raise ValueError(f"no baseline features for task {data.task!r}; known tasks: {', '.join(FEATURES)}")
+        raise ValueError(f"no baseline features for task {data.task!r}; known tasks: "
+                         f"{', '.join(FEATURES)}")
     rows, splits = [], (data.train, data.valid, data.test)
     tfidf = [(n, lambda *s, ng=ng: tfidf_logreg(*s, ngram_range=ng, Cs=Cs, min_df=min_df))
              for n, ng in (features or FEATURES[data.task])]
@@ -116,6 +127,7 @@ def linear_baselines(
 RESULT_COLUMNS = ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'best_epoch', 'epochs', 'params', 'train_secs',
                   'data_key', 'preset')   # one row of `collect_runs`
 
+# %% ../../nbs/22_experiments.ipynb #0b2fae28
 def read_run(
     run_dir,   # a run folder holding the `results.json` that `cli.run_one` writes
 )->dict:       # the run's values of `RESULT_COLUMNS`
@@ -126,7 +138,8 @@ def read_run(
                                 "(run_one writes it after the test evaluation)")
     js = json.loads(f.read_text())
     if not isinstance(js, dict) or not isinstance(js.get('results'), dict) or not isinstance(js.get('config'), dict):
-        raise ValueError(f"{f} is not a run's results.json (expected the keys results, config, history; "
+        raise ValueError(f"{f} is not a run's results.json (expected the keys results, config, "
+                         "history; "
                          f"got {sorted(js) if isinstance(js, dict) else type(js).__name__})")
     row = ({k: js['results'].get(k) for k in RESULT_COLUMNS}
            | dict(data_key=js['config'].get('data_key'), preset=js['config'].get('preset')))
@@ -134,6 +147,7 @@ def read_run(
         raise ValueError(f"{f} lacks {missing}: not written by transject_nb.training.cli.run_one")
     return row
 
+# %% ../../nbs/22_experiments.ipynb #2050d0f2
 def collect_runs(
     # a folder of runs: `<task>/<variant>/seed<k>/results.json`, or `<variant>/seed<k>/results.json` of one `compare`
     root,
@@ -152,42 +166,53 @@ def collect_runs(
 
 # %% ../../nbs/22_experiments.ipynb #f76f7b48
 PAPER_RESULTS = dict(
-    source="TransJect paper, review copy 'Don't bet on sparsity: designing brain-inspired distance-preserving encoder' "
+    source="TransJect paper, review copy 'Don't bet on sparsity: designing brain-inspired "
+           "distance-preserving encoder' "
            "(published as Sengupta, Akhtar & Chakraborty, "
-           "'Manifold-Preserving Transformers are Effective for Short-Long Range Encoding', Findings of EMNLP 2023): "
+           "'Manifold-Preserving Transformers are Effective for Short-Long Range Encoding', "
+           "Findings of EMNLP 2023): "
            "Table 2 (IMDb, AG News), Table 3 (ListOps, Char-IMDb)",
     found=True,     # copied from the paper's Tables 2 and 3
     # task -> the paper's table its numbers come from
     tables=dict(imdb='Table 2', agnews='Table 2', listops='Table 3', charimdb='Table 3'),
-    test_acc={(t, v): round(x / 100, 4) for v, xs in {    # (task, variant) -> test accuracy in [0, 1]: printed % / 100
+    # (task, variant) -> test accuracy in [0, 1]: printed % / 100
+    test_acc={(t, v): round(x / 100, 4) for v, xs in {
         #                            imdb  agnews listops charimdb
-        'transformer':               (81.3, 88.8, 36.4, 64.3),    # marked †: taken from Dutta et al. (2021)
+        # marked †: taken from Dutta et al. (2021)
+        'transformer':               (81.3, 88.8, 36.4, 64.3),
         'transformer-rezero':        (83.4, 89.6, 38.9, 65.6),
         'transject':                 (88.1, 88.8, 48.3, 68.8),
         'entropic-transject':        (87.5, 89.1, 40.7, 64.7),
         'random-transject':          (86.5, 90.2, 43.9, 68.8),
         'random-entropic-transject': (86.5, 90.8, 39.5, 65.6),
     }.items() for t, x in zip(('imdb', 'agnews', 'listops', 'charimdb'), xs)},
-    test_std={(t, v): s for v, ss in {                    # (task, variant) -> the s.d. after '±' (TransJect rows only)
+    # (task, variant) -> the s.d. after '±' (TransJect rows only)
+    test_std={(t, v): s for v, ss in {
         'transject':                 (0.01, 0.00, 0.00, 0.01),
         'entropic-transject':        (0.00, 0.00, 0.02, 0.03),
         'random-transject':          (0.00, 0.00, 0.00, 0.03),
         'random-entropic-transject': (0.02, 0.00, 0.01, 0.01),
     }.items() for t, s in zip(('imdb', 'agnews', 'listops', 'charimdb'), ss)},
-    std_unit='not stated',   # as printed; most likely a fraction of 1 (0.01 = 1 point), see the text
-    n_seeds=3,               # the rows with an s.d.: three seeds each (the tables' captions); the others give no spread
-    cited=dict(transformer='Dutta et al. (2021)'),   # rows marked † in both tables: numbers taken from another paper
+    # as printed; most likely a fraction of 1 (0.01 = 1 point), see the text
+    std_unit='not stated',
+    # the rows with an s.d.: three seeds each (the tables' captions); the others give no spread
+    n_seeds=3,
+    # rows marked † in both tables: numbers taken from another paper
+    cited=dict(transformer='Dutta et al. (2021)'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #a3d3fe2e
-PAPER_SETUP = dict(   # the TransJect paper's training setup: Appendix B, and §3.6 for the lengths and pooling
+# the TransJect paper's training setup: Appendix B, and §3.6 for the lengths and pooling
+PAPER_SETUP = dict(
     epochs=30, patience=4,           # at most 30 epochs; early stopping after 4 without improvement
-    early_stopping_on='test loss',   # Appendix B: the test loss, not a validation loss, decides when to stop
+    # Appendix B: the test loss, not a validation loss, decides when to stop
+    early_stopping_on='test loss',
     optimizer='Adam', lr=5e-4, beta1=0.9, beta2=0.98, eps=1e-9,
     d_model=512, n_layers=6, n_experts=4, bs=32,   # bs: the training and test batches
     seeds=3,                         # runs per TransJect variant (Tables 2 and 3's captions)
     max_len=dict(imdb=512, agnews=256, listops=1024, charimdb=1024),
-    pooling=dict(imdb='mean', agnews='mean', listops='max', charimdb='mean'),   # §3.6: max for ListOps alone, else mean
+    # §3.6: max for ListOps alone, else mean
+    pooling=dict(imdb='mean', agnews='mean', listops='max', charimdb='mean'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #0438fdb1
@@ -198,10 +223,12 @@ def paper_table(
     std_scale:float=1.0,
 # index (task, model); kind 'paper', n, test_acc, test_std: the columns `check_orderings` and `spread_claim` read
 )->pd.DataFrame:
-    ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled by `std_scale`), "
+    ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled "
+     "by `std_scale`), "
      "1 and no s.d. elsewhere.")
     if not (isinstance(std_scale, (int, float)) and std_scale > 0):
-        raise ValueError(f"std_scale must be a positive number (accuracy per printed unit of s.d.), got {std_scale!r}")
+        raise ValueError("std_scale must be a positive number (accuracy per printed unit of "
+                         f"s.d.), got {std_scale!r}")
     acc, std = paper.get('test_acc', {}), paper.get('test_std', {})
     if not acc: raise ValueError("the paper's numbers hold no test_acc: nothing to lay out")
     if extra := [k for k in std if k not in acc]:
@@ -216,21 +243,26 @@ def paper_table(
 
 # %% ../../nbs/22_experiments.ipynb #c26671bc
 def _check_columns(df, cols, what):
-    if not isinstance(df, pd.DataFrame): raise TypeError(f"{what} must be a DataFrame, got {type(df).__name__}")
+    if not isinstance(df, pd.DataFrame): raise TypeError(f"{what} must be a DataFrame, got "
+                                                         f"{type(df).__name__}")
     if missing := [c for c in cols if c not in df.columns]:
         raise ValueError(f"{what} lacks the columns {missing}; expected {list(cols)}")
 
+# %% ../../nbs/22_experiments.ipynb #f1bc04fa
 def results_table(
     runs:pd.DataFrame,                # from `collect_runs` (or its CSV), columns `RESULT_COLUMNS`
-    baselines:pd.DataFrame|None=None, # from `linear_baselines` (or its CSV), columns `BASELINE_COLUMNS`
-    paper:dict=PAPER_RESULTS,         # the papers' numbers: a dict with `test_acc` {(task, variant): accuracy}
+    # from `linear_baselines` (or its CSV), columns `BASELINE_COLUMNS`
+    baselines:pd.DataFrame|None=None,
+    # the papers' numbers: a dict with `test_acc` {(task, variant): accuracy}
+    paper:dict=PAPER_RESULTS,
 # index (task, model); kind, n, test_acc, test_std, valid_acc, valid_std, params, epochs, train_secs, paper
 )->pd.DataFrame:
     "Mean ± std over seeds of each (task, variant), the baselines as rows, the paper's number beside each."
     _check_columns(runs, RESULT_COLUMNS, 'runs')
     for t, g in runs.groupby('task'):
         if g.data_key.nunique() > 1:
-            raise ValueError(f"task {t}: runs on different splits (data_key {sorted(g.data_key.unique())}); "
+            raise ValueError(f"task {t}: runs on different splits (data_key "
+                             f"{sorted(g.data_key.unique())}); "
                              "a table compares runs on the same data only")
     g = runs.groupby(['task', 'variant'])
     out = pd.DataFrame({'kind': 'neural', 'n': g.size(), 'test_acc': g.test_acc.mean(),
@@ -264,7 +296,8 @@ def format_table(
 )->pd.DataFrame:
     "The results table laid out as the papers' tables: models by tasks, accuracies in percent."
     _check_columns(table, ('kind', 'n', 'test_acc', 'test_std'), 'table')
-    nmax = table[table.kind == 'neural'].n.groupby(level='task').max()   # per task: tasks may have other seed counts
+    # per task: tasks may have other seed counts
+    nmax = table[table.kind == 'neural'].n.groupby(level='task').max()
     def cell(r):
         s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1 else '')
         return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1) else '')
@@ -279,7 +312,8 @@ def beside_paper(
     table:pd.DataFrame,         # from `results_table`
     paper:dict=PAPER_RESULTS,   # the paper's numbers (see `paper_table`)
     digits:int=1,               # decimals of the percentages
-)->pd.DataFrame:                # rows: models as in `format_table`; columns (task, 'ours'), (task, 'paper ' + table)
+# rows: models as in `format_table`; columns (task, 'ours'), (task, 'paper ' + table)
+)->pd.DataFrame:
     "`format_table` with the paper's accuracy beside ours, task by task."
     ours, theirs = format_table(table, digits), paper_table(paper)
     pct = lambda t, m: f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}" if (t, m) in theirs.index else ''
@@ -307,7 +341,8 @@ def paused_runs(
     df:pd.DataFrame,        # one row per run
     by,                     # the columns whose groups are alike, e.g. ['task', 'variant']
     col:str='train_secs',   # the run's time
-)->tuple:                   # (the runs slower than twice their group's median, the total time without their excess)
+# (the runs slower than twice their group's median, the total time without their excess)
+)->tuple:
     ("Runs whose time is more than twice the median of their group, "
      "and the total time less their excess over that median.")
     _check_columns(df, (*by, col), 'runs')
@@ -323,20 +358,23 @@ PAPER_CLAIMS = (
     ('transject', 'transformer-rezero',
      'TransJect beats Transformer+ReZero, the Transformer variant with its residual weighting'),
     ('neutreno', 'transformer', 'NeuTRENO beats the softmax Transformer it regularises'),
-    ('similarity-removal', 'transformer', 'similarity removal beats the Transformer whose attention it corrects'),
+    ('similarity-removal', 'transformer', 'similarity removal beats the Transformer whose '
+                                          'attention it corrects'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #ba625240
 def _claim(c)->tuple:
     "A claim as (better, worse, text, tasks); a triple holds for every task."
     if not isinstance(c, (tuple, list)) or len(c) not in (3, 4):
-        raise ValueError(f"a claim is (better, worse, claim) or (better, worse, claim, tasks), got {c!r}")
+        raise ValueError("a claim is (better, worse, claim) or (better, worse, claim, tasks), got "
+                         f"{c!r}")
     a, b, text, tasks = (*c, None) if len(c) == 3 else c
     if tasks is not None and (isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks)):
         raise ValueError(f"a claim's tasks must be a tuple of task names, or None for every task; "
                          f"got {tasks!r} in {c!r}")
     return a, b, text, tasks
 
+# %% ../../nbs/22_experiments.ipynb #29d2c05b
 def check_orderings(
     table:pd.DataFrame,     # from `results_table` (or `paper_table`)
     # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is made for (None: all)
@@ -366,7 +404,8 @@ TRANSJECT_CLAIMS = (
     ('random-transject', 'transject', 'random Σ beats the approximated Σ on AG News (§3.6.1)', ('agnews',)),
     ('random-entropic-transject', 'entropic-transject',
      'random Σ beats the approximated Σ on AG News, entropic variants (§3.6.1)', ('agnews',)),
-    ('entropic-transject', 'transject', 'the entropic variant beats the non-entropic one on AG News (§3.6.1)',
+    ('entropic-transject', 'transject', 'the entropic variant beats the non-entropic one on AG '
+                                        'News (§3.6.1)',
      ('agnews',)),
     ('random-entropic-transject', 'random-transject',
      'the entropic variant beats the non-entropic one on AG News, random Σ (§3.6.1)', ('agnews',)),
@@ -379,15 +418,19 @@ TRANSJECT_CLAIMS = (
 
 # %% ../../nbs/22_experiments.ipynb #c4cd0f40
 def spread_claim(
-    table:pd.DataFrame,                                             # from `results_table` (or `paper_table`)
-    entropic=('entropic-transject', 'random-entropic-transject'),   # the variants claimed to vary less over seeds
-    plain=('transject', 'random-transject'),                        # the variants they are compared with
+    # from `results_table` (or `paper_table`)
+    table:pd.DataFrame,
+    # the variants claimed to vary less over seeds
+    entropic=('entropic-transject', 'random-entropic-transject'),
+    # the variants they are compared with
+    plain=('transject', 'random-transject'),
     # where the claim is made (§3.6.1, the short tasks); None: every task of the table
     tasks=('imdb', 'agnews'),
     alpha:float=ALPHA,                                              # the F test's level
 # per task: each group's pooled s.d. and df, their ratio, F, p, verdict, claim
 )->pd.DataFrame:
-    ("Per task, whether the entropic TransJect variants vary less over seeds than the non-entropic ones: "
+    ("Per task, whether the entropic TransJect variants vary less over seeds than the non-entropic "
+     "ones: "
      "an F test on the groups' pooled variances.")
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
     if tasks is not None and (isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks)):
@@ -408,7 +451,8 @@ def spread_claim(
         r = spread_test(se_, de, sp, dp, alpha)
         rows.append(dict(task=task, std_entropic=se_, std_plain=sp, df_entropic=de, df_plain=dp, ratio=r['ratio'],
                          F=r['F'], p=r['p'], verdict=r['verdict'],
-                         claim='the entropic variants vary less over seeds than the non-entropic ones (§3.6.1)'))
+                         claim='the entropic variants vary less over seeds than the non-entropic '
+                               'ones (§3.6.1)'))
     return pd.DataFrame(rows, columns=['task', 'std_entropic', 'std_plain', 'df_entropic', 'df_plain', 'ratio', 'F',
                                        'p', 'verdict', 'claim'])
 
@@ -432,34 +476,43 @@ def run_data(
     data = load_task(cfg['task'], max_len=cfg['model']['max_len'], cache_dir=cache_dir, progress=False,
                      **DataConfig(**cfg['data']).load_kwargs())
     if data.cache_key != cfg['data_key']:
-        raise ValueError(f"reloading the data of {run_dir} gave other splits (data_key {data.cache_key}, "
+        raise ValueError(f"reloading the data of {run_dir} gave other splits (data_key "
+                         f"{data.cache_key}, "
                          f"the run's {cfg['data_key']}): its source files changed")
     return data
 
 # %% ../../nbs/22_experiments.ipynb #b4541695
 def load_run(
-    run_dir,                  # a finished run folder (`results.json` and `models/` written by `cli.run_one`)
-    data:TaskData|None=None,  # the task's data if already loaded (checked against the run's `data_key`); else loaded
+    # a finished run folder (`results.json` and `models/` written by `cli.run_one`)
+    run_dir,
+    # the task's data if already loaded (checked against the run's `data_key`); else loaded
+    data:TaskData|None=None,
     cache_dir=None,           # `load_task`'s cache folder (False: no cache)
     device=None,              # where the model goes (default: fastai's default device)
-)->TaskLearner:               # the Learner with the best weights and the run's history; `.results`: the run's results
+# the Learner with the best weights and the run's history; `.results`: the run's results
+)->TaskLearner:
     "A finished run back as a fastai Learner, from its stored config, data key, best weights and checkpoint."
     run_dir = Path(run_dir)
-    read_run(run_dir)                                             # a finished run's results.json, or a clear error
+    # a finished run's results.json, or a clear error
+    read_run(run_dir)
     js = json.loads((run_dir/'results.json').read_text())
     cfg = js['config']
     task, variant = cfg['task'], cfg['variant']
     st = load_checkpoint(run_dir/'models'/'checkpoint.pth')
     if not st['done']:
-        raise ValueError(f"the run in {run_dir} has not finished (its checkpoint is at epoch {st['epoch']}); "
+        raise ValueError(f"the run in {run_dir} has not finished (its checkpoint is at epoch "
+                         f"{st['epoch']}); "
                          "wait for it, or resume it with train_learner")
     if data is None: data = run_data(run_dir, cache_dir)
     if data.cache_key != cfg['data_key']:
-        raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the run in {run_dir} "
+        raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the "
+                         f"run in {run_dir} "
                          f"(data_key {cfg['data_key']})")
-    dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}  # recorded, unused
+    # recorded, unused
+    dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}
     learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data, path=run_dir, device=device,
                         **cfg['model'], **cfg['train'], **dcfg)
-    train_learner(learn, resume=True, progress=False)             # finished: best weights and history, no training
+    # finished: best weights and history, no training
+    train_learner(learn, resume=True, progress=False)
     learn.results = js['results']
     return learn

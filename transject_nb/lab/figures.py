@@ -42,10 +42,12 @@ def figure_sample(
     seed:int=0,        # seed of the sample
 )->TokenSplit:         # `n` examples, stratified by class
     "A stratified, seeded sample of one split, for the figures."
-    if split not in data.splits: raise ValueError(f"split must be one of {list(data.splits)}, got {split!r}")
+    if split not in data.splits: raise ValueError(f"split must be one of {list(data.splits)}, got "
+                                                  f"{split!r}")
     s = data.splits[split]
     return s.subset(stratified_take(s.labels.numpy(), n, seed))
 
+# %% ../../nbs/22e_figures.ipynb #8745e2d6
 def _per_model(learners:dict, fn, only=None)->pd.DataFrame:
     if not isinstance(learners, dict) or not learners:
         raise TypeError("learners must be a non-empty dict {name: learner or model}")
@@ -60,10 +62,12 @@ def pair_distance_data(
     text=PAPER_SENTENCE,   # a text, or token ids `(n,)`
     pairs=PAPER_PAIRS,     # pairs of words of `text`, or of token positions
     tokenizer=None,        # default: each learner's
-)->pd.DataFrame:           # variant, layer, pair, i, j, distance, cosine, ratio (distance over layer 0's)
+# variant, layer, pair, i, j, distance, cosine, ratio (distance over layer 0's)
+)->pd.DataFrame:
     "TransJect Fig. 1: distance and cosine of token pairs of one text at every layer, for each model."
     return _per_model(learners, lambda m: token_pair_stats(m, text, pairs, tokenizer))
 
+# %% ../../nbs/22e_figures.ipynb #8b4a1b9e
 def plot_pair_data(
     df:pd.DataFrame,   # from `pair_distance_data`
     title:str='',      # figure title
@@ -74,12 +78,15 @@ def plot_pair_data(
 # %% ../../nbs/22e_figures.ipynb #d9f872a5
 def entropy_data(
     learners:dict,          # name -> trained learner (or model)
-    data,                   # examples: a `TokenSplit` (e.g. from `figure_sample`) or anything `analysis.batches` takes
+    # examples: a `TokenSplit` (e.g. from `figure_sample`) or anything `analysis.batches` takes
+    data,
     max_tokens:int=4096,    # real tokens sampled per layer
-)->pd.DataFrame:            # variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
+# variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
+)->pd.DataFrame:
     "TransJect Fig. 5a: differential entropy per layer (mean over neurons), by `analysis.layer_entropy`."
     return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens, progress=False))
 
+# %% ../../nbs/22e_figures.ipynb #aaef6738
 def plot_entropy_data(
     df:pd.DataFrame,          # from `entropy_data`
     estimator:str='spacing',  # the column: 'spacing' (sound), 'gaussian' (upper bound), 'paper_eq8'
@@ -92,6 +99,7 @@ def plot_entropy_data(
 # %% ../../nbs/22e_figures.ipynb #c2fa297c
 def _has_experts(m)->bool: return hasattr(unwrap(m), 'alphas')
 
+# %% ../../nbs/22e_figures.ipynb #aad3439f
 def expert_weight_data(
     learners:dict,   # name -> trained learner (or model); only the TransJect variants are used
     data,            # examples (see `entropy_data`)
@@ -99,6 +107,7 @@ def expert_weight_data(
     "TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by `analysis.expert_weights`."
     return _per_model(learners, lambda m: expert_weights(m, data, progress=False), only=_has_experts)
 
+# %% ../../nbs/22e_figures.ipynb #0e0523c1
 def plot_expert_data(
     df:pd.DataFrame,   # from `expert_weight_data`
 ):                     # the Figure
@@ -125,6 +134,7 @@ def bound_data(
         return df
     return _per_model(learners, one)
 
+# %% ../../nbs/22e_figures.ipynb #352afcfd
 def plot_bound_data(
     df:pd.DataFrame,   # from `bound_data`
     ax=None,           # matplotlib Axes
@@ -145,20 +155,24 @@ def certified_ratios(
 )->pd.DataFrame:
     "Each TransJect model's distance ratio after the last layer: measured, searched for, and bounded."
     if not isinstance(data, TokenSplit):
-        raise TypeError(f"certified_ratios needs a TokenSplit of examples, got {type(data).__name__}")
+        raise TypeError("certified_ratios needs a TokenSplit of examples, got "
+                        f"{type(data).__name__}")
     rows = []
     for v, lm in learners.items():
         if not _has_experts(lm): continue
         m = unwrap(lm)
         was = m.training; m.eval()
         try:
-            x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)   # (b, n)
+            # (b, n)
+            x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)
             with torch.no_grad():
                 mask = x != 0
-                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma                              # (b, n, d), (b, d)
+                # (b, n, d), (b, d)
+                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma
             lo = hi = None
             for b in range(x.shape[0]):
-                f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()                # (m, d) the real tokens
+                # (m, d) the real tokens
+                f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()
                 if len(pts) < 2: continue
                 l, h = worst_ratio(f, pts, minimize=True, steps=steps)[0], worst_ratio(f, pts, steps=steps)[0]
                 lo, hi = (l, h) if lo is None else (min(lo, l), max(hi, h))
@@ -180,10 +194,12 @@ def similarity_data(
     learners:dict,   # name -> trained learner (or model)
     data,            # examples (see `entropy_data`)
 )->pd.DataFrame:     # variant, layer, cosine, similarity, diversity
-    ("NeuTRENO Fig. 1 and the similarity-escalation measure: mean pairwise cosine and similarity share per layer, "
+    ("NeuTRENO Fig. 1 and the similarity-escalation measure: mean pairwise cosine and similarity "
+     "share per layer, "
      "for each model.")
     return _per_model(learners, lambda m: layer_measures(m, data, progress=False))
 
+# %% ../../nbs/22e_figures.ipynb #41238226
 def plot_similarity_data(
     df:pd.DataFrame,         # from `similarity_data`
     measure:str='cosine',    # 'cosine', 'similarity' or 'diversity'
@@ -207,6 +223,7 @@ def isomap_data(
                              for l, c in zip(r['layers'], r['coords']) for i, t in enumerate(r['tokens'])])
     return _per_model(learners, one)
 
+# %% ../../nbs/22e_figures.ipynb #8f70a2f4
 def plot_isomap_data(
     df:pd.DataFrame,   # from `isomap_data`
     variant:str,       # the model to draw
@@ -215,7 +232,8 @@ def plot_isomap_data(
     "One panel per layer with the Isomap projection of the text's tokens, for one model."
     g = df[df.variant == variant]
     if g.empty:
-        raise ValueError(f"no Isomap data for {variant!r}; the frame has {list(df.variant.unique())}")
+        raise ValueError(f"no Isomap data for {variant!r}; the frame has "
+                         f"{list(df.variant.unique())}")
     layers = sorted(g.layer.unique())
     coords = [g[g.layer == l].sort_values('position')[['x', 'y']].to_numpy() for l in layers]
     tokens = g[g.layer == layers[0]].sort_values('position').token.tolist()
@@ -228,7 +246,8 @@ def loss_curves(
 # variant, step, loss, kind ('train': fastai's smoothed training loss, binned; 'valid': at the end of each epoch)
 )->pd.DataFrame:
     "TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's checkpoint."
-    if not isinstance(every, int) or every < 1: raise ValueError(f"every must be a positive int, got {every!r}")
+    if not isinstance(every, int) or every < 1: raise ValueError("every must be a positive int, "
+                                                                 f"got {every!r}")
     frames = []
     for v, d in run_dirs.items():
         st = load_checkpoint(Path(d)/'models'/'checkpoint.pth')
@@ -237,11 +256,13 @@ def loss_curves(
         steps = np.arange(k).reshape(-1, every).mean(1) + 1 if k else np.zeros(0)
         frames.append(pd.DataFrame(dict(variant=v, step=steps, loss=losses[:k].reshape(-1, every).mean(1) if k else [],
                                         kind='train')))
-        vi = st['metric_names'].index('valid_loss') - 1                    # values hold the metrics after 'epoch'
+        # values hold the metrics after 'epoch'
+        vi = st['metric_names'].index('valid_loss') - 1
         frames.append(pd.DataFrame(dict(variant=v, step=np.asarray(iters, dtype=float),
                                         loss=[r[vi] for r in st['values']], kind='valid')))
     return pd.concat(frames, ignore_index=True)
 
+# %% ../../nbs/22e_figures.ipynb #48c317e2
 def plot_loss_data(
     df:pd.DataFrame,   # from `loss_curves`
     ax=None,           # matplotlib Axes
@@ -258,11 +279,13 @@ def plot_loss_data(
 
 # %% ../../nbs/22e_figures.ipynb #dbafd9a5
 def _round(x, sig=6):
-    if isinstance(x, float): return float(f'{x:.{sig}g}') if math.isfinite(x) else x   # NaN, ±inf: as json writes them
+    # NaN, ±inf: as json writes them
+    if isinstance(x, float): return float(f'{x:.{sig}g}') if math.isfinite(x) else x
     if isinstance(x, list): return [_round(i, sig) for i in x]
     if isinstance(x, (np.floating, np.integer)): return _round(x.item(), sig)
     return x
 
+# %% ../../nbs/22e_figures.ipynb #aa84ca32
 def save_figure_data(
     frames:dict,     # name -> DataFrame
     path,            # the JSON file to write
@@ -276,6 +299,7 @@ def save_figure_data(
     path.write_text(json.dumps(out, separators=(',', ':')) + '\n')
     return path
 
+# %% ../../nbs/22e_figures.ipynb #f671dc69
 def load_figure_data(
     path,   # a file written by `save_figure_data`
 )->tuple:   # `(frames, meta)`: name -> DataFrame, and the description

@@ -23,11 +23,13 @@ from .sweeps import _pick, load_grid
 # %% ../../nbs/23a_sweep_tables.ipynb #e7676824
 def grid_summary(
     df:pd.DataFrame,        # `run_grid`'s table
-    by=None,                # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
+    # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
+    by=None,
     value:str='test_acc',   # the column summarised
 )->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
     "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
-    if 'chosen' in df: df = df[df['chosen'].astype(bool)]                # a tuned grid: only the runs kept
+    # a tuned grid: only the runs kept
+    if 'chosen' in df: df = df[df['chosen'].astype(bool)]
     cols = list(df.columns)
     by = list(by) if by is not None else cols[cols.index('cell') + 1:cols.index('test_acc')]
     if miss := [c for c in [value, *by] if c not in df]:
@@ -53,21 +55,27 @@ def best_valid(
 )->pd.DataFrame:            # the best run's row per group, indexed by `by`
     ("Per group, the run with the best validation accuracy among those that did not diverge "
      "(among all of them if every one diverged).")
-    best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]   # `run_grid`'s own rule
+    # `run_grid`'s own rule
+    best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]
     return pd.DataFrame(best).set_index(list(by))
 
 # %% ../../nbs/23a_sweep_tables.ipynb #f2a77516
 def at_best_rate(
     df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
-    fixed:float,            # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
-)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
-    ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives "
+    # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
+    fixed:float,
+# per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
+)->pd.DataFrame:
+    ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation "
+     "set gives "
      "(`best_valid`).")
     if df.groupby(['variant', 'lr']).size().max() > 1:
-        raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
+        raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. "
+                         "df[df.seed == 1]")
     at = df[np.isclose(df.lr, fixed)].set_index('variant').test_acc
     if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]:
-        raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
+        raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are "
+                         f"{sorted(set(df.lr))}")
     b = best_valid(df)
     t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc})
     return t.loc[list(dict.fromkeys(df.variant))]
@@ -86,11 +94,15 @@ def versus_table(
      "with each variant's seed variance pooled over its cells.")
     s = grid_summary(df, [field], value).reset_index()
     if ref not in set(s.variant):
-        raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
-    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2        # squares about each cell's mean (none from one seed)
+        raise ValueError(f"reference variant {ref!r} has no chosen run; the table has "
+                         f"{sorted(set(s.variant))}")
+    # squares about each cell's mean (none from one seed)
+    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2
     g = s.groupby('variant')
-    nu = g['seeds'].sum() - g.size()                            # pooled df: the sum of n - 1 over the variant's cells
-    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)          # pooled variance (unused where nu is 0)
+    # pooled df: the sum of n - 1 over the variant's cells
+    nu = g['seeds'].sum() - g.size()
+    # pooled variance (unused where nu is 0)
+    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)
     m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
     cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
              if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
@@ -130,13 +142,16 @@ def depth_answer(
     df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
     depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
     field:str='n_layers',   # the depth field
-    collapse_at:float=0.55, # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
-    keep_within:float=0.03, # a deepest cell within this of the best is 'within 3 points of its best'
+    # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
+    collapse_at:float=0.55,
+    # a deepest cell within this of the best is 'within 3 points of its best'
+    keep_within:float=0.03,
     alpha:float=ALPHA,      # the level of the test of best depth against deepest
 # per variant: best depth (on validation) and deepest, their test accuracies, diverged runs, similarity shares,
 # outcome, drop, its interval (lo, hi), p, verdict
 )->pd.DataFrame:
-    ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, and the test of "
+    ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, "
+     "and the test of "
      "'the best depth beats the deepest'.")
     s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
     val = grid_summary(df, [field], 'valid_acc')['mean']
@@ -173,7 +188,8 @@ def plot_grid(
     ax = ax or plt.subplots(figsize=(5, 3.2))[1]
     s = grid_summary(df, [x], y).reset_index()
     for v, t in s.groupby('variant', sort=False):
-        t = t.sort_values(x)        # cells come in any order (`axis_cells` puts the centre first): draw left to right
+        # cells come in any order (`axis_cells` puts the centre first): draw left to right
+        t = t.sort_values(x)
         ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
         bad = t[t['diverged'] > 0]
         if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
@@ -184,7 +200,8 @@ def plot_grid(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #84913325
 def plot_layers(
-    records:list,           # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
+    # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
+    records:list,
     key:str='share',        # 'share' or 'cosine'
     when:str='final',       # 'init' or 'final'
     ax=None,                # axes to draw on
@@ -212,6 +229,7 @@ def _tests_table(o:pd.DataFrame)->pd.DataFrame:
                          'points [95% CI]': [effect_text(*r) for r in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
                          'p': o.p.round(3), 'verdict': o.verdict}).set_index('task')
 
+# %% ../../nbs/23a_sweep_tables.ipynb #b67fba4f
 def _fix_accuracy(R:Path, models:list, claims:list)->dict:
     "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
     from transject_nb.presets import TASKS
@@ -227,7 +245,8 @@ def _fix_accuracy(R:Path, models:list, claims:list)->dict:
     rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class') or r.startswith('tfidf')]]
     fo = check_orderings(ftable, claims)
     ft, st = _tests_table(fo), _tests_table(check_orderings(stable, claims))
-    for side in ('better', 'worse'):                             # each arm's chosen rate, and whether it is the last
+    # each arm's chosen rate, and whether it is the last
+    for side in ('better', 'worse'):
         ft[f'rate of {side}'] = [status.lr[t, a] for t, a in zip(fo.task, fo[side])]
         ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a]) for t, a in zip(fo.task, fo[side])]
     ft['finished'] = [bool((status.loc[t].state == 'done').all()) for t in fo.task]
@@ -238,7 +257,8 @@ def _fix_accuracy(R:Path, models:list, claims:list)->dict:
 def fix_tables(
     results:Path,               # the committed results folder (`nbs/results`)
     models:list,                # the page's models, e.g. ['transformer', 'neutreno']
-    fix:str,                    # the model whose claims `experiments.PAPER_CLAIMS` holds, e.g. 'neutreno'
+    # the model whose claims `experiments.PAPER_CLAIMS` holds, e.g. 'neutreno'
+    fix:str,
     measure:str='share',        # the depth study's similarity measure: 'share' or 'cosine'
     ref:str='transformer',      # the model the depth study compares the others with
 )->dict:                        # name -> DataFrame (see the text above)
@@ -248,7 +268,8 @@ def fix_tables(
     from transject_nb.lab.ledger import effect_text
     check_choice(measure, ('share', 'cosine'), 'measure')
     if not (claims := [c for c in PAPER_CLAIMS if c[0] == fix]):
-        raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of {sorted({c[0] for c in PAPER_CLAIMS})}")
+        raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of "
+                         f"{sorted({c[0] for c in PAPER_CLAIMS})}")
     R = Path(results)
     frames, _ = load_figure_data(R/'fair'/'figures_imdb_seed1.json')
     sim = frames['similarity'][frames['similarity'].variant.isin(models)]

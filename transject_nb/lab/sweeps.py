@@ -36,7 +36,9 @@ def grid_cells(
     # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}` (`{}`: one cell, no overrides);
     # or a list of cells (dicts), taken as given
     grid,
-)->list:         # one dict per cell: the cartesian product in the grid's order (last field fastest), or the given cells
+# one dict per cell: the cartesian product in the grid's order (last field fastest), or the given
+# cells
+)->list:
     "The cells of a grid: every combination of the fields' values, or an explicit list of cells."
     if isinstance(grid, (list, tuple)):
         if not grid: raise ValueError("an empty list of cells: give at least one")
@@ -45,23 +47,28 @@ def grid_cells(
         if len(set(map(cell_key, grid))) < len(grid): raise ValueError(f"repeated cells in {grid}")
         return [dict(c) for c in grid]
     if not isinstance(grid, dict):
-        raise TypeError(f"grid must be a dict (field -> values) or a list of cells, got {type(grid).__name__}")
+        raise TypeError("grid must be a dict (field -> values) or a list of cells, got "
+                        f"{type(grid).__name__}")
     for k, vs in grid.items():
         if isinstance(vs, (str, bytes)) or not hasattr(vs, '__iter__'):
             raise TypeError(f"grid[{k!r}] must be a list of values, got {vs!r}")
         if not list(vs): raise ValueError(f"grid[{k!r}] is empty: give at least one value")
     return [dict(zip(grid, vs)) for vs in itertools.product(*map(list, grid.values()))]
 
+# %% ../../nbs/23_sweeps.ipynb #e1898f4a
 def axis_cells(
     base:dict,   # field -> value: the centre every axis passes through
     axes:dict,   # field -> values: each field varied alone, the others at `base`
 )->list:         # the cells, every one with all of `base`'s fields; the centre once
     "One axis at a time around a centre (a robustness figure's grid): fewer cells than the full product."
-    if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in base {base}")
-    grid_cells(axes)                                                    # the same checks of each axis's values
+    if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in "
+                                                                    f"base {base}")
+    # the same checks of each axis's values
+    grid_cells(axes)
     cells = [base | {k: v} for k, vs in axes.items() for v in vs]
     return list({cell_key(c): c for c in [dict(base), *cells]}.values())
 
+# %% ../../nbs/23_sweeps.ipynb #ea6d3a4f
 def cell_key(
     cell:dict,   # field -> value
 )->str:          # a folder name, e.g. 'd_model=64,n_layers=4'; 'default' for no fields
@@ -69,7 +76,8 @@ def cell_key(
     if not cell: return 'default'
     key = ','.join(f"{k}={v}" for k, v in cell.items())
     if not re.fullmatch(r'[\w.,=+-]+', key):
-        raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, digits, '.', '-' and '+'")
+        raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, "
+                         "digits, '.', '-' and '+'")
     return key
 
 # %% ../../nbs/23_sweeps.ipynb #59260cdf
@@ -81,6 +89,7 @@ def _first_block_grad_norm(model, x, y)->float:
     model.zero_grad(set_to_none=True)
     return float(torch.stack(g).sum().sqrt()) if g else 0.0
 
+# %% ../../nbs/23_sweeps.ipynb #34896c13
 def depth_measures(
     model,              # an `EncoderClassifier` (any variant)
     x:torch.Tensor,     # token ids `(B, n)`
@@ -106,7 +115,8 @@ def depth_measures(
 def diverged(
     hist:pd.DataFrame,   # per-epoch table from `learner.history`
     init_loss:float,     # the validation loss of the model at initialisation
-)->bool:                 # True if a loss is not finite, or no epoch's validation loss got below `init_loss`
+# True if a loss is not finite, or no epoch's validation loss got below `init_loss`
+)->bool:
     ("Whether a run diverged: NaN or infinite losses, "
      "or training that never improved on the initial model's validation loss.")
     if not np.isfinite(init_loss): raise ValueError(f"init_loss must be finite, got {init_loss}")
@@ -141,7 +151,8 @@ def run_cell(
     progress=False,        # `train_learner`'s progress
     cache_dir=None,        # `load_task`'s cache
     **fixed,               # fields every cell shares (the cell's own win)
-)->dict:                   # the record: results, measures at init and after training, divergence, wall time
+# the record: results, measures at init and after training, divergence, wall time
+)->dict:
     ("Train, evaluate and measure one cell of a grid; resumes an interrupted run; "
      "the record is also saved as `record.json`.")
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
@@ -150,7 +161,8 @@ def run_cell(
                         **(fixed | cell | dict(seed=seed)))
     xb, yb = probe_batch(learn)
     if (p0 := path/'init.json').exists(): init = json.loads(p0.read_text())
-    else:                                                               # before any step: the model at initialisation
+    # before any step: the model at initialisation
+    else:
         with learn.no_bar(): vl = float(learn.validate(ds_idx=1)[0])
         init = depth_measures(learn.model, xb, yb) | dict(valid_loss=vl); _dump(init, p0)
     train_learner(learn, resume=True, progress=progress)
@@ -185,22 +197,27 @@ def _pick(recs:list)->dict:
     ok = [r for r in recs if not r['diverged']] or recs
     return max(ok, key=lambda r: r['valid_acc'])
 
+# %% ../../nbs/23_sweeps.ipynb #3eec083a
 def _edges(
     tune:dict,      # the tuned field -> its values
     extend:dict,    # the same field -> values outside those, to try at the grid's edges
-)->tuple:           # (field, values below, nearest first; values above, nearest first); (None, [], []) if no `extend`
+# (field, values below, nearest first; values above, nearest first); (None, [], []) if no `extend`
+)->tuple:
     "Check `extend` against `tune` and split its values by the edge they extend."
     if not extend: return None, [], []
     if len(extend) != 1 or len(tune) != 1 or set(extend) != set(tune):
-        raise ValueError(f"`extend` must name the one tuned field; got extend fields {sorted(extend)} "
+        raise ValueError("`extend` must name the one tuned field; got extend fields "
+                         f"{sorted(extend)} "
                          f"with tuned fields {sorted(tune)}")
     (f, extra), vals = next(iter(extend.items())), tune[next(iter(tune))]
     if inside := [x for x in extra if min(vals) <= x <= max(vals)]:
-        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values {sorted(vals)}: "
+        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values "
+                         f"{sorted(vals)}: "
                          "extension values must be below or above them all")
     if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
     return f, sorted((x for x in extra if x < min(vals)), reverse=True), sorted(x for x in extra if x > max(vals))
 
+# %% ../../nbs/23_sweeps.ipynb #c0beca7e
 def _step_out(
     recs:list,      # the first seed's runs of one (variant, cell) so far
     f:str,          # the tuned field
@@ -261,7 +278,8 @@ class _GridRuns:
         print(f"{self.n}/{self.total}{'+' if self.ef else ''} {v} {cell_key(c)} seed {s}"
               f"{' (grid edge)' if edge else ''}: "
               f"test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
-              f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if self.ef else 'about'} {left / 60:.0f} min left"
+              f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if self.ef else 'about'} "
+                                             f"{left / 60:.0f} min left"
                                              if self.trained else ' (read back)'), flush=True)
 
 # %% ../../nbs/23_sweeps.ipynb #722cc5be
@@ -270,7 +288,8 @@ def run_grid(
     grid,                   # field -> values, or a list of cells (see `grid_cells`, `axis_cells`)
     variants=None,          # variant names (default: all of `VARIANTS`)
     seeds=(1, 2),           # training seeds
-    out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
+    # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
+    out='runs/grid',
     preset:str='repro',     # a `config.PRESETS` name
     # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds run the choice
     tune:dict|None=None,
@@ -284,8 +303,10 @@ def run_grid(
     # choosing where every run a choice needs has finished
     train:bool=True,
     **fixed,                # fields every cell shares
-)->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
-    ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, "
+# `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
+)->pd.DataFrame:
+    ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their "
+     "`record.json`, "
      "interrupted ones continue.")
     variants, seeds, tune, cells, trials, fields = _grid_plan(grid, variants, seeds, tune, fixed)
     ef, below, above = _edges(tune, dict(extend or {}))
@@ -295,9 +316,11 @@ def run_grid(
     for k, (v, c) in enumerate(runs.units):
         first, lo, hi = [runs.one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
         while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
-            first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # at an edge: one step beyond
+            # at an edge: one step beyond
+            first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))
         kept = [r for r in first if r]
-        if None not in first:                               # the choice is made (read-only: once its runs are on disk)
+        # the choice is made (read-only: once its runs are on disk)
+        if None not in first:
             best = _pick(first); best['chosen'] = True
             choice = {f: best[f] for f in tune}                          # {} without tuning
             kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
@@ -311,12 +334,14 @@ class Study:
     "A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields every run shares."
     task:str                    # one of `TASKS`
     grid:object                 # field -> values, or a list of cells (see `grid_cells`)
-    tune:dict                   # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
+    # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
+    tune:dict
     seeds:tuple = (1, 2)        # training seeds
     variants:tuple|None = None  # variant names (None: all of `VARIANTS`)
     preset:str = 'repro'        # the `settings.ini` preset under the fixed fields
     fixed:dict = field(default_factory=dict)   # fields every run shares
-    extend:dict = field(default_factory=dict)  # the tuned field -> values beyond its grid, for an edge (see `run_grid`)
+    # the tuned field -> values beyond its grid, for an edge (see `run_grid`)
+    extend:dict = field(default_factory=dict)
 
     @property
     def n_runs(self)->int:
@@ -358,6 +383,7 @@ ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in _AXES},
 # %% ../../nbs/23_sweeps.ipynb #81631023
 LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final', 'share_layers_final')
 
+# %% ../../nbs/23_sweeps.ipynb #0b88c1ca
 def export_grid(
     src,             # a sweep's folder (holds `grid.json` from `run_grid`)
     dest,            # where to write `grid.csv` and `layers.json` (created)
@@ -366,7 +392,8 @@ def export_grid(
      "and the chosen runs' per-layer similarity.")
     f = Path(src)/'grid.json'
     if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into {src} first")
+        raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into "
+                                f"{src} first")
     records = json.loads(f.read_text())
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     df = grid_frame(records); df.to_csv(dest/'grid.csv', index=False)
@@ -375,9 +402,11 @@ def export_grid(
     _dump(keep, dest/'layers.json')
     return df
 
+# %% ../../nbs/23_sweeps.ipynb #b6329b89
 def load_grid(
     dest,            # a folder written by `export_grid`
-)->tuple:            # `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
+# `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
+)->tuple:
     "Read back what `export_grid` wrote."
     dest = Path(dest)
     if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:

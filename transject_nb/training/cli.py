@@ -54,6 +54,7 @@ DEMO = dict(
 # %% ../../nbs/15_cli.ipynb #c9bb48b5
 def _rank0()->bool: return rank_distrib() == 0
 
+# %% ../../nbs/15_cli.ipynb #0f93811a
 def _out_dir(out, task:str)->Path:
     if out is not None: return Path(out)
     if num_distrib() > 1:
@@ -61,10 +62,12 @@ def _out_dir(out, task:str)->Path:
                          "same folder")
     return Path('runs')/task/datetime.now().strftime('%Y%m%d-%H%M%S')
 
+# %% ../../nbs/15_cli.ipynb #4d4c12a9
 RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl',
              'results.json')
 COMPARISON_FILES = ('results.csv', 'summary.csv', 'summary.md', 'curves.png')
 
+# %% ../../nbs/15_cli.ipynb #aa4a0063
 def _holds(path:Path)->str|None:
     ("What `path` holds: 'comparison' (its tables, or its runs' folders), "
      "'run' (a run's files), or None.")
@@ -73,6 +76,7 @@ def _holds(path:Path)->str|None:
         return 'comparison'
     return 'run' if any((path/f).exists() for f in RUN_FILES) else None
 
+# %% ../../nbs/15_cli.ipynb #07e1fb3d
 def _check_out(path:Path, want:str, resume:bool):
     ("Refuse to write a `want` ('run' or 'comparison') over a folder's run or comparison, "
      "unless `resume` continues it.")
@@ -84,12 +88,14 @@ def _check_out(path:Path, want:str, resume:bool):
         raise FileExistsError(f"{path} already holds a {held}; pass --resume to continue it, "
                               "or another --out")
 
+# %% ../../nbs/15_cli.ipynb #b35d2c2b
 def _json_default(o):
     "What `json.dump` does not write itself: numpy scalars become Python numbers, paths text."
     if isinstance(o, np.generic): return o.item()
     if isinstance(o, Path): return str(o)
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
+# %% ../../nbs/15_cli.ipynb #645d9142
 def _say_presets(section:str):
     print(f"presets [{section}] from {' + '.join(map(str, settings_files()))}", flush=True)
 
@@ -161,6 +167,7 @@ def to_markdown(df:pd.DataFrame)->str:
 def _pm(m, s, n)->str:
     return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
 
+# %% ../../nbs/15_cli.ipynb #ebe058c9
 def summary_table(
     results:list,    # dicts from `learner.evaluate`, one per run, all of one task
 )->pd.DataFrame:     # one row per variant, in the order first seen
@@ -199,6 +206,7 @@ def _seeds(seeds)->list:
                          f"{given!r}; each seed is one run: give each once")
     return seeds
 
+# %% ../../nbs/15_cli.ipynb #3a61e45c
 def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data,
                      results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
     ("Write `compare`'s tables, curves and JSON into `out`, all of them or none; "
@@ -232,6 +240,7 @@ def _per_variant(overrides:dict, vs:list)->dict:
         raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
     return per
 
+# %% ../../nbs/15_cli.ipynb #879474b5
 def _say_run(v, s, res, n_done, n_all):
     "`compare`'s line after a run."
     print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, "
@@ -239,6 +248,7 @@ def _say_run(v, s, res, n_done, n_all):
           f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; "
           f"run {n_done} of {n_all} done", flush=True)
 
+# %% ../../nbs/15_cli.ipynb #c88d248c
 def _say_summary(task, seeds, results, md, wall, out):
     "`compare`'s closing table."
     print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; "
@@ -315,14 +325,17 @@ def _common(p):
     p.add_argument('--quiet', action='store_true',
                    help='no progress reports (bars in a terminal, plain lines in a log)')
 
+# %% ../../nbs/15_cli.ipynb #b128e237
 def _cache(a): return False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
 
+# %% ../../nbs/15_cli.ipynb #dfcfad40
 def _train_args(p):
     p.add_argument('--task', required=True, choices=TASKS, help='the task')
     p.add_argument('--variant', required=True, choices=VARIANTS, help='the variant')
     p.add_argument('--no-export', action='store_true', help='do not write export.pkl')
     _common(p)
 
+# %% ../../nbs/15_cli.ipynb #e3ea5e55
 def _train(a, words):
     overrides = parse_overrides(words, [a.variant])
     out = _out_dir(a.out, a.task)
@@ -354,14 +367,17 @@ def _compare_args(p):
                 f"{DEMO['preset']} preset, seeds {', '.join(map(str, DEMO['seeds']))}, "
                 f"and {demo}; the fields given override them.")
 
+# %% ../../nbs/15_cli.ipynb #c3af9462
 def _compare(a, words):
     overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
     return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a),
                    export=a.export, quiet=a.quiet, **overrides)
 
+# %% ../../nbs/15_cli.ipynb #4a60f0f1
 # `bench` types the values: it knows the models' config classes
 def _bench(a, words): return bench_command(a, dict(split_fields(words)))
 
+# %% ../../nbs/15_cli.ipynb #85ced624
 # subcommand -> (help, adds its options to a parser, runs it on the parsed options and the
 # remaining words)
 COMMANDS = dict(
@@ -404,6 +420,7 @@ def make_parser()->argparse.ArgumentParser:
 _BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)
 _STOPS = (KeyboardInterrupt, Stopped)   # asked to stop: no error
 
+# %% ../../nbs/15_cli.ipynb #0d1e3b7a
 def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
     ("End a failed command: one line on stderr and a non-zero status "
      "(bad input: argparse's error, status 2).")
@@ -416,8 +433,6 @@ def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
     print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}",
           file=sys.stderr, flush=True)
     sys.exit(code)
-
-
 
 # %% ../../nbs/15_cli.ipynb #1659df90
 def run_command(
@@ -437,6 +452,7 @@ def run_command(
         if a.debug and old is None: os.environ.pop(DEBUG_ENV, None)
         elif a.debug: os.environ[DEBUG_ENV] = old
 
+# %% ../../nbs/15_cli.ipynb #01d25599
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 ):
@@ -444,8 +460,6 @@ def main(
     try: run_command(argv)
     # under a launcher: close the process group, or gloo can abort the exit
     finally: end_distributed()
-
-
 
 # %% ../../nbs/15_cli.ipynb #00e9eae6
 # `python -m transject_nb.training.cli`, not this notebook's run

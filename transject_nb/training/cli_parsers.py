@@ -38,6 +38,7 @@ def field_configs(
         for k in valid_fields(v)['model']: out.setdefault(k, variant_spec(v).config_cls)
     return out | {k: TrainConfig for k in TRAIN_FIELDS} | {k: DataConfig for k in DATA_FIELDS}
 
+# %% ../../nbs/15a_cli_parsers.ipynb #088874a9
 def parse_overrides(
     args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
     variants,        # the variants that will be run
@@ -61,18 +62,22 @@ def _type_text(cls, name:str)->str:
     opts = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
     return '|'.join('None' if o is type(None) else o.__name__ for o in opts)
 
+# %% ../../nbs/15a_cli_parsers.ipynb #a7a69279
 def _class_default(cls, name:str):
     f = next(f for f in fields(cls) if f.name == name)
     return None if f.default is MISSING else f.default
 
+# %% ../../nbs/15a_cli_parsers.ipynb #4f2a7d68
 def _field_doc(cls, name:str)->str:
     "The docments comment of `name` in `cls` or the first of its bases that has one."
     return next((d for c in cls.__mro__
                  if '__dataclass_fields__' in vars(c) and (d := docments(c).get(name))), '')
 
+# %% ../../nbs/15a_cli_parsers.ipynb #bd6559c5
 def _group(name:str)->str:
     return 'train' if name in TRAIN_FIELDS else 'data' if name in DATA_FIELDS else 'model'
 
+# %% ../../nbs/15a_cli_parsers.ipynb #0c315cf5
 def field_defaults(
     variants,            # the variants a run may train
     tasks=None,          # the tasks (default: all of `TASKS`)
@@ -98,6 +103,7 @@ def field_defaults(
 _FIELD_TITLES = dict(model='model fields (--field value)', train='training fields (--field value)',
                      data='data fields (--field value)')
 
+# %% ../../nbs/15a_cli_parsers.ipynb #8e1809cf
 def _default_text(rows:pd.DataFrame)->str:
     ("'default V (where)', or each value with its tasks where they differ; "
      "`[<task>-cpu]` stands for each task's.")
@@ -112,6 +118,7 @@ def _default_text(rows:pd.DataFrame)->str:
     text = '; '.join(f"{v} for {', '.join(ts)}{one(s, ts)}" for (v, s), ts in by.items())
     return f"default {text}" + (f" ({srcs.pop()})" if len(srcs) == 1 else '')
 
+# %% ../../nbs/15a_cli_parsers.ipynb #c4cc36e3
 def _field_line(name:str, rows:pd.DataFrame, families:dict)->tuple:
     "(metavar, help) of one field."
     typ, doc, only = rows.type.iloc[0], rows.doc.iloc[0], rows.variants.iloc[0]
