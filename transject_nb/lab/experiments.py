@@ -49,7 +49,8 @@ FEATURES = dict(
 def token_docs(
     split:TokenSplit,   # a split of `load_task`
 )->list:                # one string per example: its token ids separated by spaces
-    "Every example of a split as the text of its token ids, which scikit-learn's vectorizers read as words."
+    ("Every example of a split as the text of its token ids, which scikit-learn's vectorizers read "
+     "as words.")
     if not isinstance(split, TokenSplit):
         raise TypeError("token_docs needs a TokenSplit (a split of load_task's TaskData), got "
                         f"{type(split).__name__}")
@@ -78,13 +79,15 @@ def tfidf_logreg(
     Cs=C_GRID,                # inverse regularisation strengths tried
     min_df:int=1,             # keep n-grams found in at least this many training examples
 )->dict:                      # valid_acc, test_acc and the chosen C
-    "TF-IDF of token-id n-grams and a logistic regression (scikit-learn), C chosen on the validation split."
+    ("TF-IDF of token-id n-grams and a logistic regression (scikit-learn), C chosen on the "
+     "validation split.")
     ytr, yva, yte = (s.labels.numpy() for s in (train, valid, test))
     if len(np.unique(ytr)) < 2:
         raise ValueError(f"the training split has a single class ({int(ytr[0])}): a classifier "
                          "needs at least two")
     if not len(Cs): raise ValueError("Cs is empty: give at least one C")
-    vec = TfidfVectorizer(token_pattern=r'\S+', ngram_range=tuple(ngram_range), lowercase=False, sublinear_tf=True,
+    vec = TfidfVectorizer(token_pattern=r'\S+', ngram_range=tuple(ngram_range), lowercase=False,
+                          sublinear_tf=True,
                           min_df=min_df, dtype=np.float32)
     Xtr = vec.fit_transform(token_docs(train))                                    # (N, V) sparse
     Xva, Xte = vec.transform(token_docs(valid)), vec.transform(token_docs(test))
@@ -124,7 +127,8 @@ def linear_baselines(
     return pd.DataFrame(rows, columns=list(BASELINE_COLUMNS))
 
 # %% ../../nbs/22_experiments.ipynb #c818bde8
-RESULT_COLUMNS = ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'best_epoch', 'epochs', 'params', 'train_secs',
+RESULT_COLUMNS = ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'best_epoch', 'epochs',
+                  'params', 'train_secs',
                   'data_key', 'preset')   # one row of `collect_runs`
 
 # %% ../../nbs/22_experiments.ipynb #0b2fae28
@@ -137,30 +141,37 @@ def read_run(
         raise FileNotFoundError(f"no results.json in {run_dir}: the run has not finished "
                                 "(run_one writes it after the test evaluation)")
     js = json.loads(f.read_text())
-    if not isinstance(js, dict) or not isinstance(js.get('results'), dict) or not isinstance(js.get('config'), dict):
+    if not (isinstance(js, dict) and isinstance(js.get('results'), dict)
+            and isinstance(js.get('config'), dict)):
         raise ValueError(f"{f} is not a run's results.json (expected the keys results, config, "
                          "history; "
                          f"got {sorted(js) if isinstance(js, dict) else type(js).__name__})")
     row = ({k: js['results'].get(k) for k in RESULT_COLUMNS}
            | dict(data_key=js['config'].get('data_key'), preset=js['config'].get('preset')))
-    if missing := [k for k in ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'data_key') if row[k] is None]:
+    if missing := [k for k in ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'data_key')
+                   if row[k] is None]:
         raise ValueError(f"{f} lacks {missing}: not written by transject_nb.training.cli.run_one")
     return row
 
 # %% ../../nbs/22_experiments.ipynb #2050d0f2
 def collect_runs(
-    # a folder of runs: `<task>/<variant>/seed<k>/results.json`, or `<variant>/seed<k>/results.json` of one `compare`
+    # a folder of runs: `<task>/<variant>/seed<k>/results.json`, or `<variant>/seed<k>/results.json`
+    # of one `compare`
     root,
-# one row per finished run, columns `RESULT_COLUMNS`, sorted by task, variant (in `VARIANTS` order) and seed
+# one row per finished run, columns `RESULT_COLUMNS`, sorted by task, variant (in `VARIANTS` order)
+# and seed
 )->pd.DataFrame:
     "Every finished run below `root` as one row."
     root = Path(root)
     if not root.is_dir(): raise FileNotFoundError(f"no folder {root}")
-    rows = [read_run(f.parent) for f in sorted(root.rglob('results.json')) if f.parent.name.startswith('seed')]
+    rows = [read_run(f.parent) for f in sorted(root.rglob('results.json'))
+            if f.parent.name.startswith('seed')]
     df = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
     if df.empty: return df
     rank = lambda s, order: s.map({v: i for i, v in enumerate(order)}).fillna(len(order))
-    key = lambda s: rank(s, TASKS) if s.name == 'task' else rank(s, VARIANTS) if s.name == 'variant' else s
+    key = lambda s: (rank(s, TASKS) if s.name == 'task' else rank(s, VARIANTS)
+                     if s.name == 'variant'
+                     else s)
     df = df.sort_values(['task', 'variant', 'seed'], key=key)
     return df.astype({'seed': int}).reset_index(drop=True)
 
@@ -221,7 +232,8 @@ def paper_table(
     # accuracy per printed unit of s.d.: 1.0 reads '± 0.01' as 0.01 of accuracy (1 point),
     # 0.01 as a hundredth of a point
     std_scale:float=1.0,
-# index (task, model); kind 'paper', n, test_acc, test_std: the columns `check_orderings` and `spread_claim` read
+# index (task, model); kind 'paper', n, test_acc, test_std: the columns `check_orderings` and
+# `spread_claim` read
 )->pd.DataFrame:
     ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled "
      "by `std_scale`), "
@@ -238,7 +250,8 @@ def paper_table(
     rank = {v: i for i, v in enumerate(VARIANTS)}
     order = sorted(rows, key=lambda k: (TASKS.index(k[0]) if k[0] in TASKS else len(TASKS), k[0],
                                         rank.get(k[1], len(rank)), k[1]))
-    out = pd.DataFrame([rows[k] for k in order], index=pd.MultiIndex.from_tuples(order, names=['task', 'model']))
+    index = pd.MultiIndex.from_tuples(order, names=['task', 'model'])
+    out = pd.DataFrame([rows[k] for k in order], index=index)
     return out.astype({'n': int})
 
 # %% ../../nbs/22_experiments.ipynb #c26671bc
@@ -248,6 +261,23 @@ def _check_columns(df, cols, what):
     if missing := [c for c in cols if c not in df.columns]:
         raise ValueError(f"{what} lacks the columns {missing}; expected {list(cols)}")
 
+# %% ../../nbs/22_experiments.ipynb #3edf01ca
+def _baseline_rows(
+    runs:pd.DataFrame,       # the neural runs, columns `RESULT_COLUMNS`
+    baselines:pd.DataFrame,  # from `linear_baselines`, columns `BASELINE_COLUMNS`
+)->pd.DataFrame:             # the baselines as rows of `results_table`, index (task, model)
+    "The baselines as rows of a results table, checked to be on the splits of the neural runs."
+    _check_columns(baselines, BASELINE_COLUMNS, 'baselines')
+    keys = runs.groupby('task').data_key.first()
+    for t, k in baselines.groupby('task').data_key.first().items():
+        if t in keys and k != keys[t]:
+            raise ValueError(f"task {t}: the baselines ran on other splits (data_key {k}) "
+                             f"than the neural runs ({keys[t]})")
+    b = baselines.set_index(['task', 'model'])
+    return pd.DataFrame({'kind': 'baseline', 'n': 1, 'test_acc': b.test_acc, 'test_std': np.nan,
+                         'valid_acc': b.valid_acc, 'valid_std': np.nan, 'params': np.nan,
+                         'epochs': np.nan, 'train_secs': b.secs})
+
 # %% ../../nbs/22_experiments.ipynb #f1bc04fa
 def results_table(
     runs:pd.DataFrame,                # from `collect_runs` (or its CSV), columns `RESULT_COLUMNS`
@@ -255,9 +285,11 @@ def results_table(
     baselines:pd.DataFrame|None=None,
     # the papers' numbers: a dict with `test_acc` {(task, variant): accuracy}
     paper:dict=PAPER_RESULTS,
-# index (task, model); kind, n, test_acc, test_std, valid_acc, valid_std, params, epochs, train_secs, paper
+# index (task, model); kind, n, test_acc, test_std, valid_acc, valid_std, params, epochs,
+# train_secs, paper
 )->pd.DataFrame:
-    "Mean ± std over seeds of each (task, variant), the baselines as rows, the paper's number beside each."
+    ("Mean ± std over seeds of each (task, variant), the baselines as rows, the paper's number "
+     "beside each.")
     _check_columns(runs, RESULT_COLUMNS, 'runs')
     for t, g in runs.groupby('task'):
         if g.data_key.nunique() > 1:
@@ -270,21 +302,13 @@ def results_table(
                         'valid_std': g.valid_acc.std(ddof=1), 'params': g.params.first(),
                         'epochs': g.epochs.mean(), 'train_secs': g.train_secs.mean()})
     if baselines is not None and len(baselines):
-        _check_columns(baselines, BASELINE_COLUMNS, 'baselines')
-        keys = runs.groupby('task').data_key.first()
-        for t, k in baselines.groupby('task').data_key.first().items():
-            if t in keys and k != keys[t]:
-                raise ValueError(f"task {t}: the baselines ran on other splits (data_key {k}) "
-                                 f"than the neural runs ({keys[t]})")
-        b = baselines.set_index(['task', 'model'])
-        out = pd.concat([out, pd.DataFrame({'kind': 'baseline', 'n': 1, 'test_acc': b.test_acc, 'test_std': np.nan,
-                                            'valid_acc': b.valid_acc, 'valid_std': np.nan, 'params': np.nan,
-                                            'epochs': np.nan, 'train_secs': b.secs})])
+        out = pd.concat([out, _baseline_rows(runs, baselines)])
     out.index.names = ['task', 'model']
     out['paper'] = [paper.get('test_acc', {}).get(i, np.nan) for i in out.index]
     rank = {v: i for i, v in enumerate(VARIANTS)}
-    order = sorted(out.index, key=lambda i: (TASKS.index(i[0]) if i[0] in TASKS else len(TASKS), i[0],
-                                             out.loc[i, 'kind'] != 'neural', rank.get(i[1], len(rank))))
+    task_rank = lambda t: TASKS.index(t) if t in TASKS else len(TASKS)
+    order = sorted(out.index, key=lambda i: (task_rank(i[0]), i[0], out.loc[i, 'kind'] != 'neural',
+                                             rank.get(i[1], len(rank))))
     return out.loc[order].astype({'n': int})
 
 # %% ../../nbs/22_experiments.ipynb #8b3de5d4
@@ -299,8 +323,10 @@ def format_table(
     # per task: tasks may have other seed counts
     nmax = table[table.kind == 'neural'].n.groupby(level='task').max()
     def cell(r):
-        s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1 else '')
-        return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1) else '')
+        s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1
+                                                else '')
+        return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1)
+                    else '')
     cells = table.apply(cell, axis=1)
     wide = cells.unstack('task')
     models = list(dict.fromkeys(m for _, m in table.index))
@@ -316,11 +342,14 @@ def beside_paper(
 )->pd.DataFrame:
     "`format_table` with the paper's accuracy beside ours, task by task."
     ours, theirs = format_table(table, digits), paper_table(paper)
-    pct = lambda t, m: f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}" if (t, m) in theirs.index else ''
+    pct = lambda t, m: (f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}"
+                        if (t, m) in theirs.index
+                        else '')
     cols = {}
     for t in ours.columns:
         cols[(t, 'ours')] = ours[t]
-        cols[(t, f"paper {paper.get('tables', {}).get(t, '')}".strip())] = pd.Series({m: pct(t, m) for m in ours.index})
+        name = f"paper {paper.get('tables', {}).get(t, '')}".strip()
+        cols[(t, name)] = pd.Series({m: pct(t, m) for m in ours.index})
     return pd.DataFrame(cols).rename_axis(columns=['task', ''])
 
 # %% ../../nbs/22_experiments.ipynb #207c7371
@@ -333,7 +362,8 @@ def missing_runs(
     "The cells of the planned (task, variant, seed) grid that have no finished run."
     _check_columns(runs, ('task', 'variant', 'seed'), 'runs')
     have = set(zip(runs.task, runs.variant, runs.seed.astype(int)))
-    return pd.DataFrame([(t, v, s) for t in tasks for v in variants for s in seeds if (t, v, s) not in have],
+    return pd.DataFrame([(t, v, s) for t in tasks for v in variants for s in seeds
+                         if (t, v, s) not in have],
                         columns=['task', 'variant', 'seed'])
 
 # %% ../../nbs/22_experiments.ipynb #0bfd1fe9
@@ -351,7 +381,8 @@ def paused_runs(
     return df[slow], float(df[col].sum() - (df[col] - med)[slow].sum())
 
 # %% ../../nbs/22_experiments.ipynb #20377e19
-# (better, worse, claim): the orderings the papers report against the Transformer, on every classification task
+# (better, worse, claim): the orderings the papers report against the Transformer, on every
+# classification task
 PAPER_CLAIMS = (
     ('transject', 'transformer',
      'TransJect beats the Transformer (abstract: improvements over the variants of Transformers)'),
@@ -377,44 +408,67 @@ def _claim(c)->tuple:
 # %% ../../nbs/22_experiments.ipynb #29d2c05b
 def check_orderings(
     table:pd.DataFrame,     # from `results_table` (or `paper_table`)
-    # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is made for (None: all)
+    # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is
+    # made for (None: all)
     claims=PAPER_CLAIMS,
     alpha:float=ALPHA,      # the level of Welch's test
-# one row per (task, claim) with both sides present: accuracies, seeds, difference, its interval, se, df, p, verdict
+# one row per (task, claim) with both sides present: accuracies, seeds, difference, its interval,
+# se, df, p, verdict
 )->pd.DataFrame:
     "Test claimed orderings on every task of a results table by Welch's t-test at level `alpha`."
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
     claims, rows = [_claim(c) for c in claims], []
     for task in dict.fromkeys(t for t, _ in table.index):
         for a, b, text, tasks in claims:
-            if tasks is not None and task not in tasks or (task, a) not in table.index or (task, b) not in table.index:
+            if (tasks is not None and task not in tasks or (task, a) not in table.index
+                    or (task, b) not in table.index):
                 continue
             A, B = table.loc[(task, a)], table.loc[(task, b)]
             r = welch_from_stats(A.test_acc, A.test_std, A.n, B.test_acc, B.test_std, B.n, alpha)
-            rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc, worse_acc=B.test_acc,
+            rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc,
+                             worse_acc=B.test_acc,
                              n_better=int(A.n), n_worse=int(B.n),
-                             **{k: r[k] for k in ('diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict')}, claim=text))
-    return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse',
+                             **{k: r[k] for k in ('diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict')},
+                             claim=text))
+    return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc',
+                                       'n_better', 'n_worse',
                                        'diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'claim'])
 
 # %% ../../nbs/22_experiments.ipynb #ead63afe
 # (better, worse, claim, tasks): TransJect's §3.6 orderings among its variants and against ReZero,
 # each on the tasks it is made for
 TRANSJECT_CLAIMS = (
-    ('random-transject', 'transject', 'random Σ beats the approximated Σ on AG News (§3.6.1)', ('agnews',)),
+    ('random-transject', 'transject', 'random Σ beats the approximated Σ on AG News (§3.6.1)',
+     ('agnews',)),
     ('random-entropic-transject', 'entropic-transject',
      'random Σ beats the approximated Σ on AG News, entropic variants (§3.6.1)', ('agnews',)),
     ('entropic-transject', 'transject', 'the entropic variant beats the non-entropic one on AG '
                                         'News (§3.6.1)',
      ('agnews',)),
     ('random-entropic-transject', 'random-transject',
-     'the entropic variant beats the non-entropic one on AG News, random Σ (§3.6.1)', ('agnews',)),
+     'the entropic variant beats the non-entropic one on AG News, random Σ (§3.6.1)',
+     ('agnews',)),
     ('transject', 'entropic-transject',
-     'the non-entropic variant beats the entropic one on the long tasks (§3.6.2)', ('listops', 'charimdb')),
+     'the non-entropic variant beats the entropic one on the long tasks (§3.6.2)',
+     ('listops', 'charimdb')),
     ('random-transject', 'random-entropic-transject',
-     'the non-entropic variant beats the entropic one on the long tasks, random Σ (§3.6.2)', ('listops', 'charimdb')),
+     'the non-entropic variant beats the entropic one on the long tasks, random Σ (§3.6.2)',
+     ('listops', 'charimdb')),
     ('transject', 'transformer-rezero', 'TransJect beats Transformer+ReZero (§3.6.1)', None),
 )
+
+# %% ../../nbs/22_experiments.ipynb #0035ee79
+def _pooled_std(
+    g:pd.DataFrame,   # rows of a results table (`n`, `test_std`): one group of variants of a task
+    task:str,         # the task, for the error message
+)->tuple:             # (pooled s.d., degrees of freedom); NaN s.d. on 0 degrees of freedom
+    ("The seed s.d. of a group of variants pooled over them: "
+     "$\\sqrt{\\sum(n_i-1)s_i^2/\\sum(n_i-1)}$.")
+    if bad := [m for (_, m), r in g.iterrows() if r.n >= 2 and not np.isfinite(r.test_std)]:
+        raise ValueError(f"task {task}: {bad} have seeds but no finite test_std")
+    df = float((g.n - 1).sum())
+    ss = float(((g.n - 1) * g.test_std.fillna(0) ** 2).sum())
+    return (math.sqrt(ss / df) if df else float('nan')), df
 
 # %% ../../nbs/22_experiments.ipynb #c4cd0f40
 def spread_claim(
@@ -430,31 +484,24 @@ def spread_claim(
 # per task: each group's pooled s.d. and df, their ratio, F, p, verdict, claim
 )->pd.DataFrame:
     ("Per task, whether the entropic TransJect variants vary less over seeds than the non-entropic "
-     "ones: "
-     "an F test on the groups' pooled variances.")
+     "ones: an F test on the groups' pooled variances.")
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
     if tasks is not None and (isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks)):
         raise ValueError(f"tasks must be a tuple of task names or None, got {tasks!r}")
     rows = []
     for task in dict.fromkeys(t for t, _ in table.index):
         if tasks is not None and task not in tasks: continue
-        groups = [table.loc[[(task, v) for v in vs if (task, v) in table.index]] for vs in (entropic, plain)]
+        groups = [table.loc[[(task, v) for v in vs if (task, v) in table.index]]
+                  for vs in (entropic, plain)]
         if any(g.empty for g in groups): continue
-        pooled = []
-        for g in groups:
-            if bad := [m for (_, m), r in g.iterrows() if r.n >= 2 and not np.isfinite(r.test_std)]:
-                raise ValueError(f"task {task}: {bad} have seeds but no finite test_std")
-            df = float((g.n - 1).sum())
-            pooled.append((math.sqrt(float(((g.n - 1) * g.test_std.fillna(0) ** 2).sum()) / df) if df else float('nan'),
-                           df))
-        (se_, de), (sp, dp) = pooled
+        (se_, de), (sp, dp) = [_pooled_std(g, task) for g in groups]
         r = spread_test(se_, de, sp, dp, alpha)
-        rows.append(dict(task=task, std_entropic=se_, std_plain=sp, df_entropic=de, df_plain=dp, ratio=r['ratio'],
-                         F=r['F'], p=r['p'], verdict=r['verdict'],
+        rows.append(dict(task=task, std_entropic=se_, std_plain=sp, df_entropic=de, df_plain=dp,
+                         ratio=r['ratio'], F=r['F'], p=r['p'], verdict=r['verdict'],
                          claim='the entropic variants vary less over seeds than the non-entropic '
                                'ones (§3.6.1)'))
-    return pd.DataFrame(rows, columns=['task', 'std_entropic', 'std_plain', 'df_entropic', 'df_plain', 'ratio', 'F',
-                                       'p', 'verdict', 'claim'])
+    return pd.DataFrame(rows, columns=['task', 'std_entropic', 'std_plain', 'df_entropic',
+                                       'df_plain', 'ratio', 'F', 'p', 'verdict', 'claim'])
 
 # %% ../../nbs/22_experiments.ipynb #7ee7eb13
 def _preset_kind(task:str, section:str)->str:
@@ -473,7 +520,8 @@ def run_data(
      "(from `load_task`'s cache when it has them).")
     read_run(run_dir)
     cfg = json.loads((Path(run_dir)/'results.json').read_text())['config']
-    data = load_task(cfg['task'], max_len=cfg['model']['max_len'], cache_dir=cache_dir, progress=False,
+    data = load_task(cfg['task'], max_len=cfg['model']['max_len'], cache_dir=cache_dir,
+                     progress=False,
                      **DataConfig(**cfg['data']).load_kwargs())
     if data.cache_key != cfg['data_key']:
         raise ValueError(f"reloading the data of {run_dir} gave other splits (data_key "
@@ -491,7 +539,8 @@ def load_run(
     device=None,              # where the model goes (default: fastai's default device)
 # the Learner with the best weights and the run's history; `.results`: the run's results
 )->TaskLearner:
-    "A finished run back as a fastai Learner, from its stored config, data key, best weights and checkpoint."
+    ("A finished run back as a fastai Learner, from its stored config, data key, best weights and "
+     "checkpoint.")
     run_dir = Path(run_dir)
     # a finished run's results.json, or a clear error
     read_run(run_dir)
@@ -510,7 +559,8 @@ def load_run(
                          f"(data_key {cfg['data_key']})")
     # recorded, unused
     dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}
-    learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data, path=run_dir, device=device,
+    learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data,
+                        path=run_dir, device=device,
                         **cfg['model'], **cfg['train'], **dcfg)
     # finished: best weights and history, no training
     train_learner(learn, resume=True, progress=False)

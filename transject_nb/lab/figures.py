@@ -51,7 +51,8 @@ def figure_sample(
 def _per_model(learners:dict, fn, only=None)->pd.DataFrame:
     if not isinstance(learners, dict) or not learners:
         raise TypeError("learners must be a non-empty dict {name: learner or model}")
-    frames = [fn(m).reset_index().assign(variant=v) for v, m in learners.items() if only is None or only(m)]
+    frames = [fn(m).reset_index().assign(variant=v) for v, m in learners.items()
+              if only is None or only(m)]
     if not frames: raise ValueError(f"none of {list(learners)} has what this figure needs")
     df = pd.concat(frames, ignore_index=True)
     return df[['variant'] + [c for c in df.columns if c not in ('variant', 'index')]]
@@ -64,7 +65,8 @@ def pair_distance_data(
     tokenizer=None,        # default: each learner's
 # variant, layer, pair, i, j, distance, cosine, ratio (distance over layer 0's)
 )->pd.DataFrame:
-    "TransJect Fig. 1: distance and cosine of token pairs of one text at every layer, for each model."
+    ("TransJect Fig. 1: distance and cosine of token pairs of one text at every layer, for each "
+     "model.")
     return _per_model(learners, lambda m: token_pair_stats(m, text, pairs, tokenizer))
 
 # %% ../../nbs/22e_figures.ipynb #8b4a1b9e
@@ -83,8 +85,10 @@ def entropy_data(
     max_tokens:int=4096,    # real tokens sampled per layer
 # variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
 )->pd.DataFrame:
-    "TransJect Fig. 5a: differential entropy per layer (mean over neurons), by `analysis.layer_entropy`."
-    return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens, progress=False))
+    ("TransJect Fig. 5a: differential entropy per layer (mean over neurons), by "
+     "`analysis.layer_entropy`.")
+    return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens,
+                                                        progress=False))
 
 # %% ../../nbs/22e_figures.ipynb #aaef6738
 def plot_entropy_data(
@@ -93,7 +97,8 @@ def plot_entropy_data(
     ax=None,                  # matplotlib Axes
 ):                            # the Axes
     "Layer-wise entropy of each model."
-    return plot_layer_curves({v: g.set_index('layer')[estimator] for v, g in df.groupby('variant', sort=False)},
+    return plot_layer_curves({v: g.set_index('layer')[estimator]
+                              for v, g in df.groupby('variant', sort=False)},
                              ylabel=f'entropy (nats, {estimator})', ax=ax)
 
 # %% ../../nbs/22e_figures.ipynb #c2fa297c
@@ -104,8 +109,10 @@ def expert_weight_data(
     learners:dict,   # name -> trained learner (or model); only the TransJect variants are used
     data,            # examples (see `entropy_data`)
 )->pd.DataFrame:     # variant, block, expert 1..E, spread, balance
-    "TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by `analysis.expert_weights`."
-    return _per_model(learners, lambda m: expert_weights(m, data, progress=False), only=_has_experts)
+    ("TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by "
+     "`analysis.expert_weights`.")
+    return _per_model(learners, lambda m: expert_weights(m, data, progress=False),
+                      only=_has_experts)
 
 # %% ../../nbs/22e_figures.ipynb #0e0523c1
 def plot_expert_data(
@@ -115,22 +122,27 @@ def plot_expert_data(
     groups = list(df.groupby('variant', sort=False))
     fig, axs = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
     for ax, (v, g) in zip(axs[0], groups):
-        plot_expert_weights(g.set_index('block').drop(columns='variant').dropna(axis=1, how='all'), ax=ax, title=v)
+        plot_expert_weights(g.set_index('block').drop(columns='variant').dropna(axis=1, how='all'),
+                            ax=ax, title=v)
     return fig
 
 # %% ../../nbs/22e_figures.ipynb #0f6bb0be
 def bound_data(
     learners:dict,   # name -> trained learner (or model)
     data,            # examples (see `entropy_data`)
-# variant, layer, lo, hi (measured), bound_lo, bound_hi (Theorem 2 with the model's α; NaN without α), alpha,
+# variant, layer, lo, hi (measured), bound_lo, bound_hi (Theorem 2 with the model's α; NaN without
+# α), alpha,
 # worst_lo, worst_hi
 )->pd.DataFrame:
-    "TransJect Fig. 5c: measured min/max token distance ratio per layer beside the bounds from each model's own α."
+    ("TransJect Fig. 5c: measured min/max token distance ratio per layer beside the bounds from "
+     "each model's own α.")
     def one(m):
         df = activation_bounds(m, data, progress=False)
         a, L = residual_weights(m), unwrap(m).cfg.n_layers
-        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m), 'alphas') else [np.nan] * L)
-        df['worst_lo'], df['worst_hi'] = transject_bounds(L) if _has_experts(m) else (np.nan, np.nan)
+        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m), 'alphas')
+                                  else [np.nan] * L)
+        df['worst_lo'], df['worst_hi'] = (transject_bounds(L) if _has_experts(m)
+                                          else (np.nan, np.nan))
         return df
     return _per_model(learners, one)
 
@@ -141,8 +153,36 @@ def plot_bound_data(
     title:str='',      # axes title
 ):                     # the Axes
     "Measured distance-ratio bands per layer, each model's bounds dashed."
-    return plot_activation_bounds({v: g.set_index('layer') for v, g in df.groupby('variant', sort=False)}, ax=ax,
+    return plot_activation_bounds({v: g.set_index('layer')
+                                   for v, g in df.groupby('variant', sort=False)}, ax=ax,
                                   title=title)
+
+# %% ../../nbs/22e_figures.ipynb #24425894
+def _searched_ratios(
+    m,                 # a TransJect model (unwrapped)
+    data:TokenSplit,   # examples
+    n_seqs:int,        # sequences whose tokens start the search
+    steps:int,         # Adam steps of each search
+)->tuple:              # (lowest, highest) ratio found after all layers; None where no search ran
+    "The extreme distance ratios `bounds.worst_ratio` finds from the tokens of a few sequences."
+    was = m.training; m.eval()
+    try:
+        # (b, n)
+        x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)
+        with torch.no_grad():
+            mask = x != 0
+            # (b, n, d), (b, d)
+            h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma
+        lo = hi = None
+        for b in range(x.shape[0]):
+            # (m, d) the real tokens
+            f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()
+            if len(pts) < 2: continue
+            l = worst_ratio(f, pts, minimize=True, steps=steps)[0]
+            h = worst_ratio(f, pts, steps=steps)[0]
+            lo, hi = (l, h) if lo is None else (min(lo, l), max(hi, h))
+    finally: m.train(was)
+    return lo, hi
 
 # %% ../../nbs/22e_figures.ipynb #e8200f9d
 def certified_ratios(
@@ -150,10 +190,11 @@ def certified_ratios(
     data,               # examples: a `TokenSplit`
     n_seqs:int=4,       # sequences whose tokens start the search
     steps:int=100,      # Adam steps of each search
-# per model: measured (sample), searched (worst_ratio), Theorem 2 with the model's α, and the α-free worst case,
-# after all layers
+# per model: measured (sample), searched (worst_ratio), Theorem 2 with the model's α, and the
+# α-free worst case, after all layers
 )->pd.DataFrame:
-    "Each TransJect model's distance ratio after the last layer: measured, searched for, and bounded."
+    ("Each TransJect model's distance ratio after the last layer: measured, searched for, and "
+     "bounded.")
     if not isinstance(data, TokenSplit):
         raise TypeError("certified_ratios needs a TokenSplit of examples, got "
                         f"{type(data).__name__}")
@@ -161,32 +202,19 @@ def certified_ratios(
     for v, lm in learners.items():
         if not _has_experts(lm): continue
         m = unwrap(lm)
-        was = m.training; m.eval()
-        try:
-            # (b, n)
-            x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)
-            with torch.no_grad():
-                mask = x != 0
-                # (b, n, d), (b, d)
-                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma
-            lo = hi = None
-            for b in range(x.shape[0]):
-                # (m, d) the real tokens
-                f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()
-                if len(pts) < 2: continue
-                l, h = worst_ratio(f, pts, minimize=True, steps=steps)[0], worst_ratio(f, pts, steps=steps)[0]
-                lo, hi = (l, h) if lo is None else (min(lo, l), max(hi, h))
-        finally: m.train(was)
+        lo, hi = _searched_ratios(m, data, n_seqs, steps)
         L = m.cfg.n_layers
         blo, bhi = layer_bounds(m.alphas().detach().cpu(), L)
         meas = activation_bounds(m, data, progress=False).iloc[-1]
         rows.append(dict(variant=v, L=L, alphas=[round(float(a), 4) for a in m.alphas().detach()],
                          measured_lo=meas.lo, measured_hi=meas.hi,
-                         searched_lo=lo, searched_hi=hi, bound_lo=float(blo[-1]), bound_hi=float(bhi[-1]),
+                         searched_lo=lo, searched_hi=hi, bound_lo=float(blo[-1]),
+                         bound_hi=float(bhi[-1]),
                          worst_lo=transject_bounds(L)[0], worst_hi=transject_bounds(L)[1]))
     if not rows: raise ValueError(f"none of {list(learners)} is a TransJect model")
     df = pd.DataFrame(rows)
-    df['within_bound'] = (df.searched_lo >= df.bound_lo - 1e-5) & (df.searched_hi <= df.bound_hi + 1e-5)
+    df['within_bound'] = ((df.searched_lo >= df.bound_lo - 1e-5)
+                          & (df.searched_hi <= df.bound_hi + 1e-5))
     return df
 
 # %% ../../nbs/22e_figures.ipynb #5e4671ec
@@ -206,7 +234,8 @@ def plot_similarity_data(
     ax=None,                 # matplotlib Axes
 ):                           # the Axes
     "One measure per layer, one line per model."
-    return plot_layer_curves({v: g.set_index('layer')[measure] for v, g in df.groupby('variant', sort=False)},
+    return plot_layer_curves({v: g.set_index('layer')[measure]
+                              for v, g in df.groupby('variant', sort=False)},
                              ylabel=measure, ax=ax)
 
 # %% ../../nbs/22e_figures.ipynb #c3242041
@@ -216,11 +245,13 @@ def isomap_data(
     n_neighbors:int=5,      # Isomap's neighbourhood size
     tokenizer=None,         # default: each learner's
 )->pd.DataFrame:            # variant, layer, position, token, x, y
-    "TransJect Fig. 6: 2-D Isomap coordinates of the tokens of one text at every layer, for each model."
+    ("TransJect Fig. 6: 2-D Isomap coordinates of the tokens of one text at every layer, for each "
+     "model.")
     def one(m):
         r = isomap_layers(m, text, tokenizer, n_neighbors=n_neighbors)
         return pd.DataFrame([dict(layer=l, position=i, token=t, x=float(c[i, 0]), y=float(c[i, 1]))
-                             for l, c in zip(r['layers'], r['coords']) for i, t in enumerate(r['tokens'])])
+                             for l, c in zip(r['layers'], r['coords'])
+                             for i, t in enumerate(r['tokens'])])
     return _per_model(learners, one)
 
 # %% ../../nbs/22e_figures.ipynb #8f70a2f4
@@ -243,9 +274,11 @@ def plot_isomap_data(
 def loss_curves(
     run_dirs:dict,   # name -> finished run folder
     every:int=10,    # average the training loss over bins of this many steps
-# variant, step, loss, kind ('train': fastai's smoothed training loss, binned; 'valid': at the end of each epoch)
+# variant, step, loss, kind ('train': fastai's smoothed training loss, binned; 'valid': at the end
+# of each epoch)
 )->pd.DataFrame:
-    "TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's checkpoint."
+    ("TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's "
+     "checkpoint.")
     if not isinstance(every, int) or every < 1: raise ValueError("every must be a positive int, "
                                                                  f"got {every!r}")
     frames = []
@@ -254,7 +287,8 @@ def loss_curves(
         losses, iters = np.asarray(st['losses'], dtype=float), st['iters']
         k = len(losses) // every * every
         steps = np.arange(k).reshape(-1, every).mean(1) + 1 if k else np.zeros(0)
-        frames.append(pd.DataFrame(dict(variant=v, step=steps, loss=losses[:k].reshape(-1, every).mean(1) if k else [],
+        frames.append(pd.DataFrame(dict(variant=v, step=steps,
+                                        loss=losses[:k].reshape(-1, every).mean(1) if k else [],
                                         kind='train')))
         # values hold the metrics after 'epoch'
         vi = st['metric_names'].index('valid_loss') - 1
@@ -293,7 +327,8 @@ def save_figure_data(
 )->Path:             # the path written
     "Store figure data frames (and a description) as one small JSON file."
     out = dict(meta=meta or {}, frames={k: dict(columns=list(map(str, df.columns)),
-                                                data=[[_round(v) for v in r] for r in df.itertuples(index=False)])
+                                                data=[[_round(v) for v in r]
+                                                      for r in df.itertuples(index=False)])
                                         for k, df in frames.items()})
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, separators=(',', ':')) + '\n')
@@ -307,4 +342,5 @@ def load_figure_data(
     js = json.loads(Path(path).read_text())
     if set(js) != {'meta', 'frames'}:
         raise ValueError(f"{path} was not written by save_figure_data (keys {sorted(js)})")
-    return {k: pd.DataFrame(f['data'], columns=f['columns']) for k, f in js['frames'].items()}, js['meta']
+    frames = {k: pd.DataFrame(f['data'], columns=f['columns']) for k, f in js['frames'].items()}
+    return frames, js['meta']

@@ -27,7 +27,8 @@ def grid_summary(
     by=None,
     value:str='test_acc',   # the column summarised
 )->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
-    "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
+    ("Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the "
+     "chosen runs).")
     # a tuned grid: only the runs kept
     if 'chosen' in df: df = df[df['chosen'].astype(bool)]
     cols = list(df.columns)
@@ -77,7 +78,8 @@ def at_best_rate(
         raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are "
                          f"{sorted(set(df.lr))}")
     b = best_valid(df)
-    t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc})
+    t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr,
+                      'test at best lr': b.test_acc})
     return t.loc[list(dict.fromkeys(df.variant))]
 
 # %% ../../nbs/23a_sweep_tables.ipynb #b0b77bdd
@@ -106,14 +108,19 @@ def versus_table(
     m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
     cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
              if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
-    cols = ['variant', field, 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
+    cols = ['variant', field, 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds',
+            'seeds_ref']
     if not cells: return pd.DataFrame(columns=cols)
     vs, xs = [v for v, _ in cells], [x for _, x in cells]
-    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells],
-                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
-    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'], 'hi': 100 * r['hi'],
+    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values,
+                       [n.loc[v, x] for v, x in cells],
+                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref],
+                       alpha=alpha)
+    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'],
+                         'hi': 100 * r['hi'],
                          'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
-                         'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')), 'seeds': r['n_a'],
+                         'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')),
+                         'seeds': r['n_a'],
                          'seeds_ref': r['n_b']}, columns=cols)
 
 # %% ../../nbs/23a_sweep_tables.ipynb #24ddbe9f
@@ -123,7 +130,8 @@ def versus(
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
     alpha:float=ALPHA,      # the test's level
-# `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref`
+# `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean
+# difference to `ref`
 # in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
 )->tuple:
     ("Every variant against `ref`, cell by cell, as two frames: the gain in points "
@@ -133,7 +141,8 @@ def versus(
     m = s.pivot(index='variant', columns=field, values='mean')
     others = [v for v in VARIANTS if v != ref and v in m.index]
     gain = 100 * (m.loc[others] - m.loc[ref])
-    sure = (t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns)
+    sure = (t.pivot(index='variant', columns=field, values='sure')
+            .reindex(index=others, columns=gain.columns)
             if len(t) else gain * np.nan)
     return gain, sure.fillna(False).astype(bool)
 
@@ -147,13 +156,15 @@ def depth_answer(
     # a deepest cell within this of the best is 'within 3 points of its best'
     keep_within:float=0.03,
     alpha:float=ALPHA,      # the level of the test of best depth against deepest
-# per variant: best depth (on validation) and deepest, their test accuracies, diverged runs, similarity shares,
+# per variant: best depth (on validation) and deepest, their test accuracies, diverged runs,
+# similarity shares,
 # outcome, drop, its interval (lo, hi), p, verdict
 )->pd.DataFrame:
     ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, "
      "and the test of "
      "'the best depth beats the deepest'.")
-    s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
+    s = grid_summary(df, [field]).reset_index()
+    kept = df[df['chosen'].astype(bool)] if 'chosen' in df else df
     val = grid_summary(df, [field], 'valid_acc')['mean']
     rows = {}
     for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
@@ -164,8 +175,10 @@ def depth_answer(
                  acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
         r['outcome'] = ('incomplete' if set(g.index) != set(depths)
-                        else 'at chance' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'within 3 points of its best' if r['best_acc'] - r['acc_deepest'] <= keep_within
+                        else 'at chance'
+                        if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
+                        else 'within 3 points of its best'
+                        if r['best_acc'] - r['acc_deepest'] <= keep_within
                         and not r['diverged'] else 'more than 3 points below its best')
         t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
         r |= dict(drop=t['diff'], lo=t['lo'], hi=t['hi'], p=t['p'],
@@ -190,7 +203,8 @@ def plot_grid(
     for v, t in s.groupby('variant', sort=False):
         # cells come in any order (`axis_cells` puts the centre first): draw left to right
         t = t.sort_values(x)
-        ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
+        ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1,
+                    label=v)
         bad = t[t['diverged'] > 0]
         if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
     if logx: ax.set_xscale('log', base=2)
@@ -222,36 +236,44 @@ def plot_layers(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #253c38da
 def _tests_table(o:pd.DataFrame)->pd.DataFrame:
-    "`experiments.check_orderings` as a reader's table: the claim, n, the difference with its interval, p, verdict."
+    ("`experiments.check_orderings` as a reader's table: the claim, n, the difference with its "
+     "interval, p, verdict.")
     from transject_nb.lab.ledger import effect_text
     return pd.DataFrame({'task': o.task, 'claim': o.better + ' > ' + o.worse,
                          'n': [f"{a}+{b}" for a, b in zip(o.n_better, o.n_worse)],
-                         'points [95% CI]': [effect_text(*r) for r in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
+                         'points [95% CI]': [effect_text(*r) for r
+                                             in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
                          'p': o.p.round(3), 'verdict': o.verdict}).set_index('task')
 
 # %% ../../nbs/23a_sweep_tables.ipynb #b67fba4f
 def _fix_accuracy(R:Path, models:list, claims:list)->dict:
-    "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
+    ("The fair and single-rate tables of `models` and the tests of `claims` on them, with each "
+     "arm's chosen rate.")
     from transject_nb.presets import TASKS
-    from transject_nb.lab.experiments import check_orderings, format_table, results_table, RESULT_COLUMNS
+    from transject_nb.lab.experiments import (check_orderings, format_table, results_table,
+                                              RESULT_COLUMNS)
     from transject_nb.lab.protocol import CLASSIFICATION_STUDIES, arm_status
     fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
     status = pd.concat({p.task: arm_status(pd.read_csv(fair/p.task/'trials.csv'), p)
-                        for p in CLASSIFICATION_STUDIES.values() if p.task in tasks}, names=['task', 'arm'])
+                        for p in CLASSIFICATION_STUDIES.values() if p.task in tasks},
+                       names=['task', 'arm'])
     runs = pd.concat([pd.read_csv(fair/t/'runs.csv') for t in tasks], ignore_index=True)
     base = pd.read_csv(fair/'baselines.csv')
     ftable = results_table(runs[list(RESULT_COLUMNS)], base[base.task.isin(tasks)])
     stable = results_table(*(pd.read_csv(R/'repro'/f) for f in ('runs.csv', 'baselines.csv')))
-    rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class') or r.startswith('tfidf')]]
+    rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class')
+                            or r.startswith('tfidf')]]
     fo = check_orderings(ftable, claims)
     ft, st = _tests_table(fo), _tests_table(check_orderings(stable, claims))
     # each arm's chosen rate, and whether it is the last
     for side in ('better', 'worse'):
         ft[f'rate of {side}'] = [status.lr[t, a] for t, a in zip(fo.task, fo[side])]
-        ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a]) for t, a in zip(fo.task, fo[side])]
+        ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a])
+                                          for t, a in zip(fo.task, fo[side])]
     ft['finished'] = [bool((status.loc[t].state == 'done').all()) for t in fo.task]
     st['at own rates'] = ft.verdict.reindex(st.index)
-    return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)), single_tests=st)
+    return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)),
+                single_tests=st)
 
 # %% ../../nbs/23a_sweep_tables.ipynb #066eff15
 def fix_tables(
@@ -262,7 +284,8 @@ def fix_tables(
     measure:str='share',        # the depth study's similarity measure: 'share' or 'cosine'
     ref:str='transformer',      # the model the depth study compares the others with
 )->dict:                        # name -> DataFrame (see the text above)
-    "The tables of a fix's page: its accuracy at own and single rates, similarity per layer, and against depth."
+    ("The tables of a fix's page: its accuracy at own and single rates, similarity per layer, and "
+     "against depth.")
     from transject_nb.lab.experiments import PAPER_CLAIMS
     from transject_nb.lab.figures import load_figure_data
     from transject_nb.lab.ledger import effect_text
@@ -276,14 +299,18 @@ def fix_tables(
     last = sim[sim.layer == sim.layer.max()].set_index('variant')[['cosine', 'similarity']]
     depth, _ = load_grid(R/'depth')
     depth = depth[depth.variant.isin(models)]
-    cols = {f'{measure}_init': f'{measure} at init', f'{measure}_final': f'{measure} trained', 'test_acc': 'test acc'}
-    means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()}, axis=1).unstack(0)
+    cols = {f'{measure}_init': f'{measure} at init', f'{measure}_final': f'{measure} trained',
+            'test_acc': 'test acc'}
+    means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()},
+                      axis=1).unstack(0)
     vt = versus_table(depth, ref, 'n_layers')
     dt = pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
                        'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
-                       f'points above {ref} [95% CI]': [effect_text(*r) for r in zip(vt.gain, vt.lo, vt.hi)],
+                       f'points above {ref} [95% CI]': [effect_text(*r)
+                                                        for r in zip(vt.gain, vt.lo, vt.hi)],
                        'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
-    return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means, depth_tests=dt,
+    return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means,
+                depth_tests=dt,
                 last_layer=last.reindex([v for v in models if v in last.index]))
 
 # %% ../../nbs/23a_sweep_tables.ipynb #d304c216
@@ -292,7 +319,8 @@ def plot_depth_panels(
     measure:str='share',        # the final layer's similarity measure: 'share' or 'cosine'
     field:str='n_layers',       # the depth field
 ):                              # the figure
-    "Three panels against depth: the final layer's `measure` at initialisation and after training, and test accuracy."
+    ("Three panels against depth: the final layer's `measure` at initialisation and after "
+     "training, and test accuracy.")
     import matplotlib.pyplot as plt
     check_choice(measure, ('share', 'cosine'), 'measure')
     name = {'share': 'similarity share', 'cosine': 'mean pairwise cosine'}[measure]

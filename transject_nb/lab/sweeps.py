@@ -60,7 +60,8 @@ def axis_cells(
     base:dict,   # field -> value: the centre every axis passes through
     axes:dict,   # field -> values: each field varied alone, the others at `base`
 )->list:         # the cells, every one with all of `base`'s fields; the centre once
-    "One axis at a time around a centre (a robustness figure's grid): fewer cells than the full product."
+    ("One axis at a time around a centre (a robustness figure's grid): fewer cells than the full "
+     "product.")
     if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in "
                                                                     f"base {base}")
     # the same checks of each axis's values
@@ -94,7 +95,8 @@ def depth_measures(
     model,              # an `EncoderClassifier` (any variant)
     x:torch.Tensor,     # token ids `(B, n)`
     y:torch.Tensor,     # labels `(B,)`
-# per-layer cosine and similarity share (lists of L+1), their final values, the first block's gradient norm, the loss
+# per-layer cosine and similarity share (lists of L+1), their final values, the first block's
+# gradient norm, the loss
 )->dict:
     ("What the depth study records of a model on one batch: token similarity per layer "
      "and signal propagation into the first block.")
@@ -108,7 +110,8 @@ def depth_measures(
     share = [float(token_similarity(h, mask).mean()) for h in hs]
     gnorm = _first_block_grad_norm(model, x, y)
     model.train(was)
-    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm, cosine_layers=cos,
+    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm,
+                cosine_layers=cos,
                 share_layers=share)
 
 # %% ../../nbs/23_sweeps.ipynb #46d0bf10
@@ -132,13 +135,15 @@ def probe_batch(
     learn,           # a `TaskLearner`
     n:int=32,        # rows
 )->tuple:            # `(x, y)` plain tensors on the learner's device
-    "A fixed batch of validation examples for the measures: the first `n` of the validation loader's first batch."
+    ("A fixed batch of validation examples for the measures: the first `n` of the validation "
+     "loader's first batch.")
     x, y = learn.dls.valid.one_batch()
     return _plain(x)[:n], _plain(y)[:n]
 
 # %% ../../nbs/23_sweeps.ipynb #8dcbcbbd
 def _dump(obj, p:Path):                                       # a crash never leaves half a file
-    atomic_write(p, json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
+    atomic_write(p, json.dumps(obj, indent=1,
+                               default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
 
 # %% ../../nbs/23_sweeps.ipynb #a5904075
 def run_cell(
@@ -168,18 +173,21 @@ def run_cell(
     train_learner(learn, resume=True, progress=progress)
     res, h = evaluate(learn), history(learn)
     final = depth_measures(learn.model, xb, yb)
-    rec = dict(task=task, variant=variant, seed=seed, **cell, test_acc=res['test_acc'], valid_acc=res['valid_acc'],
+    rec = dict(task=task, variant=variant, seed=seed, **cell, test_acc=res['test_acc'],
+               valid_acc=res['valid_acc'],
                diverged=diverged(h, init['valid_loss']), epochs=res['epochs'], params=res['params'],
                train_secs=res['train_secs'],
                wall_secs=round(time.perf_counter() - t0, 1),
-               **{f'{k}_init': v for k, v in init.items()}, **{f'{k}_final': v for k, v in final.items()},
+               **{f'{k}_init': v for k, v in init.items()},
+               **{f'{k}_final': v for k, v in final.items()},
                cell=cell_key(cell), history=h.reset_index().to_dict('list'))
     _dump(rec, path/'record.json')
     return rec
 
 # %% ../../nbs/23_sweeps.ipynb #9ac66638
-GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen', 'epochs', 'params',
-                'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init', 'share_init', 'grad_norm_first_init',
+GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen',
+                'epochs', 'params', 'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init',
+                'share_init', 'grad_norm_first_init',
                 'cosine_final', 'share_final', 'grad_norm_first_final')
 
 # %% ../../nbs/23_sweeps.ipynb #3e57bee6
@@ -189,11 +197,13 @@ def grid_frame(
     "The records as a table of scalars."
     fields = list(dict.fromkeys(k for r in records for k in r.get('fields', ())))
     cols = (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])
-    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in cols} for r in records])
+    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in cols}
+                         for r in records])
 
 # %% ../../nbs/23_sweeps.ipynb #c137afec
 def _pick(recs:list)->dict:
-    "The tuned run to keep: the best validation accuracy among those that did not diverge (the first on ties)."
+    ("The tuned run to keep: the best validation accuracy among those that did not diverge (the "
+     "first on ties).")
     ok = [r for r in recs if not r['diverged']] or recs
     return max(ok, key=lambda r: r['valid_acc'])
 
@@ -215,7 +225,8 @@ def _edges(
                          f"{sorted(vals)}: "
                          "extension values must be below or above them all")
     if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
-    return f, sorted((x for x in extra if x < min(vals)), reverse=True), sorted(x for x in extra if x > max(vals))
+    below = sorted((x for x in extra if x < min(vals)), reverse=True)
+    return f, below, sorted(x for x in extra if x > max(vals))
 
 # %% ../../nbs/23_sweeps.ipynb #c0beca7e
 def _step_out(
@@ -224,14 +235,16 @@ def _step_out(
     lo:list,        # values left below the grid, nearest first (popped)
     hi:list,        # values left above the grid, nearest first (popped)
 ):                  # the next value to try, or None
-    "One step beyond the edge the current choice sits at; None when it is inside the values tried or no value is left."
+    ("One step beyond the edge the current choice sits at; None when it is inside the values tried "
+     "or no value is left.")
     x, tried = _pick(recs)[f], [r[f] for r in recs]
     side = hi if x == max(tried) else lo if x == min(tried) else []
     return side.pop(0) if side else None
 
 # %% ../../nbs/23_sweeps.ipynb #decd62a2
 def _grid_plan(grid, variants, seeds, tune, fixed)->tuple:
-    "`run_grid`'s checked plan: variants, seeds, tuned fields, cells, tuning trials and every field a run sets."
+    ("`run_grid`'s checked plan: variants, seeds, tuned fields, cells, tuning trials and every "
+     "field a run sets.")
     variants = [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]
     seeds, tune = list(seeds), dict(tune or {})
     if not seeds: raise ValueError("no seeds given")
@@ -246,9 +259,11 @@ def _grid_plan(grid, variants, seeds, tune, fixed)->tuple:
 
 # %% ../../nbs/23_sweeps.ipynb #2566a218
 class _GridRuns:
-    "`run_grid`'s runs: each trained or read back, counted, and reported with an estimate of the time left."
+    ("`run_grid`'s runs: each trained or read back, counted, and reported with an estimate of the "
+     "time left.")
     def __init__(self, task, out, fields, units, trials, seeds, ef, train, progress, run_kw):
-        self.task, self.out, self.fields, self.units, self.trials, self.seeds = task, out, fields, units, trials, seeds
+        self.task, self.out, self.fields, self.units = task, out, fields, units
+        self.trials, self.seeds = trials, seeds
         self.ef, self.train, self.progress, self.run_kw = ef, train, progress, run_kw
         self.t0, self.trained, self.n = time.perf_counter(), 0, 0
         self.total = len(units) * (len(trials) + len(seeds) - 1)
@@ -256,9 +271,11 @@ class _GridRuns:
     def done(self, v, c, s)->bool: return (self.out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
 
     def left(self, k:int)->int:
-        "Runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed."
+        ("Runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per "
+         "later seed.")
         return sum(sum(not self.done(v, c | t, self.seeds[0]) for t in self.trials)
-                   + sum(not any(self.done(v, c | t, s) for t in self.trials) for s in self.seeds[1:])
+                   + sum(not any(self.done(v, c | t, s) for t in self.trials)
+                         for s in self.seeds[1:])
                    for v, c in self.units[k:])
 
     def one(self, v, c, s, k, chosen, edge=False):
@@ -266,7 +283,8 @@ class _GridRuns:
         p, self.n = self.out/v/cell_key(c)/f'seed{s}', self.n + 1
         was = (p/'record.json').exists()
         if not (was or self.train): return None
-        rec = json.loads((p/'record.json').read_text()) if was else run_cell(self.task, v, c, s, p, **self.run_kw)
+        rec = (json.loads((p/'record.json').read_text()) if was
+               else run_cell(self.task, v, c, s, p, **self.run_kw))
         self.trained += not was
         rec |= dict(fields=self.fields, chosen=chosen)
         if self.progress: self.say(rec, v, c, s, k, edge)
@@ -282,6 +300,33 @@ class _GridRuns:
                                              f"{left / 60:.0f} min left"
                                              if self.trained else ' (read back)'), flush=True)
 
+# %% ../../nbs/23_sweeps.ipynb #d3975712
+def _unit_records(
+    runs:_GridRuns,   # the grid's runs
+    k:int,            # the (variant, cell) to run: `runs.units[k]`
+    seeds:list,       # training seeds; the first tunes
+    trials:list,      # the tuned fields' cells (`[{}]` without tuning)
+    tune:dict,        # the tuned fields
+    ef,               # the field extended at the grid's edges (None: no extension)
+    below:list,       # its values below the grid, nearest first
+    above:list,       # its values above the grid, nearest first
+)->list:              # the records of the (variant, cell) on disk or trained
+    ("One (variant, cell) of `run_grid`: the first seed's tuning runs, then the choice with the "
+     "other seeds.")
+    v, c = runs.units[k]
+    first = [runs.one(v, c | t, seeds[0], k, False) for t in trials]
+    lo, hi = list(below), list(above)
+    while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
+        # at an edge: one step beyond
+        first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))
+    kept = [r for r in first if r]
+    # the choice is made (read-only: once its runs are on disk)
+    if None not in first:
+        best = _pick(first); best['chosen'] = True
+        choice = {f: best[f] for f in tune}                          # {} without tuning
+        kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
+    return kept
+
 # %% ../../nbs/23_sweeps.ipynb #722cc5be
 def run_grid(
     task:str,               # one of `TASKS`
@@ -291,12 +336,14 @@ def run_grid(
     # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
     out='runs/grid',
     preset:str='repro',     # a `config.PRESETS` name
-    # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds run the choice
+    # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds
+    # run the choice
     tune:dict|None=None,
     # the tuned field -> values beyond its grid, tried one at a time outward
     # while the first seed's choice sits at that edge of the values tried
     extend:dict|None=None,
-    # one line per finished run, with the time left (a lower bound with `extend`, whose steps are not foreseen)
+    # one line per finished run, with the time left (a lower bound with `extend`, whose steps are
+    # not foreseen)
     progress:bool=True,
     cache_dir=None,         # `load_task`'s cache
     # False: only read back the finished runs (say, while other processes train),
@@ -306,32 +353,24 @@ def run_grid(
 # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
 )->pd.DataFrame:
     ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their "
-     "`record.json`, "
-     "interrupted ones continue.")
+     "`record.json`, interrupted ones continue.")
     variants, seeds, tune, cells, trials, fields = _grid_plan(grid, variants, seeds, tune, fixed)
     ef, below, above = _edges(tune, dict(extend or {}))
-    runs = _GridRuns(task, Path(out), fields, [(v, c) for v in variants for c in cells], trials, seeds, ef, train,
-                     progress, dict(preset=preset, progress=False, cache_dir=cache_dir, **fixed))
+    runs = _GridRuns(task, Path(out), fields, [(v, c) for v in variants for c in cells], trials,
+                     seeds, ef, train, progress,
+                     dict(preset=preset, progress=False, cache_dir=cache_dir, **fixed))
     records = []
     for k, (v, c) in enumerate(runs.units):
-        first, lo, hi = [runs.one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
-        while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
-            # at an edge: one step beyond
-            first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))
-        kept = [r for r in first if r]
-        # the choice is made (read-only: once its runs are on disk)
-        if None not in first:
-            best = _pick(first); best['chosen'] = True
-            choice = {f: best[f] for f in tune}                          # {} without tuning
-            kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
-        records += kept
-        _dump(records, runs.out/'grid.json'); grid_frame(records).to_csv(runs.out/'grid.csv', index=False)
+        records += _unit_records(runs, k, seeds, trials, tune, ef, below, above)
+        _dump(records, runs.out/'grid.json')
+        grid_frame(records).to_csv(runs.out/'grid.csv', index=False)
     return grid_frame(records)
 
 # %% ../../nbs/23_sweeps.ipynb #c6ff074d
 @dataclass(frozen=True)
 class Study:
-    "A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields every run shares."
+    ("A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields "
+     "every run shares.")
     task:str                    # one of `TASKS`
     grid:object                 # field -> values, or a list of cells (see `grid_cells`)
     # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
@@ -358,11 +397,13 @@ class Study:
            )->pd.DataFrame:     # `run_grid`'s table
         "Run (or resume, or read back) the study."
         kw = dict(variants=self.variants) | kw
-        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune,
+        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset,
+                        tune=self.tune,
                         extend=self.extend, **(self.fixed | kw))
 
 # %% ../../nbs/23_sweeps.ipynb #372d3dcf
-_CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
+_CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2,
+               sched='1cycle')
 _LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1, 3e-1, 1.0])
 _AXES = ('d_model', 'max_len', 'n_train')   # the robustness figure's axes
 
@@ -378,10 +419,12 @@ ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in _AXES},
                                             dict(d_model=[32, 64, 128], max_len=[64, 128, 256],
                                                  n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'),
-                         fixed={k: v for k, v in _CENTRE.items() if k not in _AXES} | dict(n_layers=2), extend=_EDGES)
+                         fixed={k: v for k, v in _CENTRE.items() if k not in _AXES}
+                         | dict(n_layers=2), extend=_EDGES)
 
 # %% ../../nbs/23_sweeps.ipynb #81631023
-LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final', 'share_layers_final')
+LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final',
+              'share_layers_final')
 
 # %% ../../nbs/23_sweeps.ipynb #0b88c1ca
 def export_grid(
@@ -397,7 +440,8 @@ def export_grid(
     records = json.loads(f.read_text())
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     df = grid_frame(records); df.to_csv(dest/'grid.csv', index=False)
-    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()), *LAYER_KEYS)}
+    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()),
+                                   *LAYER_KEYS)}
             for r in records if r.get('chosen', True)]
     _dump(keep, dest/'layers.json')
     return df

@@ -259,12 +259,28 @@ def _say_summary(task, seeds, results, md, wall, out):
 # %% ../../nbs/15_cli.ipynb #c0d4a7e1
 def _compare_data(task, v, preset, kw, cache_dir, quiet):
     "The task's data every run of a comparison shares, read with the first variant's settings `kw`."
-    rc = resolve_config(task, v, preset, **{k: x for k, x in kw.items() if (k, x) != ('lr', LR_FIND)})
+    rc = resolve_config(task, v, preset, **{k: x for k, x in kw.items()
+                                            if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(v).config_cls.max_len)
     check_listops_len(task, max_len, rc['data'])
     return load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
                      **rc['data'].load_kwargs())
+
+# %% ../../nbs/15_cli.ipynb #b37e2180
+def _compare_runs(task, vs, seeds, out, per, data, preset, resume, export, cache_dir, quiet)->tuple:
+    ("Every (variant, seed) run of a comparison: the results, the histories per variant, the last "
+     "learner.")
+    results, hists = [], {}
+    for v in vs:
+        for s in seeds:
+            if _rank0() and not quiet: print(f"\n=== {task}: {v}, seed {s} ===", flush=True)
+            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data,
+                                 resume=resume, export=export, cache_dir=cache_dir,
+                                 progress=not quiet, **(per[v] | dict(seed=s)))
+            results.append(res); hists.setdefault(v, []).append(history(learn))
+            if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
+    return results, hists, learn
 
 # %% ../../nbs/15_cli.ipynb #80d5f8bc
 def compare(
@@ -293,15 +309,9 @@ def compare(
     _check_out(out, 'comparison', resume)
     if _rank0(): remove_temporaries(out)   # what a killed save of its tables left behind
     data = _compare_data(task, vs[0], preset, per[vs[0]], cache_dir, quiet)
-    results, hists, t0 = [], {}, time.perf_counter()
-    for v in vs:
-        for s in seeds:
-            if _rank0() and not quiet: print(f"\n=== {task}: {v}, seed {s} ===", flush=True)
-            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data,
-                                 resume=resume, export=export, cache_dir=cache_dir,
-                                 progress=not quiet, **(per[v] | dict(seed=s)))
-            results.append(res); hists.setdefault(v, []).append(history(learn))
-            if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
+    t0 = time.perf_counter()
+    results, hists, learn = _compare_runs(task, vs, seeds, out, per, data, preset, resume, export,
+                                          cache_dir, quiet)
     summary = summary_table(results)
     if _rank0():
         wall = time.perf_counter() - t0

@@ -19,12 +19,13 @@ from fastcore.docments import docments
 # %% ../../nbs/15a_cli_parsers.ipynb #6cf284aa
 from ..core import check_choice, variant_spec
 from ..models import VARIANTS
-from ..presets import PRESET_KINDS, TASKS, convert_field, load_preset, preset_section, settings_files
+from ..presets import (PRESET_KINDS, TASKS, convert_field, load_preset, preset_section,
+                                  settings_files)
 from .utils import split_choices, split_fields
 
 # %% ../../nbs/15a_cli_parsers.ipynb #13835bde
-from .config import (DataConfig, TrainConfig, DATA_FIELDS, TRAIN_FIELDS, preset_configs,
-                                          resolve_config, valid_fields)
+from .config import (DataConfig, TrainConfig, DATA_FIELDS, TRAIN_FIELDS,
+                                          preset_configs, resolve_config, valid_fields)
 from .learner import LR_FIND
 
 # %% ../../nbs/15a_cli_parsers.ipynb #c05fa3fa
