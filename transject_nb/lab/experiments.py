@@ -35,8 +35,12 @@ from .stats import ALPHA, spread_test, welch_from_stats
 # %% ../../nbs/22_experiments.ipynb #32831896
 # one row of `linear_baselines`
 BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')
+
+# %% ../../nbs/22_experiments.ipynb #6ccc29a1
 # logistic regression's inverse regularisation strengths, tried on validation
 C_GRID = (0.1, 1.0, 10.0, 100.0)
+
+# %% ../../nbs/22_experiments.ipynb #d056e086
 # task -> (model name, token n-gram range) of its TF-IDF baselines
 FEATURES = dict(
     imdb=(('tfidf-lr unigrams', (1, 1)), ('tfidf-lr uni+bigrams', (1, 2))),
@@ -178,11 +182,9 @@ def collect_runs(
 # %% ../../nbs/22_experiments.ipynb #f76f7b48
 PAPER_RESULTS = dict(
     source="TransJect paper, review copy 'Don't bet on sparsity: designing brain-inspired "
-           "distance-preserving encoder' "
-           "(published as Sengupta, Akhtar & Chakraborty, "
+           "distance-preserving encoder' (published as Sengupta, Akhtar & Chakraborty, "
            "'Manifold-Preserving Transformers are Effective for Short-Long Range Encoding', "
-           "Findings of EMNLP 2023): "
-           "Table 2 (IMDb, AG News), Table 3 (ListOps, Char-IMDb)",
+           "Findings of EMNLP 2023): Table 2 (IMDb, AG News), Table 3 (ListOps, Char-IMDb)",
     found=True,     # copied from the paper's Tables 2 and 3
     # task -> the paper's table its numbers come from
     tables=dict(imdb='Table 2', agnews='Table 2', listops='Table 3', charimdb='Table 3'),
@@ -236,8 +238,7 @@ def paper_table(
 # `spread_claim` read
 )->pd.DataFrame:
     ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled "
-     "by `std_scale`), "
-     "1 and no s.d. elsewhere.")
+     "by `std_scale`), 1 and no s.d. elsewhere.")
     if not (isinstance(std_scale, (int, float)) and std_scale > 0):
         raise ValueError("std_scale must be a positive number (accuracy per printed unit of "
                          f"s.d.), got {std_scale!r}")
@@ -256,8 +257,8 @@ def paper_table(
 
 # %% ../../nbs/22_experiments.ipynb #c26671bc
 def _check_columns(df, cols, what):
-    if not isinstance(df, pd.DataFrame): raise TypeError(f"{what} must be a DataFrame, got "
-                                                         f"{type(df).__name__}")
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what} must be a DataFrame, got {type(df).__name__}")
     if missing := [c for c in cols if c not in df.columns]:
         raise ValueError(f"{what} lacks the columns {missing}; expected {list(cols)}")
 
@@ -550,13 +551,11 @@ def load_run(
     st = load_checkpoint(run_dir/'models'/'checkpoint.pth')
     if not st['done']:
         raise ValueError(f"the run in {run_dir} has not finished (its checkpoint is at epoch "
-                         f"{st['epoch']}); "
-                         "wait for it, or resume it with train_learner")
+                         f"{st['epoch']}); wait for it, or resume it with train_learner")
     if data is None: data = run_data(run_dir, cache_dir)
     if data.cache_key != cfg['data_key']:
         raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the "
-                         f"run in {run_dir} "
-                         f"(data_key {cfg['data_key']})")
+                         f"run in {run_dir} (data_key {cfg['data_key']})")
     # recorded, unused
     dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}
     learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data,

@@ -42,8 +42,8 @@ def figure_sample(
     seed:int=0,        # seed of the sample
 )->TokenSplit:         # `n` examples, stratified by class
     "A stratified, seeded sample of one split, for the figures."
-    if split not in data.splits: raise ValueError(f"split must be one of {list(data.splits)}, got "
-                                                  f"{split!r}")
+    if split not in data.splits:
+        raise ValueError(f"split must be one of {list(data.splits)}, got {split!r}")
     s = data.splits[split]
     return s.subset(stratified_take(s.labels.numpy(), n, seed))
 
@@ -223,8 +223,7 @@ def similarity_data(
     data,            # examples (see `entropy_data`)
 )->pd.DataFrame:     # variant, layer, cosine, similarity, diversity
     ("NeuTRENO Fig. 1 and the similarity-escalation measure: mean pairwise cosine and similarity "
-     "share per layer, "
-     "for each model.")
+     "share per layer, for each model.")
     return _per_model(learners, lambda m: layer_measures(m, data, progress=False))
 
 # %% ../../nbs/22e_figures.ipynb #41238226
@@ -279,8 +278,8 @@ def loss_curves(
 )->pd.DataFrame:
     ("TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's "
      "checkpoint.")
-    if not isinstance(every, int) or every < 1: raise ValueError("every must be a positive int, "
-                                                                 f"got {every!r}")
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be a positive int, got {every!r}")
     frames = []
     for v, d in run_dirs.items():
         st = load_checkpoint(Path(d)/'models'/'checkpoint.pth')

@@ -68,8 +68,7 @@ def at_best_rate(
 # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
 )->pd.DataFrame:
     ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation "
-     "set gives "
-     "(`best_valid`).")
+     "set gives (`best_valid`).")
     if df.groupby(['variant', 'lr']).size().max() > 1:
         raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. "
                          "df[df.seed == 1]")
@@ -161,8 +160,7 @@ def depth_answer(
 # outcome, drop, its interval (lo, hi), p, verdict
 )->pd.DataFrame:
     ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, "
-     "and the test of "
-     "'the best depth beats the deepest'.")
+     "and the test of 'the best depth beats the deepest'.")
     s = grid_summary(df, [field]).reset_index()
     kept = df[df['chosen'].astype(bool)] if 'chosen' in df else df
     val = grid_summary(df, [field], 'valid_acc')['mean']

@@ -62,8 +62,8 @@ def axis_cells(
 )->list:         # the cells, every one with all of `base`'s fields; the centre once
     ("One axis at a time around a centre (a robustness figure's grid): fewer cells than the full "
      "product.")
-    if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in "
-                                                                    f"base {base}")
+    if miss := [k for k in axes if k not in base]:
+        raise ValueError(f"axes {miss} have no value in base {base}")
     # the same checks of each axis's values
     grid_cells(axes)
     cells = [base | {k: v} for k, vs in axes.items() for v in vs]
@@ -217,13 +217,11 @@ def _edges(
     if not extend: return None, [], []
     if len(extend) != 1 or len(tune) != 1 or set(extend) != set(tune):
         raise ValueError("`extend` must name the one tuned field; got extend fields "
-                         f"{sorted(extend)} "
-                         f"with tuned fields {sorted(tune)}")
+                         f"{sorted(extend)} with tuned fields {sorted(tune)}")
     (f, extra), vals = next(iter(extend.items())), tune[next(iter(tune))]
     if inside := [x for x in extra if min(vals) <= x <= max(vals)]:
         raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values "
-                         f"{sorted(vals)}: "
-                         "extension values must be below or above them all")
+                         f"{sorted(vals)}: extension values must be below or above them all")
     if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
     below = sorted((x for x in extra if x < min(vals)), reverse=True)
     return f, below, sorted(x for x in extra if x > max(vals))

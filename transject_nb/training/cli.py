@@ -65,6 +65,8 @@ def _out_dir(out, task:str)->Path:
 # %% ../../nbs/15_cli.ipynb #4d4c12a9
 RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl',
              'results.json')
+
+# %% ../../nbs/15_cli.ipynb #1bd9d097
 COMPARISON_FILES = ('results.csv', 'summary.csv', 'summary.md', 'curves.png')
 
 # %% ../../nbs/15_cli.ipynb #aa4a0063
@@ -428,6 +430,8 @@ def make_parser()->argparse.ArgumentParser:
 # %% ../../nbs/15_cli.ipynb #b5b81453
 # argparse's error, status 2
 _BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)
+
+# %% ../../nbs/15_cli.ipynb #96ccae3c
 _STOPS = (KeyboardInterrupt, Stopped)   # asked to stop: no error
 
 # %% ../../nbs/15_cli.ipynb #0d1e3b7a
