@@ -81,6 +81,19 @@ def at_best_rate(
                       'test at best lr': b.test_acc})
     return t.loc[list(dict.fromkeys(df.variant))]
 
+# %% ../../nbs/23a_sweep_tables.ipynb #e32892bb
+def _pooled_variance(
+    s:pd.DataFrame,   # `grid_summary(...).reset_index()`: a variant's cells with mean, std, seeds
+)->tuple:             # (pooled variance, its degrees of freedom `nu`): Series by variant
+    ("Each variant's seed variance pooled over its cells, on the sum of their n - 1 degrees of "
+     "freedom.")
+    # squares about each cell's mean (none from one seed)
+    g = s.assign(ss=(s['seeds'] - 1) * s['std'].fillna(0) ** 2).groupby('variant')
+    # pooled df: the sum of n - 1 over the variant's cells
+    nu = g['seeds'].sum() - g.size()
+    # pooled variance (unused where nu is 0)
+    return (g['ss'].sum() / nu.where(nu > 0)).fillna(0), nu
+
 # %% ../../nbs/23a_sweep_tables.ipynb #b0b77bdd
 def versus_table(
     df:pd.DataFrame,        # `run_grid`'s table
@@ -97,13 +110,7 @@ def versus_table(
     if ref not in set(s.variant):
         raise ValueError(f"reference variant {ref!r} has no chosen run; the table has "
                          f"{sorted(set(s.variant))}")
-    # squares about each cell's mean (none from one seed)
-    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2
-    g = s.groupby('variant')
-    # pooled df: the sum of n - 1 over the variant's cells
-    nu = g['seeds'].sum() - g.size()
-    # pooled variance (unused where nu is 0)
-    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)
+    var, nu = _pooled_variance(s)
     m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
     cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
              if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
@@ -112,15 +119,13 @@ def versus_table(
     if not cells: return pd.DataFrame(columns=cols)
     vs, xs = [v for v, _ in cells], [x for _, x in cells]
     r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values,
-                       [n.loc[v, x] for v, x in cells],
-                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref],
-                       alpha=alpha)
+                       [n.loc[v, x] for v, x in cells], var[ref], [n.loc[ref, x] for x in xs],
+                       df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
     return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'],
-                         'hi': 100 * r['hi'],
-                         'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
+                         'hi': 100 * r['hi'], 'se': 100 * r['se'], 'df': r['df'], 'p': r['p'],
+                         'verdict': r['verdict'],
                          'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')),
-                         'seeds': r['n_a'],
-                         'seeds_ref': r['n_b']}, columns=cols)
+                         'seeds': r['n_a'], 'seeds_ref': r['n_b']}, columns=cols)
 
 # %% ../../nbs/23a_sweep_tables.ipynb #24ddbe9f
 def versus(
@@ -145,6 +150,21 @@ def versus(
             if len(t) else gain * np.nan)
     return gain, sure.fillna(False).astype(bool)
 
+# %% ../../nbs/23a_sweep_tables.ipynb #84d702a8
+def _depth_outcome(
+    r:dict,              # `depth_answer`'s row so far: best_acc, acc_deepest, diverged
+    complete:bool,       # every planned depth has runs
+    deep_diverged:bool,  # a kept run at the deepest depth diverged
+    collapse_at:float,   # at or below this accuracy: at chance
+    keep_within:float,   # within this of the best: 'within 3 points of its best'
+)->str:                  # the outcome, in `depth_answer`'s words
+    "How a variant's deepest cell compares with its best: a description of seed means, not a test."
+    if not complete: return 'incomplete'
+    if r['acc_deepest'] <= collapse_at or deep_diverged: return 'at chance'
+    if r['best_acc'] - r['acc_deepest'] <= keep_within and not r['diverged']:
+        return 'within 3 points of its best'
+    return 'more than 3 points below its best'
+
 # %% ../../nbs/23a_sweep_tables.ipynb #52310c50
 def depth_answer(
     df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
@@ -156,8 +176,7 @@ def depth_answer(
     keep_within:float=0.03,
     alpha:float=ALPHA,      # the level of the test of best depth against deepest
 # per variant: best depth (on validation) and deepest, their test accuracies, diverged runs,
-# similarity shares,
-# outcome, drop, its interval (lo, hi), p, verdict
+# similarity shares, outcome, drop, its interval (lo, hi), p, verdict
 )->pd.DataFrame:
     ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, "
      "and the test of 'the best depth beats the deepest'.")
@@ -172,12 +191,8 @@ def depth_answer(
         r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep,
                  acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
                  **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['outcome'] = ('incomplete' if set(g.index) != set(depths)
-                        else 'at chance'
-                        if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'within 3 points of its best'
-                        if r['best_acc'] - r['acc_deepest'] <= keep_within
-                        and not r['diverged'] else 'more than 3 points below its best')
+        r['outcome'] = _depth_outcome(r, set(g.index) == set(depths),
+                                      k[k[field] == deep].diverged.any(), collapse_at, keep_within)
         t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
         r |= dict(drop=t['diff'], lo=t['lo'], hi=t['hi'], p=t['p'],
                   verdict=t['verdict'] if best != deep else 'not tested')
@@ -273,6 +288,20 @@ def _fix_accuracy(R:Path, models:list, claims:list)->dict:
     return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)),
                 single_tests=st)
 
+# %% ../../nbs/23a_sweep_tables.ipynb #b8db9dfc
+def _depth_tests(
+    depth:pd.DataFrame,   # a depth grid (`load_grid`) of the page's models
+    ref:str,              # the model the others are compared with
+)->pd.DataFrame:          # per (variant, L): seeds, points above `ref` with the 95% interval, p, verdict
+    "`versus_table` against depth as a reader's table."
+    from transject_nb.lab.ledger import effect_text
+    vt = versus_table(depth, ref, 'n_layers')
+    return pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
+                         'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
+                         f'points above {ref} [95% CI]': [effect_text(*r)
+                                                          for r in zip(vt.gain, vt.lo, vt.hi)],
+                         'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
+
 # %% ../../nbs/23a_sweep_tables.ipynb #066eff15
 def fix_tables(
     results:Path,               # the committed results folder (`nbs/results`)
@@ -286,7 +315,6 @@ def fix_tables(
      "against depth.")
     from transject_nb.lab.experiments import PAPER_CLAIMS
     from transject_nb.lab.figures import load_figure_data
-    from transject_nb.lab.ledger import effect_text
     check_choice(measure, ('share', 'cosine'), 'measure')
     if not (claims := [c for c in PAPER_CLAIMS if c[0] == fix]):
         raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of "
@@ -301,14 +329,8 @@ def fix_tables(
             'test_acc': 'test acc'}
     means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()},
                       axis=1).unstack(0)
-    vt = versus_table(depth, ref, 'n_layers')
-    dt = pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
-                       'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
-                       f'points above {ref} [95% CI]': [effect_text(*r)
-                                                        for r in zip(vt.gain, vt.lo, vt.hi)],
-                       'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
     return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means,
-                depth_tests=dt,
+                depth_tests=_depth_tests(depth, ref),
                 last_layer=last.reindex([v for v in models if v in last.index]))
 
 # %% ../../nbs/23a_sweep_tables.ipynb #d304c216
