@@ -292,7 +292,8 @@ def _fix_accuracy(R:Path, models:list, claims:list)->dict:
 def _depth_tests(
     depth:pd.DataFrame,   # a depth grid (`load_grid`) of the page's models
     ref:str,              # the model the others are compared with
-)->pd.DataFrame:          # per (variant, L): seeds, points above `ref` with the 95% interval, p, verdict
+# per (variant, L): seeds, points above `ref` with the 95% interval, p, verdict
+)->pd.DataFrame:
     "`versus_table` against depth as a reader's table."
     from transject_nb.lab.ledger import effect_text
     vt = versus_table(depth, ref, 'n_layers')
