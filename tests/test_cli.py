@@ -8,8 +8,8 @@ import torch
 
 import transject_nb
 
-from transject_nb.training.cli import (DEMO, field_configs, field_defaults, main, parse_overrides, run_command, run_env,
-                              summary_table)
+from transject_nb.training.cli import DEMO, main, run_command, run_env, summary_table
+from transject_nb.training.cli_parsers import field_configs, field_defaults, parse_overrides
 from transject_nb.lab.experiments import RESULT_COLUMNS, results_table
 from transject_nb.models import VARIANTS
 

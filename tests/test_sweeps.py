@@ -3,7 +3,8 @@ import json, math
 import pandas as pd
 import pytest
 import torch
-from transject_nb.lab.sweeps import grid_cells, cell_key, depth_answer, depth_measures, diverged, run_cell, run_grid, grid_summary, best_cells, init_sweep, GRID_SCALARS
+from transject_nb.lab.sweeps import grid_cells, cell_key, depth_measures, diverged, run_cell, run_grid, init_sweep, GRID_SCALARS
+from transject_nb.lab.sweep_tables import depth_answer, grid_summary, best_cells
 from transject_nb.models import create_model
 
 TINY = dict(n_train=96, n_valid=32, n_test=32, max_len=32, min_length=4, max_length=32, max_depth=3, max_args=4, d_model=16, epochs=1, cache_dir=False)
@@ -147,7 +148,7 @@ def test_run_grid_extend_checks(tmp_path):
 
 
 def test_best_valid_skips_diverged_runs_unless_all_diverged():
-    from transject_nb.lab.sweeps import best_valid
+    from transject_nb.lab.sweep_tables import best_valid
     df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[1e-3, 1e-2, 1e-1, 1e-3, 1e-2],
                            valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.6, 0.7, 0.2, 0.5, 0.5], diverged=[False, False, True, True, True]))
     b = best_valid(df)
@@ -157,7 +158,7 @@ def test_best_valid_skips_diverged_runs_unless_all_diverged():
 
 
 def test_at_best_rate_puts_the_fixed_rate_beside_the_validation_choice():
-    from transject_nb.lab.sweeps import at_best_rate
+    from transject_nb.lab.sweep_tables import at_best_rate
     df = pd.DataFrame(dict(variant=['a', 'a', 'a', 'b', 'b'], lr=[5e-4, 1e-2, 1e-1, 5e-4, 1e-2],
                            valid_acc=[0.6, 0.7, 0.9, 0.5, 0.55], test_acc=[0.61, 0.71, 0.2, 0.52, 0.5], diverged=[False, False, True, False, False]))
     t = at_best_rate(df, 5e-4)
@@ -181,7 +182,7 @@ def test_run_grid_read_only_trains_nothing_and_chooses_only_when_complete(monkey
 
 
 def test_versus_pools_the_seed_spread_and_marks_where_a_variant_is_ahead():
-    from transject_nb.lab.sweeps import versus
+    from transject_nb.lab.sweep_tables import versus
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['neutreno'] * 4, n_layers=[1, 1, 8, 8] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.75, 0.75, 0.50, 0.52, 0.70, 0.72, 0.70, 0.70]))
     gain, sure = versus(df, 'transformer', 'n_layers')
@@ -191,7 +192,7 @@ def test_versus_pools_the_seed_spread_and_marks_where_a_variant_is_ahead():
 
 
 def test_versus_table_tests_with_pooled_variances():
-    from transject_nb.lab.sweeps import versus, versus_table
+    from transject_nb.lab.sweep_tables import versus, versus_table
     from transject_nb.lab.stats import welch_from_var
     df = pd.DataFrame(dict(variant=['transformer'] * 4 + ['transject'] * 4, n_layers=[1, 1, 2, 2] * 2, seed=[1, 2] * 4, cell='', chosen=True, diverged=False,
                            test_acc=[0.70, 0.72, 0.60, 0.62, 0.71, 0.71, 0.63, 0.65]))

@@ -570,7 +570,7 @@ def test_input_gate_without_mixing_is_bag_of_tokens_only_for_static():
 def test_expert_weight_records_for_both_gates():
     "`analysis.expert_weights` and `experiments.expert_weight_data`: static λ as before (no spread); the input gate's mean over the inputs, with its spread."
     from transject_nb.lab.analysis_figures import expert_weights
-    from transject_nb.lab.experiments import expert_weight_data
+    from transject_nb.lab.figures import expert_weight_data
     x = tokens(5, 6, 9); x[:, 0] = torch.arange(1, 7)
     s = randomize_(make('transject', 5, n_experts=3), 5).eval()
     i = randomize_(make('transject', 5, n_experts=3, gate='input'), 5).eval()
@@ -589,7 +589,7 @@ def test_expert_weight_records_for_both_gates():
 
 def test_gate_is_a_run_override(tmp_path):
     "`get_learner(task, 'transject', gate='input')` and the CLI's `--gate input` reach the model without special code."
-    from transject_nb.training.cli import parse_overrides
+    from transject_nb.training.cli_parsers import parse_overrides
     from transject_nb.training.config import resolve_config, valid_fields
     from transject_nb.training.learner import get_learner
     from transject_nb.training.data import load_task

@@ -12,12 +12,14 @@ import numpy as np
 import pandas as pd
 from ..presets import TASKS
 from .experiments import PAPER_CLAIMS, PAPER_RESULTS, TRANSJECT_CLAIMS, spread_claim
-from .experiments import load_figure_data, results_table, RESULT_COLUMNS
+from .experiments import results_table, RESULT_COLUMNS
+from .figures import load_figure_data
 from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger,
                                  level_effect, ratio_effect, spread_effect, untested)
 from ..training.lm import with_arm_depth, lm_depth_trend
 from .protocol import STUDIES, settled_budget, settled_runs
-from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, grid_summary, load_grid
+from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, load_grid
+from .sweep_tables import grid_summary
 
 # %% auto #0
 __all__ = ['FAMILIES', 'TASK_NAMES', 'NEUTRENO_TABLE3_CHANGE', 'TRANSJECT_NOT_TESTED', 'NEUTRENO_NOT_TESTED', 'NOT_TESTED',

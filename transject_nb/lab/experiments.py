@@ -1,4 +1,4 @@
-"""The tools of the experiments notebooks: linear baselines on the same splits as the neural runs, the runs of a sweep collected into one table with mean ± std over seeds, a saved run loaded back as a Learner, and the papers' figure data computed from trained models with the analysis functions.
+"""The tools of the experiments notebooks: linear baselines on the same splits as the neural runs, the runs of a sweep collected into one table with mean ± std over seeds, and a saved run loaded back as a Learner.
 
 Docs: https://transject-nb.github.io/transject_nb/experiments.html.md"""
 
@@ -13,38 +13,36 @@ from pathlib import Path
 __all__ = ['BASELINE_COLUMNS', 'C_GRID', 'FEATURES', 'RESULT_COLUMNS', 'PAPER_RESULTS', 'PAPER_SETUP', 'PAPER_CLAIMS',
            'TRANSJECT_CLAIMS', 'token_docs', 'majority_class', 'tfidf_logreg', 'linear_baselines', 'read_run',
            'collect_runs', 'paper_table', 'results_table', 'format_table', 'beside_paper', 'missing_runs',
-           'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run', 'figure_sample',
-           'pair_distance_data', 'plot_pair_data', 'entropy_data', 'plot_entropy_data', 'expert_weight_data',
-           'plot_expert_data', 'bound_data', 'plot_bound_data', 'certified_ratios', 'similarity_data',
-           'plot_similarity_data', 'isomap_data', 'plot_isomap_data', 'loss_curves', 'plot_loss_data',
-           'save_figure_data', 'load_figure_data']
+           'paused_runs', 'check_orderings', 'spread_claim', 'run_data', 'load_run']
 
 # %% ../../nbs/22_experiments.ipynb #e5e18180
 import numpy as np
 import pandas as pd
-import torch
-import matplotlib.pyplot as plt
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
+
+# %% ../../nbs/22_experiments.ipynb #b0f9eb71
 from ..presets import PRESET_KINDS, TASKS, preset_section
-from ..training.data import TaskData, TokenSplit, load_task, stratified_take
 from ..models import VARIANTS
+from ..training.data import TaskData, TokenSplit, load_task
+
+# %% ../../nbs/22_experiments.ipynb #8a8c0107
 from ..training.config import DataConfig
 from ..training.checkpoint import load_checkpoint
 from ..training.learner import TaskLearner, get_learner, train_learner
-from ..bounds import layer_bounds, transject_bounds, worst_ratio
-from ..transject import token_map
-from .analysis import (PAPER_PAIRS, PAPER_SENTENCE, layer_measures, plot_layer_curves, plot_token_pairs,
-                                   residual_weights, token_pair_stats)
-from .analysis_figures import (activation_bounds, expert_weights, isomap_layers, layer_entropy,
-                                           plot_activation_bounds, plot_expert_weights, plot_isomap)
-from ..core import unwrap
 from .stats import ALPHA, spread_test, welch_from_stats
 
 # %% ../../nbs/22_experiments.ipynb #32831896
-BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')   # one row of `linear_baselines`
-C_GRID = (0.1, 1.0, 10.0, 100.0)   # logistic regression's inverse regularisation strengths, tried on validation
-FEATURES = dict(                    # task -> (model name, token n-gram range) of its TF-IDF baselines
+# one row of `linear_baselines`
+BASELINE_COLUMNS = ('task', 'model', 'valid_acc', 'test_acc', 'secs', 'C', 'data_key')
+
+# %% ../../nbs/22_experiments.ipynb #6ccc29a1
+# logistic regression's inverse regularisation strengths, tried on validation
+C_GRID = (0.1, 1.0, 10.0, 100.0)
+
+# %% ../../nbs/22_experiments.ipynb #d056e086
+# task -> (model name, token n-gram range) of its TF-IDF baselines
+FEATURES = dict(
     imdb=(('tfidf-lr unigrams', (1, 1)), ('tfidf-lr uni+bigrams', (1, 2))),
     agnews=(('tfidf-lr unigrams', (1, 1)), ('tfidf-lr uni+bigrams', (1, 2))),
     charimdb=(('tfidf-lr byte 1-4-grams', (1, 4)),),
@@ -55,9 +53,11 @@ FEATURES = dict(                    # task -> (model name, token n-gram range) o
 def token_docs(
     split:TokenSplit,   # a split of `load_task`
 )->list:                # one string per example: its token ids separated by spaces
-    "Every example of a split as the text of its token ids, which scikit-learn's vectorizers read as words."
+    ("Every example of a split as the text of its token ids, which scikit-learn's vectorizers read "
+     "as words.")
     if not isinstance(split, TokenSplit):
-        raise TypeError(f"token_docs needs a TokenSplit (a split of load_task's TaskData), got {type(split).__name__}")
+        raise TypeError("token_docs needs a TokenSplit (a split of load_task's TaskData), got "
+                        f"{type(split).__name__}")
     flat, off = split.flat.numpy().astype(np.int64), split.offsets.numpy()
     return [' '.join(map(str, flat[a:b].tolist())) for a, b in zip(off[:-1], off[1:])]
 
@@ -73,20 +73,25 @@ def majority_class(
     acc = lambda s: float((s.labels == k).double().mean())
     return dict(valid_acc=acc(valid), test_acc=acc(test), C=float('nan'))
 
+# %% ../../nbs/22_experiments.ipynb #e8a5496e
 def tfidf_logreg(
     train:TokenSplit,         # fits the vocabulary, the IDF weights and the model
     valid:TokenSplit,         # chooses C
     test:TokenSplit,          # scored once, with the chosen C
-    ngram_range:tuple=(1, 1), # token n-gram lengths: (1, 1) unigrams, (1, 2) unigrams and bigrams, ...
+    # token n-gram lengths: (1, 1) unigrams, (1, 2) unigrams and bigrams, ...
+    ngram_range:tuple=(1, 1),
     Cs=C_GRID,                # inverse regularisation strengths tried
     min_df:int=1,             # keep n-grams found in at least this many training examples
 )->dict:                      # valid_acc, test_acc and the chosen C
-    "TF-IDF of token-id n-grams and a logistic regression (scikit-learn), C chosen on the validation split."
+    ("TF-IDF of token-id n-grams and a logistic regression (scikit-learn), C chosen on the "
+     "validation split.")
     ytr, yva, yte = (s.labels.numpy() for s in (train, valid, test))
     if len(np.unique(ytr)) < 2:
-        raise ValueError(f"the training split has a single class ({int(ytr[0])}): a classifier needs at least two")
+        raise ValueError(f"the training split has a single class ({int(ytr[0])}): a classifier "
+                         "needs at least two")
     if not len(Cs): raise ValueError("Cs is empty: give at least one C")
-    vec = TfidfVectorizer(token_pattern=r'\S+', ngram_range=tuple(ngram_range), lowercase=False, sublinear_tf=True,
+    vec = TfidfVectorizer(token_pattern=r'\S+', ngram_range=tuple(ngram_range), lowercase=False,
+                          sublinear_tf=True,
                           min_df=min_df, dtype=np.float32)
     Xtr = vec.fit_transform(token_docs(train))                                    # (N, V) sparse
     Xva, Xte = vec.transform(token_docs(valid)), vec.transform(token_docs(test))
@@ -94,7 +99,8 @@ def tfidf_logreg(
     for C in Cs:
         m = LogisticRegression(C=C, max_iter=2000).fit(Xtr, ytr)
         acc = m.score(Xva, yva)
-        if best is None or acc > best[0]: best = (acc, C, m)   # the first of equal scores: the strongest regularisation
+        # the first of equal scores: the strongest regularisation
+        if best is None or acc > best[0]: best = (acc, C, m)
     acc, C, m = best
     return dict(valid_acc=float(acc), test_acc=float(m.score(Xte, yte)), C=float(C))
 
@@ -104,13 +110,16 @@ def linear_baselines(
     Cs=C_GRID,            # logistic regression's C grid, chosen on the validation split
     min_df:int=2,         # keep n-grams found in at least this many training examples
     features=None,        # (model name, n-gram range) pairs; default `FEATURES[data.task]`
-)->pd.DataFrame:          # one row per baseline, columns `BASELINE_COLUMNS`; secs: the wall time of fitting and scoring
+# one row per baseline, columns `BASELINE_COLUMNS`; secs: the wall time of fitting and scoring
+)->pd.DataFrame:
     ("The majority class and TF-IDF + logistic-regression baselines of a task, "
      "on the token ids of its train/valid/test splits.")
     if not isinstance(data, TaskData):
-        raise TypeError(f"linear_baselines needs a TaskData from load_task, got {type(data).__name__}")
+        raise TypeError("linear_baselines needs a TaskData from load_task, got "
+                        f"{type(data).__name__}")
     if features is None and data.task not in FEATURES:
-        raise ValueError(f"no baseline features for task {data.task!r}; known tasks: {', '.join(FEATURES)}")
+        raise ValueError(f"no baseline features for task {data.task!r}; known tasks: "
+                         f"{', '.join(FEATURES)}")
     rows, splits = [], (data.train, data.valid, data.test)
     tfidf = [(n, lambda *s, ng=ng: tfidf_logreg(*s, ngram_range=ng, Cs=Cs, min_df=min_df))
              for n, ng in (features or FEATURES[data.task])]
@@ -122,9 +131,11 @@ def linear_baselines(
     return pd.DataFrame(rows, columns=list(BASELINE_COLUMNS))
 
 # %% ../../nbs/22_experiments.ipynb #c818bde8
-RESULT_COLUMNS = ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'best_epoch', 'epochs', 'params', 'train_secs',
+RESULT_COLUMNS = ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'best_epoch', 'epochs',
+                  'params', 'train_secs',
                   'data_key', 'preset')   # one row of `collect_runs`
 
+# %% ../../nbs/22_experiments.ipynb #0b2fae28
 def read_run(
     run_dir,   # a run folder holding the `results.json` that `cli.run_one` writes
 )->dict:       # the run's values of `RESULT_COLUMNS`
@@ -134,69 +145,87 @@ def read_run(
         raise FileNotFoundError(f"no results.json in {run_dir}: the run has not finished "
                                 "(run_one writes it after the test evaluation)")
     js = json.loads(f.read_text())
-    if not isinstance(js, dict) or not isinstance(js.get('results'), dict) or not isinstance(js.get('config'), dict):
-        raise ValueError(f"{f} is not a run's results.json (expected the keys results, config, history; "
+    if not (isinstance(js, dict) and isinstance(js.get('results'), dict)
+            and isinstance(js.get('config'), dict)):
+        raise ValueError(f"{f} is not a run's results.json (expected the keys results, config, "
+                         "history; "
                          f"got {sorted(js) if isinstance(js, dict) else type(js).__name__})")
     row = ({k: js['results'].get(k) for k in RESULT_COLUMNS}
            | dict(data_key=js['config'].get('data_key'), preset=js['config'].get('preset')))
-    if missing := [k for k in ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'data_key') if row[k] is None]:
+    if missing := [k for k in ('task', 'variant', 'seed', 'test_acc', 'valid_acc', 'data_key')
+                   if row[k] is None]:
         raise ValueError(f"{f} lacks {missing}: not written by transject_nb.training.cli.run_one")
     return row
 
+# %% ../../nbs/22_experiments.ipynb #2050d0f2
 def collect_runs(
-    # a folder of runs: `<task>/<variant>/seed<k>/results.json`, or `<variant>/seed<k>/results.json` of one `compare`
+    # a folder of runs: `<task>/<variant>/seed<k>/results.json`, or `<variant>/seed<k>/results.json`
+    # of one `compare`
     root,
-# one row per finished run, columns `RESULT_COLUMNS`, sorted by task, variant (in `VARIANTS` order) and seed
+# one row per finished run, columns `RESULT_COLUMNS`, sorted by task, variant (in `VARIANTS` order)
+# and seed
 )->pd.DataFrame:
     "Every finished run below `root` as one row."
     root = Path(root)
     if not root.is_dir(): raise FileNotFoundError(f"no folder {root}")
-    rows = [read_run(f.parent) for f in sorted(root.rglob('results.json')) if f.parent.name.startswith('seed')]
+    rows = [read_run(f.parent) for f in sorted(root.rglob('results.json'))
+            if f.parent.name.startswith('seed')]
     df = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
     if df.empty: return df
     rank = lambda s, order: s.map({v: i for i, v in enumerate(order)}).fillna(len(order))
-    key = lambda s: rank(s, TASKS) if s.name == 'task' else rank(s, VARIANTS) if s.name == 'variant' else s
+    key = lambda s: (rank(s, TASKS) if s.name == 'task' else rank(s, VARIANTS)
+                     if s.name == 'variant'
+                     else s)
     df = df.sort_values(['task', 'variant', 'seed'], key=key)
     return df.astype({'seed': int}).reset_index(drop=True)
 
 # %% ../../nbs/22_experiments.ipynb #f76f7b48
 PAPER_RESULTS = dict(
-    source="TransJect paper, review copy 'Don't bet on sparsity: designing brain-inspired distance-preserving encoder' "
-           "(published as Sengupta, Akhtar & Chakraborty, "
-           "'Manifold-Preserving Transformers are Effective for Short-Long Range Encoding', Findings of EMNLP 2023): "
-           "Table 2 (IMDb, AG News), Table 3 (ListOps, Char-IMDb)",
+    source="TransJect paper, review copy 'Don't bet on sparsity: designing brain-inspired "
+           "distance-preserving encoder' (published as Sengupta, Akhtar & Chakraborty, "
+           "'Manifold-Preserving Transformers are Effective for Short-Long Range Encoding', "
+           "Findings of EMNLP 2023): Table 2 (IMDb, AG News), Table 3 (ListOps, Char-IMDb)",
     found=True,     # copied from the paper's Tables 2 and 3
     # task -> the paper's table its numbers come from
     tables=dict(imdb='Table 2', agnews='Table 2', listops='Table 3', charimdb='Table 3'),
-    test_acc={(t, v): round(x / 100, 4) for v, xs in {    # (task, variant) -> test accuracy in [0, 1]: printed % / 100
+    # (task, variant) -> test accuracy in [0, 1]: printed % / 100
+    test_acc={(t, v): round(x / 100, 4) for v, xs in {
         #                            imdb  agnews listops charimdb
-        'transformer':               (81.3, 88.8, 36.4, 64.3),    # marked †: taken from Dutta et al. (2021)
+        # marked †: taken from Dutta et al. (2021)
+        'transformer':               (81.3, 88.8, 36.4, 64.3),
         'transformer-rezero':        (83.4, 89.6, 38.9, 65.6),
         'transject':                 (88.1, 88.8, 48.3, 68.8),
         'entropic-transject':        (87.5, 89.1, 40.7, 64.7),
         'random-transject':          (86.5, 90.2, 43.9, 68.8),
         'random-entropic-transject': (86.5, 90.8, 39.5, 65.6),
     }.items() for t, x in zip(('imdb', 'agnews', 'listops', 'charimdb'), xs)},
-    test_std={(t, v): s for v, ss in {                    # (task, variant) -> the s.d. after '±' (TransJect rows only)
+    # (task, variant) -> the s.d. after '±' (TransJect rows only)
+    test_std={(t, v): s for v, ss in {
         'transject':                 (0.01, 0.00, 0.00, 0.01),
         'entropic-transject':        (0.00, 0.00, 0.02, 0.03),
         'random-transject':          (0.00, 0.00, 0.00, 0.03),
         'random-entropic-transject': (0.02, 0.00, 0.01, 0.01),
     }.items() for t, s in zip(('imdb', 'agnews', 'listops', 'charimdb'), ss)},
-    std_unit='not stated',   # as printed; most likely a fraction of 1 (0.01 = 1 point), see the text
-    n_seeds=3,               # the rows with an s.d.: three seeds each (the tables' captions); the others give no spread
-    cited=dict(transformer='Dutta et al. (2021)'),   # rows marked † in both tables: numbers taken from another paper
+    # as printed; most likely a fraction of 1 (0.01 = 1 point), see the text
+    std_unit='not stated',
+    # the rows with an s.d.: three seeds each (the tables' captions); the others give no spread
+    n_seeds=3,
+    # rows marked † in both tables: numbers taken from another paper
+    cited=dict(transformer='Dutta et al. (2021)'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #a3d3fe2e
-PAPER_SETUP = dict(   # the TransJect paper's training setup: Appendix B, and §3.6 for the lengths and pooling
+# the TransJect paper's training setup: Appendix B, and §3.6 for the lengths and pooling
+PAPER_SETUP = dict(
     epochs=30, patience=4,           # at most 30 epochs; early stopping after 4 without improvement
-    early_stopping_on='test loss',   # Appendix B: the test loss, not a validation loss, decides when to stop
+    # Appendix B: the test loss, not a validation loss, decides when to stop
+    early_stopping_on='test loss',
     optimizer='Adam', lr=5e-4, beta1=0.9, beta2=0.98, eps=1e-9,
     d_model=512, n_layers=6, n_experts=4, bs=32,   # bs: the training and test batches
     seeds=3,                         # runs per TransJect variant (Tables 2 and 3's captions)
     max_len=dict(imdb=512, agnews=256, listops=1024, charimdb=1024),
-    pooling=dict(imdb='mean', agnews='mean', listops='max', charimdb='mean'),   # §3.6: max for ListOps alone, else mean
+    # §3.6: max for ListOps alone, else mean
+    pooling=dict(imdb='mean', agnews='mean', listops='max', charimdb='mean'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #0438fdb1
@@ -205,12 +234,14 @@ def paper_table(
     # accuracy per printed unit of s.d.: 1.0 reads '± 0.01' as 0.01 of accuracy (1 point),
     # 0.01 as a hundredth of a point
     std_scale:float=1.0,
-# index (task, model); kind 'paper', n, test_acc, test_std: the columns `check_orderings` and `spread_claim` read
+# index (task, model); kind 'paper', n, test_acc, test_std: the columns `check_orderings` and
+# `spread_claim` read
 )->pd.DataFrame:
-    ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled by `std_scale`), "
-     "1 and no s.d. elsewhere.")
+    ("The paper's own numbers as a results table: n = `n_seeds` where an s.d. is printed (scaled "
+     "by `std_scale`), 1 and no s.d. elsewhere.")
     if not (isinstance(std_scale, (int, float)) and std_scale > 0):
-        raise ValueError(f"std_scale must be a positive number (accuracy per printed unit of s.d.), got {std_scale!r}")
+        raise ValueError("std_scale must be a positive number (accuracy per printed unit of "
+                         f"s.d.), got {std_scale!r}")
     acc, std = paper.get('test_acc', {}), paper.get('test_std', {})
     if not acc: raise ValueError("the paper's numbers hold no test_acc: nothing to lay out")
     if extra := [k for k in std if k not in acc]:
@@ -220,26 +251,51 @@ def paper_table(
     rank = {v: i for i, v in enumerate(VARIANTS)}
     order = sorted(rows, key=lambda k: (TASKS.index(k[0]) if k[0] in TASKS else len(TASKS), k[0],
                                         rank.get(k[1], len(rank)), k[1]))
-    out = pd.DataFrame([rows[k] for k in order], index=pd.MultiIndex.from_tuples(order, names=['task', 'model']))
+    index = pd.MultiIndex.from_tuples(order, names=['task', 'model'])
+    out = pd.DataFrame([rows[k] for k in order], index=index)
     return out.astype({'n': int})
 
 # %% ../../nbs/22_experiments.ipynb #c26671bc
 def _check_columns(df, cols, what):
-    if not isinstance(df, pd.DataFrame): raise TypeError(f"{what} must be a DataFrame, got {type(df).__name__}")
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what} must be a DataFrame, got {type(df).__name__}")
     if missing := [c for c in cols if c not in df.columns]:
         raise ValueError(f"{what} lacks the columns {missing}; expected {list(cols)}")
 
+# %% ../../nbs/22_experiments.ipynb #3edf01ca
+def _baseline_rows(
+    runs:pd.DataFrame,       # the neural runs, columns `RESULT_COLUMNS`
+    baselines:pd.DataFrame,  # from `linear_baselines`, columns `BASELINE_COLUMNS`
+)->pd.DataFrame:             # the baselines as rows of `results_table`, index (task, model)
+    "The baselines as rows of a results table, checked to be on the splits of the neural runs."
+    _check_columns(baselines, BASELINE_COLUMNS, 'baselines')
+    keys = runs.groupby('task').data_key.first()
+    for t, k in baselines.groupby('task').data_key.first().items():
+        if t in keys and k != keys[t]:
+            raise ValueError(f"task {t}: the baselines ran on other splits (data_key {k}) "
+                             f"than the neural runs ({keys[t]})")
+    b = baselines.set_index(['task', 'model'])
+    return pd.DataFrame({'kind': 'baseline', 'n': 1, 'test_acc': b.test_acc, 'test_std': np.nan,
+                         'valid_acc': b.valid_acc, 'valid_std': np.nan, 'params': np.nan,
+                         'epochs': np.nan, 'train_secs': b.secs})
+
+# %% ../../nbs/22_experiments.ipynb #f1bc04fa
 def results_table(
     runs:pd.DataFrame,                # from `collect_runs` (or its CSV), columns `RESULT_COLUMNS`
-    baselines:pd.DataFrame|None=None, # from `linear_baselines` (or its CSV), columns `BASELINE_COLUMNS`
-    paper:dict=PAPER_RESULTS,         # the papers' numbers: a dict with `test_acc` {(task, variant): accuracy}
-# index (task, model); kind, n, test_acc, test_std, valid_acc, valid_std, params, epochs, train_secs, paper
+    # from `linear_baselines` (or its CSV), columns `BASELINE_COLUMNS`
+    baselines:pd.DataFrame|None=None,
+    # the papers' numbers: a dict with `test_acc` {(task, variant): accuracy}
+    paper:dict=PAPER_RESULTS,
+# index (task, model); kind, n, test_acc, test_std, valid_acc, valid_std, params, epochs,
+# train_secs, paper
 )->pd.DataFrame:
-    "Mean ± std over seeds of each (task, variant), the baselines as rows, the paper's number beside each."
+    ("Mean ± std over seeds of each (task, variant), the baselines as rows, the paper's number "
+     "beside each.")
     _check_columns(runs, RESULT_COLUMNS, 'runs')
     for t, g in runs.groupby('task'):
         if g.data_key.nunique() > 1:
-            raise ValueError(f"task {t}: runs on different splits (data_key {sorted(g.data_key.unique())}); "
+            raise ValueError(f"task {t}: runs on different splits (data_key "
+                             f"{sorted(g.data_key.unique())}); "
                              "a table compares runs on the same data only")
     g = runs.groupby(['task', 'variant'])
     out = pd.DataFrame({'kind': 'neural', 'n': g.size(), 'test_acc': g.test_acc.mean(),
@@ -247,21 +303,13 @@ def results_table(
                         'valid_std': g.valid_acc.std(ddof=1), 'params': g.params.first(),
                         'epochs': g.epochs.mean(), 'train_secs': g.train_secs.mean()})
     if baselines is not None and len(baselines):
-        _check_columns(baselines, BASELINE_COLUMNS, 'baselines')
-        keys = runs.groupby('task').data_key.first()
-        for t, k in baselines.groupby('task').data_key.first().items():
-            if t in keys and k != keys[t]:
-                raise ValueError(f"task {t}: the baselines ran on other splits (data_key {k}) "
-                                 f"than the neural runs ({keys[t]})")
-        b = baselines.set_index(['task', 'model'])
-        out = pd.concat([out, pd.DataFrame({'kind': 'baseline', 'n': 1, 'test_acc': b.test_acc, 'test_std': np.nan,
-                                            'valid_acc': b.valid_acc, 'valid_std': np.nan, 'params': np.nan,
-                                            'epochs': np.nan, 'train_secs': b.secs})])
+        out = pd.concat([out, _baseline_rows(runs, baselines)])
     out.index.names = ['task', 'model']
     out['paper'] = [paper.get('test_acc', {}).get(i, np.nan) for i in out.index]
     rank = {v: i for i, v in enumerate(VARIANTS)}
-    order = sorted(out.index, key=lambda i: (TASKS.index(i[0]) if i[0] in TASKS else len(TASKS), i[0],
-                                             out.loc[i, 'kind'] != 'neural', rank.get(i[1], len(rank))))
+    task_rank = lambda t: TASKS.index(t) if t in TASKS else len(TASKS)
+    order = sorted(out.index, key=lambda i: (task_rank(i[0]), i[0], out.loc[i, 'kind'] != 'neural',
+                                             rank.get(i[1], len(rank))))
     return out.loc[order].astype({'n': int})
 
 # %% ../../nbs/22_experiments.ipynb #8b3de5d4
@@ -273,10 +321,13 @@ def format_table(
 )->pd.DataFrame:
     "The results table laid out as the papers' tables: models by tasks, accuracies in percent."
     _check_columns(table, ('kind', 'n', 'test_acc', 'test_std'), 'table')
-    nmax = table[table.kind == 'neural'].n.groupby(level='task').max()   # per task: tasks may have other seed counts
+    # per task: tasks may have other seed counts
+    nmax = table[table.kind == 'neural'].n.groupby(level='task').max()
     def cell(r):
-        s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1 else '')
-        return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1) else '')
+        s = f"{100 * r.test_acc:.{digits}f}" + (f" ± {100 * r.test_std:.{digits}f}" if r.n > 1
+                                                else '')
+        return s + (f" (n={r.n})" if r.kind == 'neural' and (r.n < nmax[r.name[0]] or r.n == 1)
+                    else '')
     cells = table.apply(cell, axis=1)
     wide = cells.unstack('task')
     models = list(dict.fromkeys(m for _, m in table.index))
@@ -288,14 +339,18 @@ def beside_paper(
     table:pd.DataFrame,         # from `results_table`
     paper:dict=PAPER_RESULTS,   # the paper's numbers (see `paper_table`)
     digits:int=1,               # decimals of the percentages
-)->pd.DataFrame:                # rows: models as in `format_table`; columns (task, 'ours'), (task, 'paper ' + table)
+# rows: models as in `format_table`; columns (task, 'ours'), (task, 'paper ' + table)
+)->pd.DataFrame:
     "`format_table` with the paper's accuracy beside ours, task by task."
     ours, theirs = format_table(table, digits), paper_table(paper)
-    pct = lambda t, m: f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}" if (t, m) in theirs.index else ''
+    pct = lambda t, m: (f"{100 * theirs.loc[(t, m), 'test_acc']:.{digits}f}"
+                        if (t, m) in theirs.index
+                        else '')
     cols = {}
     for t in ours.columns:
         cols[(t, 'ours')] = ours[t]
-        cols[(t, f"paper {paper.get('tables', {}).get(t, '')}".strip())] = pd.Series({m: pct(t, m) for m in ours.index})
+        name = f"paper {paper.get('tables', {}).get(t, '')}".strip()
+        cols[(t, name)] = pd.Series({m: pct(t, m) for m in ours.index})
     return pd.DataFrame(cols).rename_axis(columns=['task', ''])
 
 # %% ../../nbs/22_experiments.ipynb #207c7371
@@ -308,7 +363,8 @@ def missing_runs(
     "The cells of the planned (task, variant, seed) grid that have no finished run."
     _check_columns(runs, ('task', 'variant', 'seed'), 'runs')
     have = set(zip(runs.task, runs.variant, runs.seed.astype(int)))
-    return pd.DataFrame([(t, v, s) for t in tasks for v in variants for s in seeds if (t, v, s) not in have],
+    return pd.DataFrame([(t, v, s) for t in tasks for v in variants for s in seeds
+                         if (t, v, s) not in have],
                         columns=['task', 'variant', 'seed'])
 
 # %% ../../nbs/22_experiments.ipynb #0bfd1fe9
@@ -316,7 +372,8 @@ def paused_runs(
     df:pd.DataFrame,        # one row per run
     by,                     # the columns whose groups are alike, e.g. ['task', 'variant']
     col:str='train_secs',   # the run's time
-)->tuple:                   # (the runs slower than twice their group's median, the total time without their excess)
+# (the runs slower than twice their group's median, the total time without their excess)
+)->tuple:
     ("Runs whose time is more than twice the median of their group, "
      "and the total time less their excess over that median.")
     _check_columns(df, (*by, col), 'runs')
@@ -325,101 +382,127 @@ def paused_runs(
     return df[slow], float(df[col].sum() - (df[col] - med)[slow].sum())
 
 # %% ../../nbs/22_experiments.ipynb #20377e19
-# (better, worse, claim): the orderings the papers report against the Transformer, on every classification task
+# (better, worse, claim): the orderings the papers report against the Transformer, on every
+# classification task
 PAPER_CLAIMS = (
     ('transject', 'transformer',
      'TransJect beats the Transformer (abstract: improvements over the variants of Transformers)'),
     ('transject', 'transformer-rezero',
      'TransJect beats Transformer+ReZero, the Transformer variant with its residual weighting'),
     ('neutreno', 'transformer', 'NeuTRENO beats the softmax Transformer it regularises'),
-    ('similarity-removal', 'transformer', 'similarity removal beats the Transformer whose attention it corrects'),
+    ('similarity-removal', 'transformer', 'similarity removal beats the Transformer whose '
+                                          'attention it corrects'),
 )
 
 # %% ../../nbs/22_experiments.ipynb #ba625240
 def _claim(c)->tuple:
     "A claim as (better, worse, text, tasks); a triple holds for every task."
     if not isinstance(c, (tuple, list)) or len(c) not in (3, 4):
-        raise ValueError(f"a claim is (better, worse, claim) or (better, worse, claim, tasks), got {c!r}")
+        raise ValueError("a claim is (better, worse, claim) or (better, worse, claim, tasks), got "
+                         f"{c!r}")
     a, b, text, tasks = (*c, None) if len(c) == 3 else c
     if tasks is not None and (isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks)):
         raise ValueError(f"a claim's tasks must be a tuple of task names, or None for every task; "
                          f"got {tasks!r} in {c!r}")
     return a, b, text, tasks
 
+# %% ../../nbs/22_experiments.ipynb #29d2c05b
 def check_orderings(
     table:pd.DataFrame,     # from `results_table` (or `paper_table`)
-    # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is made for (None: all)
+    # (better, worse, claim) triples, or (better, worse, claim, tasks) with the tasks a claim is
+    # made for (None: all)
     claims=PAPER_CLAIMS,
     alpha:float=ALPHA,      # the level of Welch's test
-# one row per (task, claim) with both sides present: accuracies, seeds, difference, its interval, se, df, p, verdict
+# one row per (task, claim) with both sides present: accuracies, seeds, difference, its interval,
+# se, df, p, verdict
 )->pd.DataFrame:
     "Test claimed orderings on every task of a results table by Welch's t-test at level `alpha`."
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
     claims, rows = [_claim(c) for c in claims], []
     for task in dict.fromkeys(t for t, _ in table.index):
         for a, b, text, tasks in claims:
-            if tasks is not None and task not in tasks or (task, a) not in table.index or (task, b) not in table.index:
+            if (tasks is not None and task not in tasks or (task, a) not in table.index
+                    or (task, b) not in table.index):
                 continue
             A, B = table.loc[(task, a)], table.loc[(task, b)]
             r = welch_from_stats(A.test_acc, A.test_std, A.n, B.test_acc, B.test_std, B.n, alpha)
-            rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc, worse_acc=B.test_acc,
+            rows.append(dict(task=task, better=a, worse=b, better_acc=A.test_acc,
+                             worse_acc=B.test_acc,
                              n_better=int(A.n), n_worse=int(B.n),
-                             **{k: r[k] for k in ('diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict')}, claim=text))
-    return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc', 'n_better', 'n_worse',
+                             **{k: r[k] for k in ('diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict')},
+                             claim=text))
+    return pd.DataFrame(rows, columns=['task', 'better', 'worse', 'better_acc', 'worse_acc',
+                                       'n_better', 'n_worse',
                                        'diff', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'claim'])
 
 # %% ../../nbs/22_experiments.ipynb #ead63afe
 # (better, worse, claim, tasks): TransJect's §3.6 orderings among its variants and against ReZero,
 # each on the tasks it is made for
 TRANSJECT_CLAIMS = (
-    ('random-transject', 'transject', 'random Σ beats the approximated Σ on AG News (§3.6.1)', ('agnews',)),
+    ('random-transject', 'transject', 'random Σ beats the approximated Σ on AG News (§3.6.1)',
+     ('agnews',)),
     ('random-entropic-transject', 'entropic-transject',
      'random Σ beats the approximated Σ on AG News, entropic variants (§3.6.1)', ('agnews',)),
-    ('entropic-transject', 'transject', 'the entropic variant beats the non-entropic one on AG News (§3.6.1)',
+    ('entropic-transject', 'transject', 'the entropic variant beats the non-entropic one on AG '
+                                        'News (§3.6.1)',
      ('agnews',)),
     ('random-entropic-transject', 'random-transject',
-     'the entropic variant beats the non-entropic one on AG News, random Σ (§3.6.1)', ('agnews',)),
+     'the entropic variant beats the non-entropic one on AG News, random Σ (§3.6.1)',
+     ('agnews',)),
     ('transject', 'entropic-transject',
-     'the non-entropic variant beats the entropic one on the long tasks (§3.6.2)', ('listops', 'charimdb')),
+     'the non-entropic variant beats the entropic one on the long tasks (§3.6.2)',
+     ('listops', 'charimdb')),
     ('random-transject', 'random-entropic-transject',
-     'the non-entropic variant beats the entropic one on the long tasks, random Σ (§3.6.2)', ('listops', 'charimdb')),
+     'the non-entropic variant beats the entropic one on the long tasks, random Σ (§3.6.2)',
+     ('listops', 'charimdb')),
     ('transject', 'transformer-rezero', 'TransJect beats Transformer+ReZero (§3.6.1)', None),
 )
 
+# %% ../../nbs/22_experiments.ipynb #0035ee79
+def _pooled_std(
+    g:pd.DataFrame,   # rows of a results table (`n`, `test_std`): one group of variants of a task
+    task:str,         # the task, for the error message
+)->tuple:             # (pooled s.d., degrees of freedom); NaN s.d. on 0 degrees of freedom
+    ("The seed s.d. of a group of variants pooled over them: "
+     "$\\sqrt{\\sum(n_i-1)s_i^2/\\sum(n_i-1)}$.")
+    if bad := [m for (_, m), r in g.iterrows() if r.n >= 2 and not np.isfinite(r.test_std)]:
+        raise ValueError(f"task {task}: {bad} have seeds but no finite test_std")
+    df = float((g.n - 1).sum())
+    ss = float(((g.n - 1) * g.test_std.fillna(0) ** 2).sum())
+    return (math.sqrt(ss / df) if df else float('nan')), df
+
 # %% ../../nbs/22_experiments.ipynb #c4cd0f40
 def spread_claim(
-    table:pd.DataFrame,                                             # from `results_table` (or `paper_table`)
-    entropic=('entropic-transject', 'random-entropic-transject'),   # the variants claimed to vary less over seeds
-    plain=('transject', 'random-transject'),                        # the variants they are compared with
+    # from `results_table` (or `paper_table`)
+    table:pd.DataFrame,
+    # the variants claimed to vary less over seeds
+    entropic=('entropic-transject', 'random-entropic-transject'),
+    # the variants they are compared with
+    plain=('transject', 'random-transject'),
     # where the claim is made (§3.6.1, the short tasks); None: every task of the table
     tasks=('imdb', 'agnews'),
     alpha:float=ALPHA,                                              # the F test's level
 # per task: each group's pooled s.d. and df, their ratio, F, p, verdict, claim
 )->pd.DataFrame:
-    ("Per task, whether the entropic TransJect variants vary less over seeds than the non-entropic ones: "
-     "an F test on the groups' pooled variances.")
+    ("Per task, whether the entropic TransJect variants vary less over seeds than the non-entropic "
+     "ones: an F test on the groups' pooled variances.")
     _check_columns(table, ('n', 'test_acc', 'test_std'), 'table')
     if tasks is not None and (isinstance(tasks, str) or not all(isinstance(t, str) for t in tasks)):
         raise ValueError(f"tasks must be a tuple of task names or None, got {tasks!r}")
     rows = []
     for task in dict.fromkeys(t for t, _ in table.index):
         if tasks is not None and task not in tasks: continue
-        groups = [table.loc[[(task, v) for v in vs if (task, v) in table.index]] for vs in (entropic, plain)]
+        groups = [table.loc[[(task, v) for v in vs if (task, v) in table.index]]
+                  for vs in (entropic, plain)]
         if any(g.empty for g in groups): continue
-        pooled = []
-        for g in groups:
-            if bad := [m for (_, m), r in g.iterrows() if r.n >= 2 and not np.isfinite(r.test_std)]:
-                raise ValueError(f"task {task}: {bad} have seeds but no finite test_std")
-            df = float((g.n - 1).sum())
-            pooled.append((math.sqrt(float(((g.n - 1) * g.test_std.fillna(0) ** 2).sum()) / df) if df else float('nan'),
-                           df))
-        (se_, de), (sp, dp) = pooled
+        (se_, de), (sp, dp) = [_pooled_std(g, task) for g in groups]
         r = spread_test(se_, de, sp, dp, alpha)
-        rows.append(dict(task=task, std_entropic=se_, std_plain=sp, df_entropic=de, df_plain=dp, ratio=r['ratio'],
-                         F=r['F'], p=r['p'], verdict=r['verdict'],
-                         claim='the entropic variants vary less over seeds than the non-entropic ones (§3.6.1)'))
-    return pd.DataFrame(rows, columns=['task', 'std_entropic', 'std_plain', 'df_entropic', 'df_plain', 'ratio', 'F',
-                                       'p', 'verdict', 'claim'])
+        rows.append(dict(task=task, std_entropic=se_, std_plain=sp, df_entropic=de, df_plain=dp,
+                         ratio=r['ratio'], F=r['F'], p=r['p'], verdict=r['verdict'],
+                         claim='the entropic variants vary less over seeds than the non-entropic '
+                               'ones (§3.6.1)'))
+    return pd.DataFrame(rows, columns=['task', 'std_entropic', 'std_plain', 'df_entropic',
+                                       'df_plain', 'ratio', 'F', 'p', 'verdict', 'claim'])
 
 # %% ../../nbs/22_experiments.ipynb #7ee7eb13
 def _preset_kind(task:str, section:str)->str:
@@ -438,288 +521,47 @@ def run_data(
      "(from `load_task`'s cache when it has them).")
     read_run(run_dir)
     cfg = json.loads((Path(run_dir)/'results.json').read_text())['config']
-    data = load_task(cfg['task'], max_len=cfg['model']['max_len'], cache_dir=cache_dir, progress=False,
+    data = load_task(cfg['task'], max_len=cfg['model']['max_len'], cache_dir=cache_dir,
+                     progress=False,
                      **DataConfig(**cfg['data']).load_kwargs())
     if data.cache_key != cfg['data_key']:
-        raise ValueError(f"reloading the data of {run_dir} gave other splits (data_key {data.cache_key}, "
+        raise ValueError(f"reloading the data of {run_dir} gave other splits (data_key "
+                         f"{data.cache_key}, "
                          f"the run's {cfg['data_key']}): its source files changed")
     return data
 
 # %% ../../nbs/22_experiments.ipynb #b4541695
 def load_run(
-    run_dir,                  # a finished run folder (`results.json` and `models/` written by `cli.run_one`)
-    data:TaskData|None=None,  # the task's data if already loaded (checked against the run's `data_key`); else loaded
+    # a finished run folder (`results.json` and `models/` written by `cli.run_one`)
+    run_dir,
+    # the task's data if already loaded (checked against the run's `data_key`); else loaded
+    data:TaskData|None=None,
     cache_dir=None,           # `load_task`'s cache folder (False: no cache)
     device=None,              # where the model goes (default: fastai's default device)
-)->TaskLearner:               # the Learner with the best weights and the run's history; `.results`: the run's results
-    "A finished run back as a fastai Learner, from its stored config, data key, best weights and checkpoint."
+# the Learner with the best weights and the run's history; `.results`: the run's results
+)->TaskLearner:
+    ("A finished run back as a fastai Learner, from its stored config, data key, best weights and "
+     "checkpoint.")
     run_dir = Path(run_dir)
-    read_run(run_dir)                                             # a finished run's results.json, or a clear error
+    # a finished run's results.json, or a clear error
+    read_run(run_dir)
     js = json.loads((run_dir/'results.json').read_text())
     cfg = js['config']
     task, variant = cfg['task'], cfg['variant']
     st = load_checkpoint(run_dir/'models'/'checkpoint.pth')
     if not st['done']:
-        raise ValueError(f"the run in {run_dir} has not finished (its checkpoint is at epoch {st['epoch']}); "
-                         "wait for it, or resume it with train_learner")
+        raise ValueError(f"the run in {run_dir} has not finished (its checkpoint is at epoch "
+                         f"{st['epoch']}); wait for it, or resume it with train_learner")
     if data is None: data = run_data(run_dir, cache_dir)
     if data.cache_key != cfg['data_key']:
-        raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the run in {run_dir} "
-                         f"(data_key {cfg['data_key']})")
-    dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}  # recorded, unused
-    learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data, path=run_dir, device=device,
+        raise ValueError(f"the data given (data_key {data.cache_key}) are not the splits of the "
+                         f"run in {run_dir} (data_key {cfg['data_key']})")
+    # recorded, unused
+    dcfg = {k: v for k, v in cfg['data'].items() if not (task == 'listops' and k == 'valid_pct')}
+    learn = get_learner(task, variant, preset=_preset_kind(task, cfg['preset']), data=data,
+                        path=run_dir, device=device,
                         **cfg['model'], **cfg['train'], **dcfg)
-    train_learner(learn, resume=True, progress=False)             # finished: best weights and history, no training
+    # finished: best weights and history, no training
+    train_learner(learn, resume=True, progress=False)
     learn.results = js['results']
     return learn
-
-# %% ../../nbs/22_experiments.ipynb #ab8c451c
-def figure_sample(
-    data:TaskData,     # a task from `load_task`
-    n:int=256,         # examples to take
-    split:str='test',  # 'train', 'valid' or 'test'
-    seed:int=0,        # seed of the sample
-)->TokenSplit:         # `n` examples, stratified by class
-    "A stratified, seeded sample of one split, for the figures."
-    if split not in data.splits: raise ValueError(f"split must be one of {list(data.splits)}, got {split!r}")
-    s = data.splits[split]
-    return s.subset(stratified_take(s.labels.numpy(), n, seed))
-
-def _per_model(learners:dict, fn, only=None)->pd.DataFrame:
-    if not isinstance(learners, dict) or not learners:
-        raise TypeError("learners must be a non-empty dict {name: learner or model}")
-    frames = [fn(m).reset_index().assign(variant=v) for v, m in learners.items() if only is None or only(m)]
-    if not frames: raise ValueError(f"none of {list(learners)} has what this figure needs")
-    df = pd.concat(frames, ignore_index=True)
-    return df[['variant'] + [c for c in df.columns if c not in ('variant', 'index')]]
-
-# %% ../../nbs/22_experiments.ipynb #143f723c
-def pair_distance_data(
-    learners:dict,         # name -> trained learner (or model)
-    text=PAPER_SENTENCE,   # a text, or token ids `(n,)`
-    pairs=PAPER_PAIRS,     # pairs of words of `text`, or of token positions
-    tokenizer=None,        # default: each learner's
-)->pd.DataFrame:           # variant, layer, pair, i, j, distance, cosine, ratio (distance over layer 0's)
-    "TransJect Fig. 1: distance and cosine of token pairs of one text at every layer, for each model."
-    return _per_model(learners, lambda m: token_pair_stats(m, text, pairs, tokenizer))
-
-def plot_pair_data(
-    df:pd.DataFrame,   # from `pair_distance_data`
-    title:str='',      # figure title
-):                     # the Figure
-    "Distance ratio and cosine of the token pairs against depth, one line style per model."
-    return plot_token_pairs({v: g for v, g in df.groupby('variant', sort=False)}, title=title)
-
-# %% ../../nbs/22_experiments.ipynb #d9f872a5
-def entropy_data(
-    learners:dict,          # name -> trained learner (or model)
-    data,                   # examples: a `TokenSplit` (e.g. from `figure_sample`) or anything `analysis.batches` takes
-    max_tokens:int=4096,    # real tokens sampled per layer
-)->pd.DataFrame:            # variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
-    "TransJect Fig. 5a: differential entropy per layer (mean over neurons), by `analysis.layer_entropy`."
-    return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens, progress=False))
-
-def plot_entropy_data(
-    df:pd.DataFrame,          # from `entropy_data`
-    estimator:str='spacing',  # the column: 'spacing' (sound), 'gaussian' (upper bound), 'paper_eq8'
-    ax=None,                  # matplotlib Axes
-):                            # the Axes
-    "Layer-wise entropy of each model."
-    return plot_layer_curves({v: g.set_index('layer')[estimator] for v, g in df.groupby('variant', sort=False)},
-                             ylabel=f'entropy (nats, {estimator})', ax=ax)
-
-# %% ../../nbs/22_experiments.ipynb #c2fa297c
-def _has_experts(m)->bool: return hasattr(unwrap(m), 'alphas')
-
-def expert_weight_data(
-    learners:dict,   # name -> trained learner (or model); only the TransJect variants are used
-    data,            # examples (see `entropy_data`)
-)->pd.DataFrame:     # variant, block, expert 1..E, spread, balance
-    "TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by `analysis.expert_weights`."
-    return _per_model(learners, lambda m: expert_weights(m, data, progress=False), only=_has_experts)
-
-def plot_expert_data(
-    df:pd.DataFrame,   # from `expert_weight_data`
-):                     # the Figure
-    "Stacked expert weights of every block, one panel per model."
-    groups = list(df.groupby('variant', sort=False))
-    fig, axs = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for ax, (v, g) in zip(axs[0], groups):
-        plot_expert_weights(g.set_index('block').drop(columns='variant').dropna(axis=1, how='all'), ax=ax, title=v)
-    return fig
-
-# %% ../../nbs/22_experiments.ipynb #0f6bb0be
-def bound_data(
-    learners:dict,   # name -> trained learner (or model)
-    data,            # examples (see `entropy_data`)
-# variant, layer, lo, hi (measured), bound_lo, bound_hi (Theorem 2 with the model's α; NaN without α), alpha,
-# worst_lo, worst_hi
-)->pd.DataFrame:
-    "TransJect Fig. 5c: measured min/max token distance ratio per layer beside the bounds from each model's own α."
-    def one(m):
-        df = activation_bounds(m, data, progress=False)
-        a, L = residual_weights(m), unwrap(m).cfg.n_layers
-        df['alpha'] = [np.nan] + (list(a) if a is not None and hasattr(unwrap(m), 'alphas') else [np.nan] * L)
-        df['worst_lo'], df['worst_hi'] = transject_bounds(L) if _has_experts(m) else (np.nan, np.nan)
-        return df
-    return _per_model(learners, one)
-
-def plot_bound_data(
-    df:pd.DataFrame,   # from `bound_data`
-    ax=None,           # matplotlib Axes
-    title:str='',      # axes title
-):                     # the Axes
-    "Measured distance-ratio bands per layer, each model's bounds dashed."
-    return plot_activation_bounds({v: g.set_index('layer') for v, g in df.groupby('variant', sort=False)}, ax=ax,
-                                  title=title)
-
-# %% ../../nbs/22_experiments.ipynb #e8200f9d
-def certified_ratios(
-    learners:dict,      # name -> trained learner (or model); only the TransJect variants are used
-    data,               # examples: a `TokenSplit`
-    n_seqs:int=4,       # sequences whose tokens start the search
-    steps:int=100,      # Adam steps of each search
-# per model: measured (sample), searched (worst_ratio), Theorem 2 with the model's α, and the α-free worst case,
-# after all layers
-)->pd.DataFrame:
-    "Each TransJect model's distance ratio after the last layer: measured, searched for, and bounded."
-    if not isinstance(data, TokenSplit):
-        raise TypeError(f"certified_ratios needs a TokenSplit of examples, got {type(data).__name__}")
-    rows = []
-    for v, lm in learners.items():
-        if not _has_experts(lm): continue
-        m = unwrap(lm)
-        was = m.training; m.eval()
-        try:
-            x = data.batch(range(min(n_seqs, len(data))))[0].to(next(m.parameters()).device)   # (b, n)
-            with torch.no_grad():
-                mask = x != 0
-                h0 = m.embed(x, mask); sig = m.begin(h0, mask).sigma                              # (b, n, d), (b, d)
-            lo = hi = None
-            for b in range(x.shape[0]):
-                f, pts = token_map(m, sig[b].detach()), h0[b][mask[b]].detach()                # (m, d) the real tokens
-                if len(pts) < 2: continue
-                l, h = worst_ratio(f, pts, minimize=True, steps=steps)[0], worst_ratio(f, pts, steps=steps)[0]
-                lo, hi = (l, h) if lo is None else (min(lo, l), max(hi, h))
-        finally: m.train(was)
-        L = m.cfg.n_layers
-        blo, bhi = layer_bounds(m.alphas().detach().cpu(), L)
-        meas = activation_bounds(m, data, progress=False).iloc[-1]
-        rows.append(dict(variant=v, L=L, alphas=[round(float(a), 4) for a in m.alphas().detach()],
-                         measured_lo=meas.lo, measured_hi=meas.hi,
-                         searched_lo=lo, searched_hi=hi, bound_lo=float(blo[-1]), bound_hi=float(bhi[-1]),
-                         worst_lo=transject_bounds(L)[0], worst_hi=transject_bounds(L)[1]))
-    if not rows: raise ValueError(f"none of {list(learners)} is a TransJect model")
-    df = pd.DataFrame(rows)
-    df['within_bound'] = (df.searched_lo >= df.bound_lo - 1e-5) & (df.searched_hi <= df.bound_hi + 1e-5)
-    return df
-
-# %% ../../nbs/22_experiments.ipynb #5e4671ec
-def similarity_data(
-    learners:dict,   # name -> trained learner (or model)
-    data,            # examples (see `entropy_data`)
-)->pd.DataFrame:     # variant, layer, cosine, similarity, diversity
-    ("NeuTRENO Fig. 1 and the similarity-escalation measure: mean pairwise cosine and similarity share per layer, "
-     "for each model.")
-    return _per_model(learners, lambda m: layer_measures(m, data, progress=False))
-
-def plot_similarity_data(
-    df:pd.DataFrame,         # from `similarity_data`
-    measure:str='cosine',    # 'cosine', 'similarity' or 'diversity'
-    ax=None,                 # matplotlib Axes
-):                           # the Axes
-    "One measure per layer, one line per model."
-    return plot_layer_curves({v: g.set_index('layer')[measure] for v, g in df.groupby('variant', sort=False)},
-                             ylabel=measure, ax=ax)
-
-# %% ../../nbs/22_experiments.ipynb #c3242041
-def isomap_data(
-    learners:dict,          # name -> trained learner (or model)
-    text=PAPER_SENTENCE,    # a text, or token ids `(n,)`
-    n_neighbors:int=5,      # Isomap's neighbourhood size
-    tokenizer=None,         # default: each learner's
-)->pd.DataFrame:            # variant, layer, position, token, x, y
-    "TransJect Fig. 6: 2-D Isomap coordinates of the tokens of one text at every layer, for each model."
-    def one(m):
-        r = isomap_layers(m, text, tokenizer, n_neighbors=n_neighbors)
-        return pd.DataFrame([dict(layer=l, position=i, token=t, x=float(c[i, 0]), y=float(c[i, 1]))
-                             for l, c in zip(r['layers'], r['coords']) for i, t in enumerate(r['tokens'])])
-    return _per_model(learners, one)
-
-def plot_isomap_data(
-    df:pd.DataFrame,   # from `isomap_data`
-    variant:str,       # the model to draw
-    title:str='',      # figure title (default: the variant)
-):                     # the Figure
-    "One panel per layer with the Isomap projection of the text's tokens, for one model."
-    g = df[df.variant == variant]
-    if g.empty:
-        raise ValueError(f"no Isomap data for {variant!r}; the frame has {list(df.variant.unique())}")
-    layers = sorted(g.layer.unique())
-    coords = [g[g.layer == l].sort_values('position')[['x', 'y']].to_numpy() for l in layers]
-    tokens = g[g.layer == layers[0]].sort_values('position').token.tolist()
-    return plot_isomap(dict(tokens=tokens, layers=layers, coords=coords), title=title or variant)
-
-# %% ../../nbs/22_experiments.ipynb #12ed6257
-def loss_curves(
-    run_dirs:dict,   # name -> finished run folder
-    every:int=10,    # average the training loss over bins of this many steps
-# variant, step, loss, kind ('train': fastai's smoothed training loss, binned; 'valid': at the end of each epoch)
-)->pd.DataFrame:
-    "TransJect Fig. 4: training loss per step and validation loss per epoch, from each run's checkpoint."
-    if not isinstance(every, int) or every < 1: raise ValueError(f"every must be a positive int, got {every!r}")
-    frames = []
-    for v, d in run_dirs.items():
-        st = load_checkpoint(Path(d)/'models'/'checkpoint.pth')
-        losses, iters = np.asarray(st['losses'], dtype=float), st['iters']
-        k = len(losses) // every * every
-        steps = np.arange(k).reshape(-1, every).mean(1) + 1 if k else np.zeros(0)
-        frames.append(pd.DataFrame(dict(variant=v, step=steps, loss=losses[:k].reshape(-1, every).mean(1) if k else [],
-                                        kind='train')))
-        vi = st['metric_names'].index('valid_loss') - 1                    # values hold the metrics after 'epoch'
-        frames.append(pd.DataFrame(dict(variant=v, step=np.asarray(iters, dtype=float),
-                                        loss=[r[vi] for r in st['values']], kind='valid')))
-    return pd.concat(frames, ignore_index=True)
-
-def plot_loss_data(
-    df:pd.DataFrame,   # from `loss_curves`
-    ax=None,           # matplotlib Axes
-    title:str='',      # axes title
-):                     # the Axes
-    "Training loss per step (lines) and validation loss per epoch (markers), one colour per model."
-    if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
-    for k, (v, g) in enumerate(df.groupby('variant', sort=False)):
-        tr, va = g[g.kind == 'train'], g[g.kind == 'valid']
-        ax.plot(tr.step, tr.loss, color=f'C{k}', lw=1, label=f'{v} train')
-        ax.plot(va.step, va.loss, 'o--', color=f'C{k}', ms=4, lw=1, label=f'{v} valid')
-    ax.set(xlabel='training step', ylabel='cross-entropy', title=title); ax.legend(fontsize=7)
-    return ax
-
-# %% ../../nbs/22_experiments.ipynb #dbafd9a5
-def _round(x, sig=6):
-    if isinstance(x, float): return float(f'{x:.{sig}g}') if math.isfinite(x) else x   # NaN, ±inf: as json writes them
-    if isinstance(x, list): return [_round(i, sig) for i in x]
-    if isinstance(x, (np.floating, np.integer)): return _round(x.item(), sig)
-    return x
-
-def save_figure_data(
-    frames:dict,     # name -> DataFrame
-    path,            # the JSON file to write
-    meta:dict|None=None, # what the data are: models, sample, dates (JSON-able)
-)->Path:             # the path written
-    "Store figure data frames (and a description) as one small JSON file."
-    out = dict(meta=meta or {}, frames={k: dict(columns=list(map(str, df.columns)),
-                                                data=[[_round(v) for v in r] for r in df.itertuples(index=False)])
-                                        for k, df in frames.items()})
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, separators=(',', ':')) + '\n')
-    return path
-
-def load_figure_data(
-    path,   # a file written by `save_figure_data`
-)->tuple:   # `(frames, meta)`: name -> DataFrame, and the description
-    "Read figure data stored by `save_figure_data`."
-    js = json.loads(Path(path).read_text())
-    if set(js) != {'meta', 'frames'}:
-        raise ValueError(f"{path} was not written by save_figure_data (keys {sorted(js)})")
-    return {k: pd.DataFrame(f['data'], columns=f['columns']) for k, f in js['frames'].items()}, js['meta']

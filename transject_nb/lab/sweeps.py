@@ -9,30 +9,36 @@ from __future__ import annotations
 import itertools, json, re, time
 from dataclasses import dataclass, field
 from pathlib import Path
-import numpy as np
-import pandas as pd
-import torch
-import torch.nn.functional as F
-from ..core import PAD_ID, check_choice
-from ..training.utils import atomic_write
-from ..models import VARIANTS
-from ..gradflow import mean_pairwise_cosine
-from ..similarity import token_similarity
-from ..training.learner import get_learner, train_learner, evaluate, history
-from .stats import ALPHA, welch, welch_from_var
 
 # %% auto #0
 __all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
            'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus',
-           'depth_answer', 'plot_grid', 'plot_layers', 'fix_tables', 'plot_depth_panels', 'init_sweep']
+           'load_grid', 'init_sweep']
+
+# %% ../../nbs/23_sweeps.ipynb #f80dffc8
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+# %% ../../nbs/23_sweeps.ipynb #51b0670b
+from ..core import PAD_ID, check_choice
+from ..models import VARIANTS
+from ..gradflow import mean_pairwise_cosine
+from ..similarity import token_similarity
+
+# %% ../../nbs/23_sweeps.ipynb #0efab7d4
+from ..training.utils import atomic_write
+from ..training.learner import get_learner, train_learner, evaluate, history
 
 # %% ../../nbs/23_sweeps.ipynb #12ea8529
 def grid_cells(
     # field -> list of values, e.g. `{'n_layers': [1, 2, 4]}` (`{}`: one cell, no overrides);
     # or a list of cells (dicts), taken as given
     grid,
-)->list:         # one dict per cell: the cartesian product in the grid's order (last field fastest), or the given cells
+# one dict per cell: the cartesian product in the grid's order (last field fastest), or the given
+# cells
+)->list:
     "The cells of a grid: every combination of the fields' values, or an explicit list of cells."
     if isinstance(grid, (list, tuple)):
         if not grid: raise ValueError("an empty list of cells: give at least one")
@@ -41,23 +47,29 @@ def grid_cells(
         if len(set(map(cell_key, grid))) < len(grid): raise ValueError(f"repeated cells in {grid}")
         return [dict(c) for c in grid]
     if not isinstance(grid, dict):
-        raise TypeError(f"grid must be a dict (field -> values) or a list of cells, got {type(grid).__name__}")
+        raise TypeError("grid must be a dict (field -> values) or a list of cells, got "
+                        f"{type(grid).__name__}")
     for k, vs in grid.items():
         if isinstance(vs, (str, bytes)) or not hasattr(vs, '__iter__'):
             raise TypeError(f"grid[{k!r}] must be a list of values, got {vs!r}")
         if not list(vs): raise ValueError(f"grid[{k!r}] is empty: give at least one value")
     return [dict(zip(grid, vs)) for vs in itertools.product(*map(list, grid.values()))]
 
+# %% ../../nbs/23_sweeps.ipynb #e1898f4a
 def axis_cells(
     base:dict,   # field -> value: the centre every axis passes through
     axes:dict,   # field -> values: each field varied alone, the others at `base`
 )->list:         # the cells, every one with all of `base`'s fields; the centre once
-    "One axis at a time around a centre (a robustness figure's grid): fewer cells than the full product."
-    if miss := [k for k in axes if k not in base]: raise ValueError(f"axes {miss} have no value in base {base}")
-    grid_cells(axes)                                                    # the same checks of each axis's values
+    ("One axis at a time around a centre (a robustness figure's grid): fewer cells than the full "
+     "product.")
+    if miss := [k for k in axes if k not in base]:
+        raise ValueError(f"axes {miss} have no value in base {base}")
+    # the same checks of each axis's values
+    grid_cells(axes)
     cells = [base | {k: v} for k, vs in axes.items() for v in vs]
     return list({cell_key(c): c for c in [dict(base), *cells]}.values())
 
+# %% ../../nbs/23_sweeps.ipynb #ea6d3a4f
 def cell_key(
     cell:dict,   # field -> value
 )->str:          # a folder name, e.g. 'd_model=64,n_layers=4'; 'default' for no fields
@@ -65,7 +77,8 @@ def cell_key(
     if not cell: return 'default'
     key = ','.join(f"{k}={v}" for k, v in cell.items())
     if not re.fullmatch(r'[\w.,=+-]+', key):
-        raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, digits, '.', '-' and '+'")
+        raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, "
+                         "digits, '.', '-' and '+'")
     return key
 
 # %% ../../nbs/23_sweeps.ipynb #59260cdf
@@ -77,11 +90,13 @@ def _first_block_grad_norm(model, x, y)->float:
     model.zero_grad(set_to_none=True)
     return float(torch.stack(g).sum().sqrt()) if g else 0.0
 
+# %% ../../nbs/23_sweeps.ipynb #34896c13
 def depth_measures(
     model,              # an `EncoderClassifier` (any variant)
     x:torch.Tensor,     # token ids `(B, n)`
     y:torch.Tensor,     # labels `(B,)`
-# per-layer cosine and similarity share (lists of L+1), their final values, the first block's gradient norm, the loss
+# per-layer cosine and similarity share (lists of L+1), their final values, the first block's
+# gradient norm, the loss
 )->dict:
     ("What the depth study records of a model on one batch: token similarity per layer "
      "and signal propagation into the first block.")
@@ -95,14 +110,16 @@ def depth_measures(
     share = [float(token_similarity(h, mask).mean()) for h in hs]
     gnorm = _first_block_grad_norm(model, x, y)
     model.train(was)
-    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm, cosine_layers=cos,
+    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm,
+                cosine_layers=cos,
                 share_layers=share)
 
 # %% ../../nbs/23_sweeps.ipynb #46d0bf10
 def diverged(
     hist:pd.DataFrame,   # per-epoch table from `learner.history`
     init_loss:float,     # the validation loss of the model at initialisation
-)->bool:                 # True if a loss is not finite, or no epoch's validation loss got below `init_loss`
+# True if a loss is not finite, or no epoch's validation loss got below `init_loss`
+)->bool:
     ("Whether a run diverged: NaN or infinite losses, "
      "or training that never improved on the initial model's validation loss.")
     if not np.isfinite(init_loss): raise ValueError(f"init_loss must be finite, got {init_loss}")
@@ -118,13 +135,15 @@ def probe_batch(
     learn,           # a `TaskLearner`
     n:int=32,        # rows
 )->tuple:            # `(x, y)` plain tensors on the learner's device
-    "A fixed batch of validation examples for the measures: the first `n` of the validation loader's first batch."
+    ("A fixed batch of validation examples for the measures: the first `n` of the validation "
+     "loader's first batch.")
     x, y = learn.dls.valid.one_batch()
     return _plain(x)[:n], _plain(y)[:n]
 
 # %% ../../nbs/23_sweeps.ipynb #8dcbcbbd
 def _dump(obj, p:Path):                                       # a crash never leaves half a file
-    atomic_write(p, json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
+    atomic_write(p, json.dumps(obj, indent=1,
+                               default=lambda o: o.item() if hasattr(o, 'item') else str(o)))
 
 # %% ../../nbs/23_sweeps.ipynb #a5904075
 def run_cell(
@@ -137,7 +156,8 @@ def run_cell(
     progress=False,        # `train_learner`'s progress
     cache_dir=None,        # `load_task`'s cache
     **fixed,               # fields every cell shares (the cell's own win)
-)->dict:                   # the record: results, measures at init and after training, divergence, wall time
+# the record: results, measures at init and after training, divergence, wall time
+)->dict:
     ("Train, evaluate and measure one cell of a grid; resumes an interrupted run; "
      "the record is also saved as `record.json`.")
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
@@ -146,24 +166,28 @@ def run_cell(
                         **(fixed | cell | dict(seed=seed)))
     xb, yb = probe_batch(learn)
     if (p0 := path/'init.json').exists(): init = json.loads(p0.read_text())
-    else:                                                               # before any step: the model at initialisation
+    # before any step: the model at initialisation
+    else:
         with learn.no_bar(): vl = float(learn.validate(ds_idx=1)[0])
         init = depth_measures(learn.model, xb, yb) | dict(valid_loss=vl); _dump(init, p0)
     train_learner(learn, resume=True, progress=progress)
     res, h = evaluate(learn), history(learn)
     final = depth_measures(learn.model, xb, yb)
-    rec = dict(task=task, variant=variant, seed=seed, **cell, test_acc=res['test_acc'], valid_acc=res['valid_acc'],
+    rec = dict(task=task, variant=variant, seed=seed, **cell, test_acc=res['test_acc'],
+               valid_acc=res['valid_acc'],
                diverged=diverged(h, init['valid_loss']), epochs=res['epochs'], params=res['params'],
                train_secs=res['train_secs'],
                wall_secs=round(time.perf_counter() - t0, 1),
-               **{f'{k}_init': v for k, v in init.items()}, **{f'{k}_final': v for k, v in final.items()},
+               **{f'{k}_init': v for k, v in init.items()},
+               **{f'{k}_final': v for k, v in final.items()},
                cell=cell_key(cell), history=h.reset_index().to_dict('list'))
     _dump(rec, path/'record.json')
     return rec
 
 # %% ../../nbs/23_sweeps.ipynb #9ac66638
-GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen', 'epochs', 'params',
-                'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init', 'share_init', 'grad_norm_first_init',
+GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen',
+                'epochs', 'params', 'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init',
+                'share_init', 'grad_norm_first_init',
                 'cosine_final', 'share_final', 'grad_norm_first_final')
 
 # %% ../../nbs/23_sweeps.ipynb #3e57bee6
@@ -173,44 +197,52 @@ def grid_frame(
     "The records as a table of scalars."
     fields = list(dict.fromkeys(k for r in records for k in r.get('fields', ())))
     cols = (*GRID_SCALARS[:4], *fields, *GRID_SCALARS[4:])
-    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in cols} for r in records])
+    return pd.DataFrame([{k: r.get(k, True if k == 'chosen' else None) for k in cols}
+                         for r in records])
 
 # %% ../../nbs/23_sweeps.ipynb #c137afec
 def _pick(recs:list)->dict:
-    "The tuned run to keep: the best validation accuracy among those that did not diverge (the first on ties)."
+    ("The tuned run to keep: the best validation accuracy among those that did not diverge (the "
+     "first on ties).")
     ok = [r for r in recs if not r['diverged']] or recs
     return max(ok, key=lambda r: r['valid_acc'])
 
+# %% ../../nbs/23_sweeps.ipynb #3eec083a
 def _edges(
     tune:dict,      # the tuned field -> its values
     extend:dict,    # the same field -> values outside those, to try at the grid's edges
-)->tuple:           # (field, values below, nearest first; values above, nearest first); (None, [], []) if no `extend`
+# (field, values below, nearest first; values above, nearest first); (None, [], []) if no `extend`
+)->tuple:
     "Check `extend` against `tune` and split its values by the edge they extend."
     if not extend: return None, [], []
     if len(extend) != 1 or len(tune) != 1 or set(extend) != set(tune):
-        raise ValueError(f"`extend` must name the one tuned field; got extend fields {sorted(extend)} "
-                         f"with tuned fields {sorted(tune)}")
+        raise ValueError("`extend` must name the one tuned field; got extend fields "
+                         f"{sorted(extend)} with tuned fields {sorted(tune)}")
     (f, extra), vals = next(iter(extend.items())), tune[next(iter(tune))]
     if inside := [x for x in extra if min(vals) <= x <= max(vals)]:
-        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values {sorted(vals)}: "
-                         "extension values must be below or above them all")
+        raise ValueError(f"extend values {inside} for {f!r} lie within the tuned values "
+                         f"{sorted(vals)}: extension values must be below or above them all")
     if len(set(extra)) < len(extra): raise ValueError(f"repeated extend values for {f!r}: {extra}")
-    return f, sorted((x for x in extra if x < min(vals)), reverse=True), sorted(x for x in extra if x > max(vals))
+    below = sorted((x for x in extra if x < min(vals)), reverse=True)
+    return f, below, sorted(x for x in extra if x > max(vals))
 
+# %% ../../nbs/23_sweeps.ipynb #c0beca7e
 def _step_out(
     recs:list,      # the first seed's runs of one (variant, cell) so far
     f:str,          # the tuned field
     lo:list,        # values left below the grid, nearest first (popped)
     hi:list,        # values left above the grid, nearest first (popped)
 ):                  # the next value to try, or None
-    "One step beyond the edge the current choice sits at; None when it is inside the values tried or no value is left."
+    ("One step beyond the edge the current choice sits at; None when it is inside the values tried "
+     "or no value is left.")
     x, tried = _pick(recs)[f], [r[f] for r in recs]
     side = hi if x == max(tried) else lo if x == min(tried) else []
     return side.pop(0) if side else None
 
 # %% ../../nbs/23_sweeps.ipynb #decd62a2
 def _grid_plan(grid, variants, seeds, tune, fixed)->tuple:
-    "`run_grid`'s checked plan: variants, seeds, tuned fields, cells, tuning trials and every field a run sets."
+    ("`run_grid`'s checked plan: variants, seeds, tuned fields, cells, tuning trials and every "
+     "field a run sets.")
     variants = [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]
     seeds, tune = list(seeds), dict(tune or {})
     if not seeds: raise ValueError("no seeds given")
@@ -225,9 +257,11 @@ def _grid_plan(grid, variants, seeds, tune, fixed)->tuple:
 
 # %% ../../nbs/23_sweeps.ipynb #2566a218
 class _GridRuns:
-    "`run_grid`'s runs: each trained or read back, counted, and reported with an estimate of the time left."
+    ("`run_grid`'s runs: each trained or read back, counted, and reported with an estimate of the "
+     "time left.")
     def __init__(self, task, out, fields, units, trials, seeds, ef, train, progress, run_kw):
-        self.task, self.out, self.fields, self.units, self.trials, self.seeds = task, out, fields, units, trials, seeds
+        self.task, self.out, self.fields, self.units = task, out, fields, units
+        self.trials, self.seeds = trials, seeds
         self.ef, self.train, self.progress, self.run_kw = ef, train, progress, run_kw
         self.t0, self.trained, self.n = time.perf_counter(), 0, 0
         self.total = len(units) * (len(trials) + len(seeds) - 1)
@@ -235,9 +269,11 @@ class _GridRuns:
     def done(self, v, c, s)->bool: return (self.out/v/cell_key(c)/f'seed{s}'/'record.json').exists()
 
     def left(self, k:int)->int:
-        "Runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per later seed."
+        ("Runs not on disk, from the k-th (variant, cell) on; a pending choice counts once per "
+         "later seed.")
         return sum(sum(not self.done(v, c | t, self.seeds[0]) for t in self.trials)
-                   + sum(not any(self.done(v, c | t, s) for t in self.trials) for s in self.seeds[1:])
+                   + sum(not any(self.done(v, c | t, s) for t in self.trials)
+                         for s in self.seeds[1:])
                    for v, c in self.units[k:])
 
     def one(self, v, c, s, k, chosen, edge=False):
@@ -245,7 +281,8 @@ class _GridRuns:
         p, self.n = self.out/v/cell_key(c)/f'seed{s}', self.n + 1
         was = (p/'record.json').exists()
         if not (was or self.train): return None
-        rec = json.loads((p/'record.json').read_text()) if was else run_cell(self.task, v, c, s, p, **self.run_kw)
+        rec = (json.loads((p/'record.json').read_text()) if was
+               else run_cell(self.task, v, c, s, p, **self.run_kw))
         self.trained += not was
         rec |= dict(fields=self.fields, chosen=chosen)
         if self.progress: self.say(rec, v, c, s, k, edge)
@@ -257,8 +294,36 @@ class _GridRuns:
         print(f"{self.n}/{self.total}{'+' if self.ef else ''} {v} {cell_key(c)} seed {s}"
               f"{' (grid edge)' if edge else ''}: "
               f"test acc {100 * rec['test_acc']:.1f}%{' DIVERGED' if rec['diverged'] else ''}, "
-              f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if self.ef else 'about'} {left / 60:.0f} min left"
+              f"{rec['wall_secs']:.0f} s" + (f"; {'at least' if self.ef else 'about'} "
+                                             f"{left / 60:.0f} min left"
                                              if self.trained else ' (read back)'), flush=True)
+
+# %% ../../nbs/23_sweeps.ipynb #d3975712
+def _unit_records(
+    runs:_GridRuns,   # the grid's runs
+    k:int,            # the (variant, cell) to run: `runs.units[k]`
+    seeds:list,       # training seeds; the first tunes
+    trials:list,      # the tuned fields' cells (`[{}]` without tuning)
+    tune:dict,        # the tuned fields
+    ef,               # the field extended at the grid's edges (None: no extension)
+    below:list,       # its values below the grid, nearest first
+    above:list,       # its values above the grid, nearest first
+)->list:              # the records of the (variant, cell) on disk or trained
+    ("One (variant, cell) of `run_grid`: the first seed's tuning runs, then the choice with the "
+     "other seeds.")
+    v, c = runs.units[k]
+    first = [runs.one(v, c | t, seeds[0], k, False) for t in trials]
+    lo, hi = list(below), list(above)
+    while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
+        # at an edge: one step beyond
+        first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))
+    kept = [r for r in first if r]
+    # the choice is made (read-only: once its runs are on disk)
+    if None not in first:
+        best = _pick(first); best['chosen'] = True
+        choice = {f: best[f] for f in tune}                          # {} without tuning
+        kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
+    return kept
 
 # %% ../../nbs/23_sweeps.ipynb #722cc5be
 def run_grid(
@@ -266,53 +331,54 @@ def run_grid(
     grid,                   # field -> values, or a list of cells (see `grid_cells`, `axis_cells`)
     variants=None,          # variant names (default: all of `VARIANTS`)
     seeds=(1, 2),           # training seeds
-    out='runs/grid',        # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
+    # folder: `<variant>/<cell>/seed<k>/` per run, and `grid.json`, `grid.csv` for all
+    out='runs/grid',
     preset:str='repro',     # a `config.PRESETS` name
-    # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds run the choice
+    # field -> values chosen per (variant, cell) on validation accuracy, first seed; the other seeds
+    # run the choice
     tune:dict|None=None,
     # the tuned field -> values beyond its grid, tried one at a time outward
     # while the first seed's choice sits at that edge of the values tried
     extend:dict|None=None,
-    # one line per finished run, with the time left (a lower bound with `extend`, whose steps are not foreseen)
+    # one line per finished run, with the time left (a lower bound with `extend`, whose steps are
+    # not foreseen)
     progress:bool=True,
     cache_dir=None,         # `load_task`'s cache
     # False: only read back the finished runs (say, while other processes train),
     # choosing where every run a choice needs has finished
     train:bool=True,
     **fixed,                # fields every cell shares
-)->pd.DataFrame:            # `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
-    ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their `record.json`, "
-     "interrupted ones continue.")
+# `grid_frame` of every run, finished ones read back; `chosen` marks the tuned runs kept
+)->pd.DataFrame:
+    ("Train every (variant, cell, seed) of a grid, resumably: finished runs are read from their "
+     "`record.json`, interrupted ones continue.")
     variants, seeds, tune, cells, trials, fields = _grid_plan(grid, variants, seeds, tune, fixed)
     ef, below, above = _edges(tune, dict(extend or {}))
-    runs = _GridRuns(task, Path(out), fields, [(v, c) for v in variants for c in cells], trials, seeds, ef, train,
-                     progress, dict(preset=preset, progress=False, cache_dir=cache_dir, **fixed))
+    runs = _GridRuns(task, Path(out), fields, [(v, c) for v in variants for c in cells], trials,
+                     seeds, ef, train, progress,
+                     dict(preset=preset, progress=False, cache_dir=cache_dir, **fixed))
     records = []
     for k, (v, c) in enumerate(runs.units):
-        first, lo, hi = [runs.one(v, c | t, seeds[0], k, False) for t in trials], list(below), list(above)
-        while None not in first and ef and (x := _step_out(first, ef, lo, hi)) is not None:
-            first.append(runs.one(v, c | {ef: x}, seeds[0], k, False, edge=True))   # at an edge: one step beyond
-        kept = [r for r in first if r]
-        if None not in first:                               # the choice is made (read-only: once its runs are on disk)
-            best = _pick(first); best['chosen'] = True
-            choice = {f: best[f] for f in tune}                          # {} without tuning
-            kept += [r for s in seeds[1:] if (r := runs.one(v, c | choice, s, k, True))]
-        records += kept
-        _dump(records, runs.out/'grid.json'); grid_frame(records).to_csv(runs.out/'grid.csv', index=False)
+        records += _unit_records(runs, k, seeds, trials, tune, ef, below, above)
+        _dump(records, runs.out/'grid.json')
+        grid_frame(records).to_csv(runs.out/'grid.csv', index=False)
     return grid_frame(records)
 
 # %% ../../nbs/23_sweeps.ipynb #c6ff074d
 @dataclass(frozen=True)
 class Study:
-    "A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields every run shares."
+    ("A sweep's whole protocol: task, grid, tuned fields, seeds, variants, preset and the fields "
+     "every run shares.")
     task:str                    # one of `TASKS`
     grid:object                 # field -> values, or a list of cells (see `grid_cells`)
-    tune:dict                   # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
+    # field -> values chosen per (variant, cell) with the first seed (see `run_grid`)
+    tune:dict
     seeds:tuple = (1, 2)        # training seeds
     variants:tuple|None = None  # variant names (None: all of `VARIANTS`)
     preset:str = 'repro'        # the `settings.ini` preset under the fixed fields
     fixed:dict = field(default_factory=dict)   # fields every run shares
-    extend:dict = field(default_factory=dict)  # the tuned field -> values beyond its grid, for an edge (see `run_grid`)
+    # the tuned field -> values beyond its grid, for an edge (see `run_grid`)
+    extend:dict = field(default_factory=dict)
 
     @property
     def n_runs(self)->int:
@@ -329,11 +395,13 @@ class Study:
            )->pd.DataFrame:     # `run_grid`'s table
         "Run (or resume, or read back) the study."
         kw = dict(variants=self.variants) | kw
-        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset, tune=self.tune,
+        return run_grid(self.task, self.grid, seeds=self.seeds, out=out, preset=self.preset,
+                        tune=self.tune,
                         extend=self.extend, **(self.fixed | kw))
 
 # %% ../../nbs/23_sweeps.ipynb #372d3dcf
-_CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2, sched='1cycle')
+_CENTRE = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64, epochs=2,
+               sched='1cycle')
 _LRS, _EDGES = dict(lr=[1e-3, 3e-3, 1e-2]), dict(lr=[1e-4, 3e-4, 3e-2, 1e-1, 3e-1, 1.0])
 _AXES = ('d_model', 'max_len', 'n_train')   # the robustness figure's axes
 
@@ -349,11 +417,14 @@ ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in _AXES},
                                             dict(d_model=[32, 64, 128], max_len=[64, 128, 256],
                                                  n_train=[500, 1000, 2000, 4000])),
                          _LRS, variants=('transject', 'transformer'),
-                         fixed={k: v for k, v in _CENTRE.items() if k not in _AXES} | dict(n_layers=2), extend=_EDGES)
+                         fixed={k: v for k, v in _CENTRE.items() if k not in _AXES}
+                         | dict(n_layers=2), extend=_EDGES)
 
 # %% ../../nbs/23_sweeps.ipynb #81631023
-LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final', 'share_layers_final')
+LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final',
+              'share_layers_final')
 
+# %% ../../nbs/23_sweeps.ipynb #0b88c1ca
 def export_grid(
     src,             # a sweep's folder (holds `grid.json` from `run_grid`)
     dest,            # where to write `grid.csv` and `layers.json` (created)
@@ -362,284 +433,27 @@ def export_grid(
      "and the chosen runs' per-layer similarity.")
     f = Path(src)/'grid.json'
     if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into {src} first")
+        raise FileNotFoundError(f"{f} not found: run the sweep (`run_grid` or `Study.run`) into "
+                                f"{src} first")
     records = json.loads(f.read_text())
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     df = grid_frame(records); df.to_csv(dest/'grid.csv', index=False)
-    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()), *LAYER_KEYS)}
+    keep = [{k: r.get(k) for k in ('variant', 'seed', 'cell', 'fields', *r.get('fields', ()),
+                                   *LAYER_KEYS)}
             for r in records if r.get('chosen', True)]
     _dump(keep, dest/'layers.json')
     return df
 
+# %% ../../nbs/23_sweeps.ipynb #b6329b89
 def load_grid(
     dest,            # a folder written by `export_grid`
-)->tuple:            # `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
+# `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
+)->tuple:
     "Read back what `export_grid` wrote."
     dest = Path(dest)
     if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:
         raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
     return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
-
-# %% ../../nbs/23_sweeps.ipynb #e7676824
-def grid_summary(
-    df:pd.DataFrame,        # `run_grid`'s table
-    by=None,                # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
-    value:str='test_acc',   # the column summarised
-)->pd.DataFrame:            # mean, std, seeds and diverged runs per (variant, fields)
-    "Mean and standard deviation over seeds of `value` per variant and cell (of a tuned grid, the chosen runs)."
-    if 'chosen' in df: df = df[df['chosen'].astype(bool)]                # a tuned grid: only the runs kept
-    cols = list(df.columns)
-    by = list(by) if by is not None else cols[cols.index('cell') + 1:cols.index('test_acc')]
-    if miss := [c for c in [value, *by] if c not in df]:
-        raise KeyError(f"columns {miss} not in the grid table; it has {cols}")
-    g = df.groupby(['variant', *by], sort=False)
-    return pd.DataFrame({'mean': g[value].mean(), 'std': g[value].std(ddof=1), 'seeds': g.size(),
-                         'diverged': g['diverged'].sum()})
-
-# %% ../../nbs/23_sweeps.ipynb #69aef495
-def best_cells(
-    df:pd.DataFrame,        # `run_grid`'s table
-    field:str,              # the grid field to choose, e.g. 'n_layers'
-    value:str='test_acc',   # maximised, averaged over seeds
-)->pd.DataFrame:            # per variant: the best value of `field`, its mean and std
-    "The best setting of one grid field per variant, by the seed-mean of `value`."
-    s = grid_summary(df, [field], value).reset_index()
-    return s.loc[s.groupby('variant', sort=False)['mean'].idxmax()].set_index('variant')
-
-# %% ../../nbs/23_sweeps.ipynb #d4e44ac4
-def best_valid(
-    df:pd.DataFrame,        # `run_grid`'s table (any runs, e.g. one seed at several learning rates)
-    by=('variant',),        # columns whose groups each get their best run
-)->pd.DataFrame:            # the best run's row per group, indexed by `by`
-    ("Per group, the run with the best validation accuracy among those that did not diverge "
-     "(among all of them if every one diverged).")
-    best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]   # `run_grid`'s own rule
-    return pd.DataFrame(best).set_index(list(by))
-
-# %% ../../nbs/23_sweeps.ipynb #f2a77516
-def at_best_rate(
-    df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
-    fixed:float,            # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
-)->pd.DataFrame:            # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
-    ("Per variant, what a fixed learning rate gave beside what the rate chosen on the validation set gives "
-     "(`best_valid`).")
-    if df.groupby(['variant', 'lr']).size().max() > 1:
-        raise ValueError("several runs share a (variant, lr); pass one seed's runs, e.g. df[df.seed == 1]")
-    at = df[np.isclose(df.lr, fixed)].set_index('variant').test_acc
-    if missing := [v for v in dict.fromkeys(df.variant) if v not in at.index]:
-        raise ValueError(f"no run at lr={fixed:g} for {missing}; the rates run are {sorted(set(df.lr))}")
-    b = best_valid(df)
-    t = pd.DataFrame({'test at fixed lr': at, 'best lr (valid)': b.lr, 'test at best lr': b.test_acc})
-    return t.loc[list(dict.fromkeys(df.variant))]
-
-# %% ../../nbs/23_sweeps.ipynb #b0b77bdd
-def versus_table(
-    df:pd.DataFrame,        # `run_grid`'s table
-    ref:str,                # the variant the others are measured against, e.g. 'transformer'
-    field:str,              # the grid field of the columns, e.g. 'n_layers'
-    value:str='test_acc',   # the column compared
-    alpha:float=ALPHA,      # the test's level
-# one row per (variant in `VARIANTS` order, value of `field`) where both ran:
-# gain, its 1-alpha interval (lo, hi) and se in points, df, p, verdict, sure, seeds of each side
-)->pd.DataFrame:
-    ("Every variant against `ref`, cell by cell, by Welch's t-test "
-     "with each variant's seed variance pooled over its cells.")
-    s = grid_summary(df, [field], value).reset_index()
-    if ref not in set(s.variant):
-        raise ValueError(f"reference variant {ref!r} has no chosen run; the table has {sorted(set(s.variant))}")
-    s['ss'] = (s['seeds'] - 1) * s['std'].fillna(0) ** 2        # squares about each cell's mean (none from one seed)
-    g = s.groupby('variant')
-    nu = g['seeds'].sum() - g.size()                            # pooled df: the sum of n - 1 over the variant's cells
-    var = (g['ss'].sum() / nu.where(nu > 0)).fillna(0)          # pooled variance (unused where nu is 0)
-    m, n = (s.pivot(index='variant', columns=field, values=k) for k in ('mean', 'seeds'))
-    cells = [(v, x) for v in VARIANTS if v != ref and v in m.index for x in m.columns
-             if pd.notna(m.loc[v, x]) and pd.notna(m.loc[ref, x])]
-    cols = ['variant', field, 'gain', 'lo', 'hi', 'se', 'df', 'p', 'verdict', 'sure', 'seeds', 'seeds_ref']
-    if not cells: return pd.DataFrame(columns=cols)
-    vs, xs = [v for v, _ in cells], [x for _, x in cells]
-    r = welch_from_var([m.loc[v, x] - m.loc[ref, x] for v, x in cells], var[vs].values, [n.loc[v, x] for v, x in cells],
-                       var[ref], [n.loc[ref, x] for x in xs], df_a=nu[vs].values, df_b=nu[ref], alpha=alpha)
-    return pd.DataFrame({'variant': vs, field: xs, 'gain': 100 * r['diff'], 'lo': 100 * r['lo'], 'hi': 100 * r['hi'],
-                         'se': 100 * r['se'], 'df': r['df'], 'p': r['p'], 'verdict': r['verdict'],
-                         'sure': np.isin(r['verdict'], ('reproduced', 'contradicted')), 'seeds': r['n_a'],
-                         'seeds_ref': r['n_b']}, columns=cols)
-
-# %% ../../nbs/23_sweeps.ipynb #24ddbe9f
-def versus(
-    df:pd.DataFrame,        # `run_grid`'s table
-    ref:str,                # the variant the others are measured against, e.g. 'transformer'
-    field:str,              # the grid field of the columns, e.g. 'n_layers'
-    value:str='test_acc',   # the column compared
-    alpha:float=ALPHA,      # the test's level
-# `(gain, sure)`: per variant (rows, `VARIANTS` order) and value of `field`, the seed-mean difference to `ref`
-# in points, and whether Welch's test rejects at `alpha` (the p-values: `versus_table`)
-)->tuple:
-    ("Every variant against `ref`, cell by cell, as two frames: the gain in points "
-     "and whether the test (`versus_table`) finds it real.")
-    t = versus_table(df, ref, field, value, alpha)
-    s = grid_summary(df, [field], value).reset_index()
-    m = s.pivot(index='variant', columns=field, values='mean')
-    others = [v for v in VARIANTS if v != ref and v in m.index]
-    gain = 100 * (m.loc[others] - m.loc[ref])
-    sure = (t.pivot(index='variant', columns=field, values='sure').reindex(index=others, columns=gain.columns)
-            if len(t) else gain * np.nan)
-    return gain, sure.fillna(False).astype(bool)
-
-# %% ../../nbs/23_sweeps.ipynb #52310c50
-def depth_answer(
-    df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
-    depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
-    field:str='n_layers',   # the depth field
-    collapse_at:float=0.55, # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
-    keep_within:float=0.03, # a deepest cell within this of the best is 'within 3 points of its best'
-    alpha:float=ALPHA,      # the level of the test of best depth against deepest
-# per variant: best depth (on validation) and deepest, their test accuracies, diverged runs, similarity shares,
-# outcome, drop, its interval (lo, hi), p, verdict
-)->pd.DataFrame:
-    ("Per variant of a depth sweep: its best depth on validation, how its deepest cell compares, and the test of "
-     "'the best depth beats the deepest'.")
-    s, kept = grid_summary(df, [field]).reset_index(), (df[df['chosen'].astype(bool)] if 'chosen' in df else df)
-    val = grid_summary(df, [field], 'valid_acc')['mean']
-    rows = {}
-    for v in [v for v in VARIANTS if v in set(s.variant)] + sorted(set(s.variant) - set(VARIANTS)):
-        g, k = s[s.variant == v].set_index(field), kept[kept.variant == v]
-        best, deep = val.loc[v].idxmax(), g.index.max()
-        sh = k.groupby(field)[[c for c in ('share_init', 'share_final') if c in k]].mean()
-        r = dict(depths_done=len(g), best_L=best, best_acc=g.loc[best, 'mean'], deepest_L=deep,
-                 acc_deepest=g.loc[deep, 'mean'], diverged=int(g['diverged'].sum()),
-                 **{f'{c}_deepest': sh.loc[deep, c] for c in sh})
-        r['outcome'] = ('incomplete' if set(g.index) != set(depths)
-                        else 'at chance' if r['acc_deepest'] <= collapse_at or k[k[field] == deep].diverged.any()
-                        else 'within 3 points of its best' if r['best_acc'] - r['acc_deepest'] <= keep_within
-                        and not r['diverged'] else 'more than 3 points below its best')
-        t = welch(k.loc[k[field] == best, 'test_acc'], k.loc[k[field] == deep, 'test_acc'], alpha)
-        r |= dict(drop=t['diff'], lo=t['lo'], hi=t['hi'], p=t['p'],
-                  verdict=t['verdict'] if best != deep else 'not tested')
-        rows[v] = r
-    return pd.DataFrame(rows).T.infer_objects()
-
-# %% ../../nbs/23_sweeps.ipynb #9b98502e
-def plot_grid(
-    df:pd.DataFrame,        # `run_grid`'s table
-    x:str,                  # the grid field on the x axis
-    y:str='test_acc',       # the column on the y axis
-    ax=None,                # axes to draw on
-    logx:bool=True,         # log-scale x (depths and widths double)
-    title:str|None=None,    # the axes' title
-):                          # the axes
-    ("One line per variant: the seed-mean of `y` against `x`, "
-     "with the spread over seeds as error bars and diverged runs marked.")
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(5, 3.2))[1]
-    s = grid_summary(df, [x], y).reset_index()
-    for v, t in s.groupby('variant', sort=False):
-        t = t.sort_values(x)        # cells come in any order (`axis_cells` puts the centre first): draw left to right
-        ax.errorbar(t[x], t['mean'], yerr=t['std'].fillna(0), marker='o', ms=3, capsize=2, lw=1, label=v)
-        bad = t[t['diverged'] > 0]
-        if len(bad): ax.scatter(bad[x], bad['mean'], marker='x', s=40, color='k', zorder=5)
-    if logx: ax.set_xscale('log', base=2)
-    ax.set_xlabel(x); ax.set_ylabel(y); ax.legend(fontsize=6)
-    ax.set_title(title or f'{y} against {x} (x: a diverged run)', fontsize=9)
-    return ax
-
-# %% ../../nbs/23_sweeps.ipynb #84913325
-def plot_layers(
-    records:list,           # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
-    key:str='share',        # 'share' or 'cosine'
-    when:str='final',       # 'init' or 'final'
-    ax=None,                # axes to draw on
-):                          # the axes
-    "Per-layer token similarity of each record, one line per (variant, cell), averaged over seeds."
-    import matplotlib.pyplot as plt
-    check_choice(key, ('share', 'cosine'), 'key'); check_choice(when, ('init', 'final'), 'stage')
-    ax = ax or plt.subplots(figsize=(5, 3.2))[1]
-    groups = {}
-    for r in (r for r in records if r.get('chosen', True)):
-        groups.setdefault((r['variant'], r['cell']), []).append(r[f'{key}_layers_{when}'])
-    for (v, c), ls in groups.items():
-        ax.plot(np.mean(ls, 0), marker='.', lw=1, label=f'{v} {c}')
-    ax.set_xlabel('layer (0: embedding)'); ax.set_ylabel(key); ax.legend(fontsize=6)
-    ax.set_title(f"{'similarity share' if key == 'share' else 'mean pairwise cosine'} per layer, "
-                 f"{'at initialisation' if when == 'init' else 'after training'}", fontsize=9)
-    return ax
-
-# %% ../../nbs/23_sweeps.ipynb #253c38da
-def _tests_table(o:pd.DataFrame)->pd.DataFrame:
-    "`experiments.check_orderings` as a reader's table: the claim, n, the difference with its interval, p, verdict."
-    from transject_nb.lab.ledger import effect_text
-    return pd.DataFrame({'task': o.task, 'claim': o.better + ' > ' + o.worse,
-                         'n': [f"{a}+{b}" for a, b in zip(o.n_better, o.n_worse)],
-                         'points [95% CI]': [effect_text(*r) for r in zip(100 * o['diff'], 100 * o.lo, 100 * o.hi)],
-                         'p': o.p.round(3), 'verdict': o.verdict}).set_index('task')
-
-def _fix_accuracy(R:Path, models:list, claims:list)->dict:
-    "The fair and single-rate tables of `models` and the tests of `claims` on them, with each arm's chosen rate."
-    from transject_nb.presets import TASKS
-    from transject_nb.lab.experiments import check_orderings, format_table, results_table, RESULT_COLUMNS
-    from transject_nb.lab.protocol import CLASSIFICATION_STUDIES, arm_status
-    fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
-    status = pd.concat({p.task: arm_status(pd.read_csv(fair/p.task/'trials.csv'), p)
-                        for p in CLASSIFICATION_STUDIES.values() if p.task in tasks}, names=['task', 'arm'])
-    runs = pd.concat([pd.read_csv(fair/t/'runs.csv') for t in tasks], ignore_index=True)
-    base = pd.read_csv(fair/'baselines.csv')
-    ftable = results_table(runs[list(RESULT_COLUMNS)], base[base.task.isin(tasks)])
-    stable = results_table(*(pd.read_csv(R/'repro'/f) for f in ('runs.csv', 'baselines.csv')))
-    rows = lambda w: w.loc[[r for r in w.index if r in (*models, 'majority class') or r.startswith('tfidf')]]
-    fo = check_orderings(ftable, claims)
-    ft, st = _tests_table(fo), _tests_table(check_orderings(stable, claims))
-    for side in ('better', 'worse'):                             # each arm's chosen rate, and whether it is the last
-        ft[f'rate of {side}'] = [status.lr[t, a] for t, a in zip(fo.task, fo[side])]
-        ft[f'{side} at the last rate'] = [bool(status.at_limit[t, a]) for t, a in zip(fo.task, fo[side])]
-    ft['finished'] = [bool((status.loc[t].state == 'done').all()) for t in fo.task]
-    st['at own rates'] = ft.verdict.reindex(st.index)
-    return dict(fair=rows(format_table(ftable)), fair_tests=ft, single=rows(format_table(stable)), single_tests=st)
-
-# %% ../../nbs/23_sweeps.ipynb #066eff15
-def fix_tables(
-    results:Path,               # the committed results folder (`nbs/results`)
-    models:list,                # the page's models, e.g. ['transformer', 'neutreno']
-    fix:str,                    # the model whose claims `experiments.PAPER_CLAIMS` holds, e.g. 'neutreno'
-    measure:str='share',        # the depth study's similarity measure: 'share' or 'cosine'
-    ref:str='transformer',      # the model the depth study compares the others with
-)->dict:                        # name -> DataFrame (see the text above)
-    "The tables of a fix's page: its accuracy at own and single rates, similarity per layer, and against depth."
-    from transject_nb.lab.experiments import PAPER_CLAIMS, load_figure_data
-    from transject_nb.lab.ledger import effect_text
-    check_choice(measure, ('share', 'cosine'), 'measure')
-    if not (claims := [c for c in PAPER_CLAIMS if c[0] == fix]):
-        raise ValueError(f"no claim of {fix!r} in PAPER_CLAIMS; they are of {sorted({c[0] for c in PAPER_CLAIMS})}")
-    R = Path(results)
-    frames, _ = load_figure_data(R/'fair'/'figures_imdb_seed1.json')
-    sim = frames['similarity'][frames['similarity'].variant.isin(models)]
-    last = sim[sim.layer == sim.layer.max()].set_index('variant')[['cosine', 'similarity']]
-    depth, _ = load_grid(R/'depth')
-    depth = depth[depth.variant.isin(models)]
-    cols = {f'{measure}_init': f'{measure} at init', f'{measure}_final': f'{measure} trained', 'test_acc': 'test acc'}
-    means = pd.concat({n: grid_summary(depth, ['n_layers'], k)['mean'] for k, n in cols.items()}, axis=1).unstack(0)
-    vt = versus_table(depth, ref, 'n_layers')
-    dt = pd.DataFrame({'variant': vt.variant, 'L': vt.n_layers,
-                       'n': [f"{a}+{b}" for a, b in zip(vt.seeds, vt.seeds_ref)],
-                       f'points above {ref} [95% CI]': [effect_text(*r) for r in zip(vt.gain, vt.lo, vt.hi)],
-                       'p': vt.p.round(3), 'verdict': vt.verdict}).set_index(['variant', 'L'])
-    return dict(**_fix_accuracy(R, models, claims), layers=sim, depth=depth, depth_means=means, depth_tests=dt,
-                last_layer=last.reindex([v for v in models if v in last.index]))
-
-# %% ../../nbs/23_sweeps.ipynb #d304c216
-def plot_depth_panels(
-    df:pd.DataFrame,            # a depth grid (`load_grid`), e.g. a page's models
-    measure:str='share',        # the final layer's similarity measure: 'share' or 'cosine'
-    field:str='n_layers',       # the depth field
-):                              # the figure
-    "Three panels against depth: the final layer's `measure` at initialisation and after training, and test accuracy."
-    import matplotlib.pyplot as plt
-    check_choice(measure, ('share', 'cosine'), 'measure')
-    name = {'share': 'similarity share', 'cosine': 'mean pairwise cosine'}[measure]
-    after = f"after {int(df.epochs.max())} epochs" if 'epochs' in df else 'after training'
-    fig, axs = plt.subplots(1, 3, figsize=(15, 3.8))
-    plot_grid(df, field, f'{measure}_init', ax=axs[0], title=f'{name} at initialisation')
-    plot_grid(df, field, f'{measure}_final', ax=axs[1], title=f'{name} {after}')
-    plot_grid(df, field, ax=axs[2], title=f'test accuracy {after}')
-    return fig
 
 # %% ../../nbs/23_sweeps.ipynb #b752500a
 def init_sweep(

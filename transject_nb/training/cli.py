@@ -6,34 +6,40 @@ Docs: https://transject-nb.github.io/transject_nb/cli.html.md"""
 
 # %% ../../nbs/15_cli.ipynb #d3ce844a
 from __future__ import annotations
-import argparse, io, json, os, platform, subprocess, sys, time, types, typing
-from dataclasses import MISSING, fields
+import argparse, io, json, os, platform, subprocess, sys, time
 from datetime import datetime
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEMO', 'RUN_FILES', 'COMPARISON_FILES', 'COMMANDS', 'field_configs', 'parse_overrides', 'field_defaults',
-           'fields_help', 'FieldsHelp', 'run_env', 'run_one', 'to_markdown', 'summary_table', 'compare', 'make_parser',
-           'run_command', 'main']
+__all__ = ['DEMO', 'RUN_FILES', 'COMPARISON_FILES', 'COMMANDS', 'run_env', 'run_one', 'to_markdown', 'summary_table', 'compare',
+           'make_parser', 'run_command', 'main']
 
 # %% ../../nbs/15_cli.ipynb #5ed21afd
 import numpy as np
-from fastcore.docments import docments
 import pandas as pd
 from .utils import fastai_quietly
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     from fastai.torch_core import num_distrib, rank_distrib
-from ..core import check_choice, variant_spec
-from .utils import DEBUG_ENV, Stopped, atomic_write, atomic_write_all, check_writable, debug_mode, error_line, remove_temporaries, split_choices, split_fields
-from ..presets import PRESET_KINDS, TASKS, convert_field, load_preset, preset_section, settings_files
-from .data import load_task
-from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS,
-                                 check_listops_len, preset_configs, resolve_config, valid_fields)
-from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,
-                                  history, plot_curves, train_learner)
-from ..lab.experiments import RESULT_COLUMNS, results_table
-from ..models import VARIANTS
+
+# %% ../../nbs/15_cli.ipynb #58b70235
 import transject_nb
+from ..core import check_choice, variant_spec
+from ..models import VARIANTS
+from ..presets import TASKS, settings_files
+from .utils import (
+    DEBUG_ENV, Stopped, atomic_write, atomic_write_all, check_writable, debug_mode, error_line,
+    remove_temporaries, split_choices, split_fields)
+
+# %% ../../nbs/15_cli.ipynb #a3449179
+from .data import load_task
+from .config import (DATA_FIELDS, PRESETS, TRAIN_FIELDS, check_listops_len,
+                                          resolve_config, valid_fields)
+from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,
+                                           history, plot_curves, train_learner)
+from .cli_parsers import FieldsHelp, parse_overrides
+
+# %% ../../nbs/15_cli.ipynb #36f5c6ea
+from ..lab.experiments import RESULT_COLUMNS, results_table
 from ..lab.bench import machine_info
 from ..lab.bench_report import BENCH_HELP, add_bench_args, bench_command
 from ..lab.protocol import STUDY_HELP, add_study_args, study_command
@@ -46,164 +52,10 @@ DEMO = dict(
                    lr='find', bs=32),   # each variant's rate from fastai's lr_find
 )
 
-# %% ../../nbs/15_cli.ipynb #c05fa3fa
-def field_configs(
-    variants,   # the variants that will be run
-)->dict:        # field name -> the config dataclass whose annotation types it
-    ("The dataclass of every field a run of `variants` accepts: each variant's config for its "
-     "model fields, `TrainConfig`, `DataConfig`.")
-    out = {}
-    for v in variants:
-        for k in valid_fields(v)['model']: out.setdefault(k, variant_spec(v).config_cls)
-    return out | {k: TrainConfig for k in TRAIN_FIELDS} | {k: DataConfig for k in DATA_FIELDS}
-
-def parse_overrides(
-    args:list,       # the remaining command-line words, e.g. ['--d_model', '32', '--lr=1e-3']
-    variants,        # the variants that will be run
-)->dict:             # field -> typed value
-    ("Parse `--field value` words against the fields a run of `variants` accepts, "
-     "each typed by its dataclass's annotation.")
-    owners, out = field_configs(variants), {}
-    for k, v in split_fields(args):
-        check_choice(k, owners, 'field')
-        # `--lr find`: the rate from fastai's lr_find
-        if (k, v) == ('lr', LR_FIND): out[k] = LR_FIND; continue
-        try: out[k] = convert_field(owners[k], k, v, where=f'--{k}')
-        except ValueError as e:
-            raise ValueError(f"{e}, or '{LR_FIND}' for fastai's lr_find" if k == 'lr'
-                             else str(e)) from None
-    return out
-
-# %% ../../nbs/15_cli.ipynb #9e19e694
-def _type_text(cls, name:str)->str:
-    t = typing.get_type_hints(cls)[name]
-    opts = typing.get_args(t) if typing.get_origin(t) in (typing.Union, types.UnionType) else (t,)
-    return '|'.join('None' if o is type(None) else o.__name__ for o in opts)
-
-def _class_default(cls, name:str):
-    f = next(f for f in fields(cls) if f.name == name)
-    return None if f.default is MISSING else f.default
-
-def _field_doc(cls, name:str)->str:
-    "The docments comment of `name` in `cls` or the first of its bases that has one."
-    return next((d for c in cls.__mro__
-                 if '__dataclass_fields__' in vars(c) and (d := docments(c).get(name))), '')
-
-def _group(name:str)->str:
-    return 'train' if name in TRAIN_FIELDS else 'data' if name in DATA_FIELDS else 'model'
-
-def field_defaults(
-    variants,            # the variants a run may train
-    tasks=None,          # the tasks (default: all of `TASKS`)
-    preset:str='auto',   # one of `config.PRESETS`
-)->pd.DataFrame:         # a row per field and task: group, type, default, source, variants, doc
-    ("The default of each field a run of `variants` accepts, per task: "
-     "its preset in settings.ini, else its dataclass's.")
-    vs, owners, rows = list(variants), field_configs(variants), []
-    has = {k: [v for v in vs if k in valid_fields(v)['model']] for k in owners}
-    for t in tasks or TASKS:
-        section = resolve_config(t, vs[0], preset)['preset']   # 'auto' resolved as a run does
-        kind = next(k for k in PRESET_KINDS if preset_section(t, k) == section)
-        vals = load_preset(t, kind, configs=preset_configs())
-        for k, cls in owners.items():
-            only = has[k] if _group(k) == 'model' and len(has[k]) < len(vs) else []
-            rows.append(dict(field=k, group=_group(k), type=_type_text(cls, k), task=t,
-                             default=vals[k] if k in vals else _class_default(cls, k),
-                             source=f'[{section}]' if k in vals else cls.__name__,
-                             variants=', '.join(only), doc=_field_doc(cls, k)))
-    return pd.DataFrame(rows, dtype=object)   # object: an int default stays an int beside None
-
-# %% ../../nbs/15_cli.ipynb #b6f3c048
-_FIELD_TITLES = dict(model='model fields (--field value)', train='training fields (--field value)',
-                     data='data fields (--field value)')
-
-def _default_text(rows:pd.DataFrame)->str:
-    ("'default V (where)', or each value with its tasks where they differ; "
-     "`[<task>-cpu]` stands for each task's.")
-    by = {}
-    for t, v, s in zip(rows.task, rows.default, rows.source):
-        by.setdefault((str(v), s.replace(f'[{t}', '[<task>') if len(rows) > 1 else s),
-                      []).append(t)
-    if len(by) == 1: return f"default {next(iter(by))[0]} ({next(iter(by))[1]})"
-    srcs = {s for _, s in by}
-    one = lambda s, ts: ('' if len(srcs) == 1
-                         else f" ({s.replace('<task>', ts[0]) if len(ts) == 1 else s})")
-    text = '; '.join(f"{v} for {', '.join(ts)}{one(s, ts)}" for (v, s), ts in by.items())
-    return f"default {text}" + (f" ({srcs.pop()})" if len(srcs) == 1 else '')
-
-def _field_line(name:str, rows:pd.DataFrame, families:dict)->tuple:
-    "(metavar, help) of one field."
-    typ, doc, only = rows.type.iloc[0], rows.doc.iloc[0], rows.variants.iloc[0]
-    if name == 'lr':
-        typ, doc = (f'{typ}|{LR_FIND}',
-                    f"{doc}; '{LR_FIND}': fastai's lr_find picks it (learner.find_lr)")
-    if only: only = f"; {families.get(only, only)} only"
-    # argparse %-formats help
-    return typ, f"{doc}; {_default_text(rows)}{only}".replace('%', '%%')
-
-# %% ../../nbs/15_cli.ipynb #3b6e66ca
-def fields_help(
-    parser:argparse.ArgumentParser,  # a command's parser: `train`'s or `compare`'s
-    variants,                        # the variants the run may train
-    task:str|None=None,              # the task (None: every task)
-    preset:str|None=None,            # one of `config.PRESETS` (None: 'auto')
-)->str:                              # the parser's help, then one group per kind of field
-    ("`parser`'s help, then every `--field value` a run of `variants` accepts, "
-     "grouped, with type, default and preset.")
-    vs, preset = list(variants), preset or 'auto'
-    df = field_defaults(vs, [task] if task else None, preset)
-    t0, several = df.task.iloc[0], df.task.nunique() > 1
-    section = (df.source[df.source.str.startswith('[')].iloc[0]
-               .replace(f'[{t0}', '[<task>' if several else f'[{t0}'))
-    kind = next(k for k in PRESET_KINDS
-                if preset_section(t0, k) == resolve_config(t0, vs[0], preset)['preset'])
-    fams = [[v for v in vs if variant_spec(v).family == f]
-            for f in dict.fromkeys(variant_spec(v).family for v in vs)]
-    families = {', '.join(f): f"{variant_spec(f[0]).family} variants" for f in fams if len(f) > 1}
-    files = ' + '.join(map(str, settings_files()))
-    one = ("; give --task (and --variant(s), --preset) before --help to see one task's" if several
-           else '')
-    intro = dict(model=f"Any field below can follow the options as --field value, typed by its "
-                       f"annotation. Defaults: the {kind} preset (--preset {preset}), "
-                       f"section{'s' if several else ''} {section} of {files}, "
-                       f"else the config dataclass's own{one}. Of the variant's config:",
-                 train='Of TrainConfig:', data='Of DataConfig:')
-    usage = parser.format_usage().removeprefix('usage: ').rstrip()
-    # a copy to print; `parser` is untouched
-    h = argparse.ArgumentParser(prog=parser.prog, usage=usage, description=parser.description,
-                                epilog=parser.epilog, parents=[parser], add_help=False,
-                                formatter_class=parser.formatter_class)
-    for g, rows in df.groupby('group', sort=False):
-        grp = h.add_argument_group(_FIELD_TITLES[g], intro[g])
-        for k, r in rows.groupby('field', sort=False):
-            typ, text = _field_line(k, r, families)
-            grp.add_argument(f'--{k}', metavar=typ, help=text)
-    return h.format_help()
-
-# %% ../../nbs/15_cli.ipynb #ae17dc55
-class FieldsHelp(argparse.Action):
-    ("`-h/--help` of `train` and `compare`: `fields_help` "
-     "for the task, variant(s) and preset given before it; exit.")
-    def __init__(self,
-        option_strings,               # '-h', '--help'
-        dest=argparse.SUPPRESS,       # nothing is stored
-        default=argparse.SUPPRESS,    # nor defaulted
-        # its line
-        help=("show this help, with every --field value the command accepts and its default, "
-              "and exit"),
-    ): super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        names = getattr(namespace, 'variant', None) or getattr(namespace, 'variants', None)
-        try: vs = split_choices(names, VARIANTS, 'variant')
-        except ValueError: vs = list(VARIANTS)   # a bad --variants is reported by the command
-        print(fields_help(parser, vs, getattr(namespace, 'task', None),
-                          getattr(namespace, 'preset', None)), end='')
-        parser.exit()
-
 # %% ../../nbs/15_cli.ipynb #c9bb48b5
 def _rank0()->bool: return rank_distrib() == 0
 
+# %% ../../nbs/15_cli.ipynb #0f93811a
 def _out_dir(out, task:str)->Path:
     if out is not None: return Path(out)
     if num_distrib() > 1:
@@ -211,10 +63,14 @@ def _out_dir(out, task:str)->Path:
                          "same folder")
     return Path('runs')/task/datetime.now().strftime('%Y%m%d-%H%M%S')
 
+# %% ../../nbs/15_cli.ipynb #4d4c12a9
 RUN_FILES = ('models/checkpoint.pth', 'models/best.pth', 'history.csv', 'export.pkl',
              'results.json')
+
+# %% ../../nbs/15_cli.ipynb #1bd9d097
 COMPARISON_FILES = ('results.csv', 'summary.csv', 'summary.md', 'curves.png')
 
+# %% ../../nbs/15_cli.ipynb #aa4a0063
 def _holds(path:Path)->str|None:
     ("What `path` holds: 'comparison' (its tables, or its runs' folders), "
      "'run' (a run's files), or None.")
@@ -223,6 +79,7 @@ def _holds(path:Path)->str|None:
         return 'comparison'
     return 'run' if any((path/f).exists() for f in RUN_FILES) else None
 
+# %% ../../nbs/15_cli.ipynb #07e1fb3d
 def _check_out(path:Path, want:str, resume:bool):
     ("Refuse to write a `want` ('run' or 'comparison') over a folder's run or comparison, "
      "unless `resume` continues it.")
@@ -234,12 +91,14 @@ def _check_out(path:Path, want:str, resume:bool):
         raise FileExistsError(f"{path} already holds a {held}; pass --resume to continue it, "
                               "or another --out")
 
+# %% ../../nbs/15_cli.ipynb #b35d2c2b
 def _json_default(o):
     "What `json.dump` does not write itself: numpy scalars become Python numbers, paths text."
     if isinstance(o, np.generic): return o.item()
     if isinstance(o, Path): return str(o)
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
+# %% ../../nbs/15_cli.ipynb #645d9142
 def _say_presets(section:str):
     print(f"presets [{section}] from {' + '.join(map(str, settings_files()))}", flush=True)
 
@@ -311,6 +170,7 @@ def to_markdown(df:pd.DataFrame)->str:
 def _pm(m, s, n)->str:
     return f"{100 * m:.1f} ± {100 * s:.1f}" if n > 1 and np.isfinite(s) else f"{100 * m:.1f}"
 
+# %% ../../nbs/15_cli.ipynb #ebe058c9
 def summary_table(
     results:list,    # dicts from `learner.evaluate`, one per run, all of one task
 )->pd.DataFrame:     # one row per variant, in the order first seen
@@ -349,6 +209,7 @@ def _seeds(seeds)->list:
                          f"{given!r}; each seed is one run: give each once")
     return seeds
 
+# %% ../../nbs/15_cli.ipynb #3a61e45c
 def _save_comparison(out:Path, task:str, vs:list, seeds:list, preset:str, overrides:dict, data,
                      results:list, summary:pd.DataFrame, hists:dict, wall:float, device=None)->str:
     ("Write `compare`'s tables, curves and JSON into `out`, all of them or none; "
@@ -382,6 +243,7 @@ def _per_variant(overrides:dict, vs:list)->dict:
         raise ValueError(f"field(s) {unused} apply to none of the variants {vs}")
     return per
 
+# %% ../../nbs/15_cli.ipynb #879474b5
 def _say_run(v, s, res, n_done, n_all):
     "`compare`'s line after a run."
     print(f"--- {v}, seed {s}: test acc {100 * res['test_acc']:.1f}%, "
@@ -389,6 +251,7 @@ def _say_run(v, s, res, n_done, n_all):
           f"(best: epoch {res['best_epoch']}), {res['train_secs']} s; "
           f"run {n_done} of {n_all} done", flush=True)
 
+# %% ../../nbs/15_cli.ipynb #c88d248c
 def _say_summary(task, seeds, results, md, wall, out):
     "`compare`'s closing table."
     print(f"\n{task}: test accuracy (%), mean ± std over seeds {seeds}; "
@@ -399,12 +262,28 @@ def _say_summary(task, seeds, results, md, wall, out):
 # %% ../../nbs/15_cli.ipynb #c0d4a7e1
 def _compare_data(task, v, preset, kw, cache_dir, quiet):
     "The task's data every run of a comparison shares, read with the first variant's settings `kw`."
-    rc = resolve_config(task, v, preset, **{k: x for k, x in kw.items() if (k, x) != ('lr', LR_FIND)})
+    rc = resolve_config(task, v, preset, **{k: x for k, x in kw.items()
+                                            if (k, x) != ('lr', LR_FIND)})
     if _rank0() and not quiet: _say_presets(rc['preset'])
     max_len = rc['model'].get('max_len', variant_spec(v).config_cls.max_len)
     check_listops_len(task, max_len, rc['data'])
     return load_task(task, max_len=max_len, cache_dir=cache_dir, progress=False,
                      **rc['data'].load_kwargs())
+
+# %% ../../nbs/15_cli.ipynb #b37e2180
+def _compare_runs(task, vs, seeds, out, per, data, preset, resume, export, cache_dir, quiet)->tuple:
+    ("Every (variant, seed) run of a comparison: the results, the histories per variant, the last "
+     "learner.")
+    results, hists = [], {}
+    for v in vs:
+        for s in seeds:
+            if _rank0() and not quiet: print(f"\n=== {task}: {v}, seed {s} ===", flush=True)
+            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data,
+                                 resume=resume, export=export, cache_dir=cache_dir,
+                                 progress=not quiet, **(per[v] | dict(seed=s)))
+            results.append(res); hists.setdefault(v, []).append(history(learn))
+            if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
+    return results, hists, learn
 
 # %% ../../nbs/15_cli.ipynb #80d5f8bc
 def compare(
@@ -433,15 +312,9 @@ def compare(
     _check_out(out, 'comparison', resume)
     if _rank0(): remove_temporaries(out)   # what a killed save of its tables left behind
     data = _compare_data(task, vs[0], preset, per[vs[0]], cache_dir, quiet)
-    results, hists, t0 = [], {}, time.perf_counter()
-    for v in vs:
-        for s in seeds:
-            if _rank0() and not quiet: print(f"\n=== {task}: {v}, seed {s} ===", flush=True)
-            learn, res = run_one(task, v, out/v/f'seed{s}', preset=preset, data=data,
-                                 resume=resume, export=export, cache_dir=cache_dir,
-                                 progress=not quiet, **(per[v] | dict(seed=s)))
-            results.append(res); hists.setdefault(v, []).append(history(learn))
-            if _rank0() and not quiet: _say_run(v, s, res, len(results), len(vs) * len(seeds))
+    t0 = time.perf_counter()
+    results, hists, learn = _compare_runs(task, vs, seeds, out, per, data, preset, resume, export,
+                                          cache_dir, quiet)
     summary = summary_table(results)
     if _rank0():
         wall = time.perf_counter() - t0
@@ -465,14 +338,17 @@ def _common(p):
     p.add_argument('--quiet', action='store_true',
                    help='no progress reports (bars in a terminal, plain lines in a log)')
 
+# %% ../../nbs/15_cli.ipynb #b128e237
 def _cache(a): return False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
 
+# %% ../../nbs/15_cli.ipynb #dfcfad40
 def _train_args(p):
     p.add_argument('--task', required=True, choices=TASKS, help='the task')
     p.add_argument('--variant', required=True, choices=VARIANTS, help='the variant')
     p.add_argument('--no-export', action='store_true', help='do not write export.pkl')
     _common(p)
 
+# %% ../../nbs/15_cli.ipynb #e3ea5e55
 def _train(a, words):
     overrides = parse_overrides(words, [a.variant])
     out = _out_dir(a.out, a.task)
@@ -504,14 +380,17 @@ def _compare_args(p):
                 f"{DEMO['preset']} preset, seeds {', '.join(map(str, DEMO['seeds']))}, "
                 f"and {demo}; the fields given override them.")
 
+# %% ../../nbs/15_cli.ipynb #c3af9462
 def _compare(a, words):
     overrides = parse_overrides(words, split_choices(a.variants, VARIANTS, 'variant'))
     return compare(a.task, a.variants, a.seeds, a.preset, a.out, a.resume, cache_dir=_cache(a),
                    export=a.export, quiet=a.quiet, **overrides)
 
+# %% ../../nbs/15_cli.ipynb #4a60f0f1
 # `bench` types the values: it knows the models' config classes
 def _bench(a, words): return bench_command(a, dict(split_fields(words)))
 
+# %% ../../nbs/15_cli.ipynb #85ced624
 # subcommand -> (help, adds its options to a parser, runs it on the parsed options and the
 # remaining words)
 COMMANDS = dict(
@@ -552,8 +431,11 @@ def make_parser()->argparse.ArgumentParser:
 # %% ../../nbs/15_cli.ipynb #b5b81453
 # argparse's error, status 2
 _BAD_INPUT = (ValueError, TypeError, LookupError, FileExistsError, FileNotFoundError)
+
+# %% ../../nbs/15_cli.ipynb #96ccae3c
 _STOPS = (KeyboardInterrupt, Stopped)   # asked to stop: no error
 
+# %% ../../nbs/15_cli.ipynb #0d1e3b7a
 def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
     ("End a failed command: one line on stderr and a non-zero status "
      "(bad input: argparse's error, status 2).")
@@ -566,8 +448,6 @@ def _fail(p:argparse.ArgumentParser, cmd:str, e:BaseException):
     print(f"{p.prog} {cmd}: {'' if isinstance(e, _STOPS) else 'error: '}{msg[:500]}{hint}",
           file=sys.stderr, flush=True)
     sys.exit(code)
-
-
 
 # %% ../../nbs/15_cli.ipynb #1659df90
 def run_command(
@@ -587,6 +467,7 @@ def run_command(
         if a.debug and old is None: os.environ.pop(DEBUG_ENV, None)
         elif a.debug: os.environ[DEBUG_ENV] = old
 
+# %% ../../nbs/15_cli.ipynb #01d25599
 def main(
     argv:list|None=None,  # the arguments (default `sys.argv[1:]`)
 ):
@@ -594,8 +475,6 @@ def main(
     try: run_command(argv)
     # under a launcher: close the process group, or gloo can abort the exit
     finally: end_distributed()
-
-
 
 # %% ../../nbs/15_cli.ipynb #00e9eae6
 # `python -m transject_nb.training.cli`, not this notebook's run
