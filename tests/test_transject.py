@@ -568,7 +568,7 @@ def test_input_gate_without_mixing_is_bag_of_tokens_only_for_static():
 
 
 def test_expert_weight_records_for_both_gates():
-    "`analysis.expert_weights` and `experiments.expert_weight_data`: static λ as before (no spread); the input gate's mean over the inputs, with its spread."
+    "`analysis_figures.expert_weights` and `figures.expert_weight_data`: static λ as before (no spread); the input gate's mean over the inputs, with its spread."
     from transject_nb.lab.analysis_figures import expert_weights
     from transject_nb.lab.figures import expert_weight_data
     x = tokens(5, 6, 9); x[:, 0] = torch.arange(1, 7)

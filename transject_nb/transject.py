@@ -284,7 +284,7 @@ class TransJectLayer(nn.Module):
         "The static gate's $\\lambda=\\mathrm{softmax}(\\text{logits})$, the same for every input."
         if self.gate != 'static': raise TypeError(
             "gate='input': λ depends on the input; read it per sequence from ctx.expert_weights "
-            "(one (B, E) tensor per layer), e.g. with analysis.expert_weights")
+            "(one (B, E) tensor per layer), e.g. with analysis_figures.expert_weights")
         return torch.softmax(self.gate_logits, 0)
 
     def weights(self, device=None)->LayerWeights:                 # cases drawn on `device`

@@ -88,7 +88,7 @@ def entropy_data(
 # variant, layer, gaussian, spacing, paper_eq8, spacing_eq8, paper_defined
 )->pd.DataFrame:
     ("TransJect Fig. 5a: differential entropy per layer (mean over neurons), by "
-     "`analysis.layer_entropy`.")
+     "`analysis_figures.layer_entropy`.")
     return _per_model(learners, lambda m: layer_entropy(m, data, max_tokens=max_tokens,
                                                         progress=False))
 
@@ -112,7 +112,7 @@ def expert_weight_data(
     data,            # examples (see `entropy_data`)
 )->pd.DataFrame:     # variant, block, expert 1..E, spread, balance
     ("TransJect Fig. 5b: the expert weights λ of every block of each TransJect model, by "
-     "`analysis.expert_weights`.")
+     "`analysis_figures.expert_weights`.")
     return _per_model(learners, lambda m: expert_weights(m, data, progress=False),
                       only=_has_experts)
 
