@@ -82,7 +82,7 @@ def token_ids(
     "One batch of token ids from a text, texts or ids."
     if _is_text(x) or (isinstance(x, (list, tuple)) and len(x) and all(_is_text(t) for t in x)):
         if tokenizer is None:
-            raise ValueError("text input needs a tokenizer (e.g. transject_nb.training.data.WordPieceTokenizer); "
+            raise ValueError("text input needs a tokenizer (e.g. transject_nb.training.tokenizers.WordPieceTokenizer); "
                              "pass tokenizer=")
         seqs = [tokenizer.encode(t) for t in ([x] if _is_text(x) else x)]
     elif isinstance(x, torch.Tensor):
@@ -210,7 +210,7 @@ def word_tokenizer(
      "the same ids on every run.")
     import tempfile
     from tokenizers import normalizers, pre_tokenizers
-    from transject_nb.training.data import WordPieceTokenizer
+    from transject_nb.training.tokenizers import WordPieceTokenizer
     norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
     pre = pre_tokenizers.BertPreTokenizer()
     words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(norm.normalize_str(t))})

@@ -27,7 +27,8 @@ import matplotlib.pyplot as plt
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from ..presets import PRESET_KINDS, TASKS, preset_section
-from ..training.data import TaskData, TokenSplit, load_task, stratified_take
+from ..training.data import TokenSplit
+from ..training.tasks import TaskData, load_task, stratified_take
 from ..models import VARIANTS
 from ..training.config import DataConfig
 from ..training.checkpoint import load_checkpoint

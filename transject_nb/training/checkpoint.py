@@ -300,9 +300,10 @@ class ModelRecipe:
 
 # %% ../../nbs/12a_checkpoint.ipynb #c7a1e302
 class _MovedUnpickler(pickle.Unpickler):
-    "An unpickler that reads a class named by its module's path before the move."
+    "An unpickler that reads a class named by its module's path before the move (or the split)."
     def find_class(self, module:str, name:str):
-        return super().find_class(transject_nb.MOVED.get(module, module), name)
+        module = transject_nb.MOVED.get(module, module)
+        return super().find_class(transject_nb.MOVED_NAMES.get(f'{module}.{name}', module), name)
 
 # `pickle` with `_MovedUnpickler`, for `torch.load(pickle_module=...)`
 moved_pickle = types.ModuleType('moved_pickle')

@@ -26,7 +26,7 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
 from ..core import check_choice, variant_spec
 from .utils import DEBUG_ENV, Stopped, atomic_write, atomic_write_all, check_writable, debug_mode, error_line, remove_temporaries, split_choices, split_fields
 from ..presets import PRESET_KINDS, TASKS, convert_field, load_preset, preset_section, settings_files
-from .data import load_task
+from .tasks import load_task
 from .config import (DataConfig, TrainConfig, DATA_FIELDS, PRESETS, TRAIN_FIELDS,
                                  check_listops_len, preset_configs, resolve_config, valid_fields)
 from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,

@@ -42,7 +42,9 @@ from fastcore.foundation import L
 # %% ../../nbs/13_learner.ipynb #e6f76f9f
 from ..core import EncoderClassifier, unwrap, variant_spec
 from .utils import interactive_output, remove_temporaries
-from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
+from .data import pad_batch
+from .tasks import TaskData, load_task
+from .items import encode_text, task_datasets
 from ..models import create_model, n_params
 from .batches import BucketDL
 from .config import TrainConfig, check_listops_len, resolve_config
