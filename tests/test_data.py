@@ -11,7 +11,6 @@ import transject_nb.training.data as D
 import transject_nb.training.tasks as TK
 import transject_nb.training.tokenizers as TZ
 from transject_nb.core import PAD_ID, check_tokens
-from fastai.data.core import test_set as fastai_test_set
 from transject_nb.training.data import (LISTOPS_VOCAB, ListOpsConfig, TokenSplit, eval_listops,
                                         generate_listops, listops_tokens, listops_tree, listops_value,
                                         lra_source, pad_batch)
@@ -19,6 +18,7 @@ from transject_nb.training.readers import read_agnews, read_imdb, read_listops_t
 from transject_nb.training.tokenizers import ListOpsTokenizer, ByteTokenizer, WordPieceTokenizer
 from transject_nb.training.tasks import carve, load_task, stratified_take
 from transject_nb.training.items import TaskItems, TokenIds, encode_text, task_datasets
+from fastai.data.core import test_set as fastai_test_set
 
 SMALL = dict(min_length=5, max_length=40, max_depth=4, max_args=5)
 

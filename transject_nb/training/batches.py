@@ -66,7 +66,7 @@ def bucketed_order(
     order = rng.permutation(len(full))
     return np.concatenate([full[i] for i in order] + part).tolist()
 
-# %% ../../nbs/11a_batches.ipynb #95c4d1f4
+# %% ../../nbs/11a_batches.ipynb #bbc9ada1
 def _pad_multiple(x:torch.Tensor, multiple:int, cut:int|None)->torch.Tensor:
     "`x` `(B, n)` right-padded with `PAD_ID` to a multiple of `multiple` columns, at most `cut`."
     if multiple <= 1: return x
@@ -114,7 +114,7 @@ class _OneStepBatches:
                             "(a split of task_datasets)")
         return self.tfm.items.labels[torch.as_tensor(self.gidx)]
 
-# %% ../../nbs/11a_batches.ipynb #81ba7e32
+# %% ../../nbs/11a_batches.ipynb #7d817058
 def _check_bucket_args(dataset, **counts):
     "Raise unless `dataset` is a fastai `Datasets` and every one of `counts` a positive int."
     if not isinstance(dataset, Datasets):

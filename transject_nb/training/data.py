@@ -48,7 +48,7 @@ def _small_int_dtype(max_id:int):
     "The smallest signed integer dtype that holds ids up to `max_id`."
     return torch.int8 if max_id < 2**7 else torch.int16 if max_id < 2**15 else torch.int32
 
-# %% ../../nbs/11_data.ipynb #174c8cdf
+# %% ../../nbs/11_data.ipynb #0f5ac502
 def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     "Positions `starts[i] + j` for `j < lens[i]`, for every i, concatenated (vectorised)."
     lens = lens.long()
@@ -56,7 +56,7 @@ def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     return (torch.arange(int(ends[-1]) if len(ends) else 0)
             + torch.repeat_interleave(starts.long() - (ends - lens), lens))
 
-# %% ../../nbs/11_data.ipynb #67b9e8d3
+# %% ../../nbs/11_data.ipynb #5285cf4b
 def _check_split(
     flat:torch.Tensor,     # `(total,)` token ids
     offsets:torch.Tensor,  # `(N+1,)` start of each example, then the end
@@ -74,7 +74,7 @@ def _check_split(
         raise ValueError("TokenSplit: every example needs at least one token "
                          "(an empty one would be all padding)")
 
-# %% ../../nbs/11_data.ipynb #a6712ebf
+# %% ../../nbs/11_data.ipynb #2fbe0ece
 def _check_index(i:int, n:int)->int:
     "Index `i` of a split of `n` examples, negative ones counted from the end."
     if not -n <= i < n: raise IndexError(f"index {i} out of range for a split of {n} examples")
@@ -190,7 +190,7 @@ def _truncate(split:TokenSplit, max_len:int)->TokenSplit:
 LISTOPS_OPS = ('[MIN', '[MAX', '[MED', '[SM')  # LRA's operators; [SM is sum modulo 10
 LISTOPS_VOCAB = ('[PAD]', *'0123456789', *LISTOPS_OPS, ']')  # token id = position; 0 is padding
 
-# %% ../../nbs/11_data.ipynb #e4176a97
+# %% ../../nbs/11_data.ipynb #e932350b
 @dataclass
 class ListOpsConfig:
     "Parameters of the ListOps generator; the defaults are the Long Range Arena's."
@@ -267,7 +267,7 @@ def listops_value(t)->int:
     if op == '[MED': return int(statistics.median(vals))
     return int(np.sum(vals) % 10)                         # '[SM'
 
-# %% ../../nbs/11_data.ipynb #ebe14a2f
+# %% ../../nbs/11_data.ipynb #e1f3c59d
 def listops_tokens(t, out:list|None=None)->list:
     "The compact token sequence of a tree: `[MAX 2 9 ]` (no parentheses)."
     out = [] if out is None else out
@@ -277,7 +277,7 @@ def listops_tokens(t, out:list|None=None)->list:
     out.append(']')
     return out
 
-# %% ../../nbs/11_data.ipynb #74b973b3
+# %% ../../nbs/11_data.ipynb #2334330c
 def lra_source(t)->str:
     ("The tree written as LRA's `to_string` writes it in the `Source` column, "
      "with a parenthesis pair per binary step.")
@@ -287,7 +287,7 @@ def lra_source(t)->str:
     for k in kids[1:]: s = f"( {s} {lra_source(k)} )"
     return f"( {s} ] )"
 
-# %% ../../nbs/11_data.ipynb #6ccd2126
+# %% ../../nbs/11_data.ipynb #d234a22d
 def _listops_apply(op:str, args:list)->int:
     "The value of operator `op` on its arguments; the median by sorting, the even case truncated."
     if op == '[MIN': return min(args)
@@ -324,7 +324,7 @@ def eval_listops(
 # %% ../../nbs/11_data.ipynb #61a25bc4
 _LISTOPS_ID = {t: i for i, t in enumerate(LISTOPS_VOCAB)}
 
-# %% ../../nbs/11_data.ipynb #bf40ad73
+# %% ../../nbs/11_data.ipynb #933656c6
 def _new_tree(
     rng:random.Random,  # the generator's random stream
     cfg:ListOpsConfig,  # sizes and shape
@@ -343,7 +343,7 @@ def _new_tree(
                        f"in the length window ({cfg.min_length}, {cfg.max_length}); "
                        "widen the window or raise max_depth/max_args")
 
-# %% ../../nbs/11_data.ipynb #39887f4f
+# %% ../../nbs/11_data.ipynb #0a992750
 def generate_listops(
     cfg:ListOpsConfig=None,  # sizes and shape; LRA's by default
     seed:int=42,             # seed of the generator's `random.Random`
@@ -387,7 +387,7 @@ def plot_lengths(
     if title: ax.set_title(title)
     return ax
 
-# %% ../../nbs/11_data.ipynb #a9506318
+# %% ../../nbs/11_data.ipynb #b4eba48a
 def plot_labels(
     split:TokenSplit,        # a numericalised split
     classes:Sequence|None=None, # class names for the x axis
