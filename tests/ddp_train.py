@@ -12,7 +12,7 @@ import json, sys
 from pathlib import Path
 import torch
 from fastai.torch_core import rank_distrib, num_distrib
-from transject_nb.training.data import load_task
+from transject_nb.training.tasks import load_task
 from transject_nb.training.batches import BucketDL
 from transject_nb.training.learner import end_distributed, get_learner, train_learner, history, evaluate
 

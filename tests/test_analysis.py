@@ -13,7 +13,8 @@ from hypothesis import given, strategies as st
 
 from transject_nb.core import EncoderClassifier, EncoderConfig, build_config, unwrap, variant_spec
 from transject_nb.models import BASELINES, VARIANTS
-from transject_nb.training.data import ByteTokenizer, TokenSplit
+from transject_nb.training.data import TokenSplit
+from transject_nb.training.tokenizers import ByteTokenizer
 from transject_nb.lab.analysis import (
     PAPER_PAIRS, PAPER_SENTENCE, SAMPLE_LABELS, SAMPLE_TEXTS, batches, forward_layers, functional_J, hidden_states, inference,
     layer_measures, locate_word, oversmoothing_curve, plot_layer_curves, plot_token_pairs, residual_weights,

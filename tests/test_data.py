@@ -8,11 +8,17 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import transject_nb.training.data as D
+import transject_nb.training.tasks as TK
+import transject_nb.training.tokenizers as TZ
 from transject_nb.core import PAD_ID, check_tokens
+from transject_nb.training.data import (LISTOPS_VOCAB, ListOpsConfig, TokenSplit, eval_listops,
+                                        generate_listops, listops_tokens, listops_tree, listops_value,
+                                        lra_source, pad_batch)
+from transject_nb.training.readers import read_agnews, read_imdb, read_listops_tsv
+from transject_nb.training.tokenizers import ListOpsTokenizer, ByteTokenizer, WordPieceTokenizer
+from transject_nb.training.tasks import carve, load_task, stratified_take
+from transject_nb.training.items import TaskItems, TokenIds, encode_text, task_datasets
 from fastai.data.core import test_set as fastai_test_set
-from transject_nb.training.data import (LISTOPS_VOCAB, ListOpsConfig, ListOpsTokenizer, ByteTokenizer, TaskItems, TokenIds, TokenSplit, WordPieceTokenizer,
-                               carve, encode_text, eval_listops, generate_listops, listops_tokens, listops_tree, listops_value, load_task,
-                               lra_source, pad_batch, read_agnews, read_imdb, read_listops_tsv, stratified_take, task_datasets)
 
 SMALL = dict(min_length=5, max_length=40, max_depth=4, max_args=5)
 
@@ -22,9 +28,9 @@ def _isolated(monkeypatch, tmp_path):
     "No test may reach the network or the user's cache."
     monkeypatch.setenv('TRANSJECT_CACHE', str(tmp_path / 'default-cache'))
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr(D, '_hub_vocab', lambda: None)
+    monkeypatch.setattr(TZ, '_hub_vocab', lambda: None)
     def no_fetch(task): raise AssertionError('a test tried to download')
-    monkeypatch.setattr(D, '_fetch', no_fetch)
+    monkeypatch.setattr(TK, '_fetch', no_fetch)
 
 
 def small_cfg(**kw): return ListOpsConfig(**{**dict(n_train=60, n_valid=10, n_test=10), **SMALL, **kw})
@@ -355,7 +361,7 @@ def test_offline_without_source_names_the_layout(monkeypatch):
     import fastai.data.external as fe
     def offline(url, *a, **k): raise OSError('Name or service not known')
     monkeypatch.setattr(fe, 'untar_data', offline)
-    monkeypatch.setattr(D, '_hub_vocab', lambda: None)
+    monkeypatch.setattr(TZ, '_hub_vocab', lambda: None)
     with pytest.raises(FileNotFoundError, match=r"untar_data\(URLs.IMDB\).*pass source= a local path: an aclImdb folder"):
         load_task('imdb', cache_dir=False)
     with pytest.raises(FileNotFoundError, match=r"URLs.AG_NEWS.*train.csv\[.gz\] and test.csv\[.gz\]"):

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from transject_nb.training.data import TaskData, TokenSplit
+from transject_nb.training.data import TokenSplit
+from transject_nb.training.tasks import TaskData
 from transject_nb.lab.experiments import (BASELINE_COLUMNS, PAPER_RESULTS, PAPER_SETUP, RESULT_COLUMNS, TRANSJECT_CLAIMS, check_orderings, collect_runs,
                                       format_table, linear_baselines, load_run, majority_class, missing_runs, paper_table, paused_runs, results_table,
                                       spread_claim, tfidf_logreg)

@@ -16,7 +16,7 @@ from fastai.losses import MSELossFlat
 from fastai.test_utils import RegModel, synth_dbunch
 
 from transject_nb.training.checkpoint import HistoryCSV
-from transject_nb.training.data import load_task
+from transject_nb.training.tasks import load_task
 from transject_nb.training.fastai_fixes import FixedLearner
 from transject_nb.training.learner import TokenDataLoaders, get_learner
 

@@ -111,7 +111,7 @@ class _CrashInLastStage(Callback):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_a_fine_tune_resumes_on_cuda(tmp_path):
     "A fine-tune on a GPU, crashed in its last stage, resumes there on the GPU: the optimiser state back on CUDA, the same stages."
-    from transject_nb.training.data import load_task
+    from transject_nb.training.tasks import load_task
     from transject_nb.training.learner import get_learner, train_learner
     data = load_task('listops', max_len=32, n_train=192, n_valid=64, n_test=64, cache_dir=False, progress=False,
                      min_length=4, max_length=32, max_depth=3, max_args=4)

@@ -20,7 +20,10 @@ from hypothesis import given, strategies as st
 import transject_nb.training.fastai_fixes as FF
 from transject_nb.core import PAD_ID
 from transject_nb.presets import TASKS
-from transject_nb.training.data import CLASSES, ListOpsTokenizer, TaskData, TokenSplit, load_task, pad_batch, task_datasets
+from transject_nb.training.data import CLASSES, TokenSplit, pad_batch
+from transject_nb.training.tokenizers import ListOpsTokenizer
+from transject_nb.training.tasks import TaskData, load_task
+from transject_nb.training.items import task_datasets
 from transject_nb.training.utils import atomic_save
 from transject_nb.training.batches import BucketDL
 from transject_nb.training.checkpoint import HistoryCSV, TrainCheckpoint, load_checkpoint, load_trained, load_weights

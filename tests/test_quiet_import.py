@@ -19,7 +19,7 @@ def python(code:str, *flags)->subprocess.CompletedProcess:
 
 
 def test_the_modules_that_import_fastai_are_found():
-    assert {'transject_nb.training.learner', 'transject_nb.training.data', 'transject_nb.training.cli', 'transject_nb.training.lm'} <= set(fastai_modules())
+    assert {'transject_nb.training.learner', 'transject_nb.training.items', 'transject_nb.training.cli', 'transject_nb.training.lm'} <= set(fastai_modules())
 
 
 @pytest.mark.parametrize('mod', fastai_modules())

@@ -592,7 +592,7 @@ def test_gate_is_a_run_override(tmp_path):
     from transject_nb.training.cli_parsers import parse_overrides
     from transject_nb.training.config import resolve_config, valid_fields
     from transject_nb.training.learner import get_learner
-    from transject_nb.training.data import load_task
+    from transject_nb.training.tasks import load_task
     assert 'gate' in valid_fields('transject')['model']
     assert parse_overrides(['--gate', 'input'], ['transject']) == {'gate': 'input'}
     assert parse_overrides(['--gate=static'], ['random-transject']) == {'gate': 'static'}

@@ -13,7 +13,7 @@ import copy
 import pytest, torch
 from fastai.callback.core import Callback
 
-from transject_nb.training.data import load_task
+from transject_nb.training.tasks import load_task
 from transject_nb.training.learner import get_learner
 from transject_nb.models import VARIANTS, create_model
 

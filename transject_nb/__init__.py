@@ -10,6 +10,19 @@ MOVED = {m: f'transject_nb.training.{m}' for m in (
     'protocol')}
 MOVED = {f'transject_nb.{m}': new for m, new in MOVED.items()}
 
+# Names that left a module when it was split into pages: 'old.module.Name' -> the module that has
+# it now. Hand-written too; `training.checkpoint.moved_pickle` reads it after `MOVED`.
+MOVED_NAMES = {f'transject_nb.training.data.{n}': f'transject_nb.training.{m}'
+               for m, names in dict(
+    readers=('RawSplit', 'IMDB_LAYOUT', 'AGNEWS_LAYOUT', 'LISTOPS_LAYOUT', 'read_imdb', 'read_agnews',
+             'read_listops_tsv', 'listops_normalise'),
+    tokenizers=('WordPieceTokenizer', 'ByteTokenizer', 'ListOpsTokenizer', 'tokenizer_from_state',
+                'BERT_VOCAB_SHA256', 'find_vocab'),
+    tasks=('stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task',
+           'DATA_FOLDERS', 'task_source'),
+    items=('encode_text', 'TaskItems', 'TokenIds', 'ItemLabel', 'task_datasets'),
+).items() for n in names}
+
 
 class _MovedFinder:
     "A meta-path finder that answers only the old paths in `MOVED`, with a clear error."

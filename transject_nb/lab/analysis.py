@@ -89,7 +89,7 @@ def token_ids(
     if _is_text(x) or (isinstance(x, (list, tuple)) and len(x) and all(_is_text(t) for t in x)):
         if tokenizer is None:
             raise ValueError("text input needs a tokenizer "
-                             "(e.g. transject_nb.training.data.WordPieceTokenizer); "
+                             "(e.g. transject_nb.training.tokenizers.WordPieceTokenizer); "
                              "pass tokenizer=")
         seqs = [tokenizer.encode(t) for t in ([x] if _is_text(x) else x)]
     elif isinstance(x, torch.Tensor):
@@ -241,7 +241,7 @@ def word_tokenizer(
      "characters of `texts`: the same ids on every run.")
     import tempfile
     from tokenizers import normalizers, pre_tokenizers
-    from transject_nb.training.data import WordPieceTokenizer
+    from transject_nb.training.tokenizers import WordPieceTokenizer
     norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                       strip_accents=None, lowercase=True)
     pre = pre_tokenizers.BertPreTokenizer()

@@ -24,7 +24,8 @@ from sklearn.linear_model import LogisticRegression
 # %% ../../nbs/22_experiments.ipynb #b0f9eb71
 from ..presets import PRESET_KINDS, TASKS, preset_section
 from ..models import VARIANTS
-from ..training.data import TaskData, TokenSplit, load_task
+from ..training.tasks import TaskData, load_task
+from ..training.data import TokenSplit
 
 # %% ../../nbs/22_experiments.ipynb #8a8c0107
 from ..training.config import DataConfig

@@ -25,7 +25,8 @@ import matplotlib.pyplot as plt
 from ..core import unwrap
 from ..bounds import layer_bounds, transject_bounds, worst_ratio
 from ..transject import token_map
-from ..training.data import TaskData, TokenSplit, stratified_take
+from ..training.tasks import TaskData, stratified_take
+from ..training.data import TokenSplit
 from ..training.checkpoint import load_checkpoint
 
 # %% ../../nbs/22e_figures.ipynb #9c41e9d6

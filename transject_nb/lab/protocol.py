@@ -26,7 +26,7 @@ from ..core import check_choice, check_fields, config_fields, variant_spec
 from ..training.utils import copy_new
 from ..presets import TASKS, preset_section
 from ..models import VARIANTS
-from ..training.data import TaskData, load_task, task_source
+from ..training.tasks import TaskData, load_task, task_source
 from ..training.config import model_fields, resolve_config
 from ..training.checkpoint import load_checkpoint
 from ..training.learner import get_learner, train_learner, evaluate, history

@@ -15,27 +15,30 @@ __all__ = ['bucketed_order', 'BucketDL']
 import numpy as np
 import torch
 import torch.nn as nn
-from fastcore.basics import patch
 from .utils import fastai_quietly
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     from fastai.data.core import Datasets
     from fastai.data.transforms import Categorize, TensorCategory
     from fastai.text.data import SortedDL, TensorText
 from ..core import PAD_ID
-from .data import ItemLabel, TokenIds, pad_batch
+from .data import pad_batch
+from .items import ItemLabel, TokenIds
 
 # %% ../../nbs/11a_batches.ipynb #755b9cc3
 def _task_view(dsets):
-    "`(TokenIds, global indices)` when `dsets` is a `Datasets` of task examples with `task_datasets`' transforms."
+    ("`(TokenIds, global indices)` when `dsets` is a `Datasets` of task examples "
+     "with `task_datasets`' transforms.")
     if not isinstance(dsets, Datasets) or not len(dsets) or len(dsets.tls) > 2: return None
     x = list(dsets.tls[0].tfms.fs)
     if len(x) != 1 or not isinstance(x[0], TokenIds) or x[0].items is None: return None
     if len(dsets.tls) == 2:
         y = list(dsets.tls[1].tfms.fs)
+        # the label ids must be the category ids
         if ([type(f) for f in y] != [ItemLabel, Categorize] or y[0].items is not x[0].items
-            or list(y[1].vocab) != list(y[0].classes)): return None       # the label ids must be the category ids
+            or list(y[1].vocab) != list(y[0].classes)): return None
     items = list(dsets.items)
-    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items): return None
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+        return None
     return x[0], np.asarray(items, dtype=np.int64)
 
 # %% ../../nbs/11a_batches.ipynb #d7c0f002
@@ -45,8 +48,10 @@ def bucketed_order(
     bucket:int,    # batches per chunk sorted by length
     seed:int,      # the order's seed ...
     epoch:int,     # ... and epoch: the order depends on these two alone
-)->list:           # a permutation of `range(N)`: full batches in random order, then the one partial batch
-    "One epoch's order: shuffle, sort chunks of `bucket` batches by length, cut them into batches, shuffle those."
+# a permutation of `range(N)`: full batches in random order, then the one partial batch
+)->list:
+    ("One epoch's order: shuffle, sort chunks of `bucket` batches by length, "
+     "cut them into batches, shuffle those.")
     lens, n = np.asarray(lens), len(lens)
     if not n: return []
     rng = np.random.default_rng([seed, epoch])
@@ -56,95 +61,108 @@ def bucketed_order(
         c = perm[s:s + chunk]
         c = c[np.argsort(-lens[c], kind='stable')]
         batches += [c[i:i + bs] for i in range(0, len(c), bs)]
-    full, part = [b for b in batches if len(b) == bs], [b for b in batches if len(b) < bs]  # one partial at most: last
+    # one partial batch at most: the last
+    full, part = [b for b in batches if len(b) == bs], [b for b in batches if len(b) < bs]
     order = rng.permutation(len(full))
     return np.concatenate([full[i] for i in order] + part).tolist()
 
+# %% ../../nbs/11a_batches.ipynb #bbc9ada1
+def _pad_multiple(x:torch.Tensor, multiple:int, cut:int|None)->torch.Tensor:
+    "`x` `(B, n)` right-padded with `PAD_ID` to a multiple of `multiple` columns, at most `cut`."
+    if multiple <= 1: return x
+    n = min(-(-x.shape[1] // multiple) * multiple, cut or math.inf)
+    return nn.functional.pad(x, (0, int(n) - x.shape[1]), value=PAD_ID)
+
+# %% ../../nbs/11a_batches.ipynb #d7c0f007
+class _OneStepBatches:
+    "Loader mixin: task examples gathered a batch at a time, other items through the transforms."
+    @property
+    def cut(self)->int|None:
+        "The longest sequence a batch holds: the smaller of `max_len` and `TokenIds.max_len`."
+        cuts = [c for c in (self.max_len, getattr(self.tfm, 'max_len', None)) if c]
+        return min(cuts) if cuts else None
+
+    def create_item(self, s):
+        ("A task example's global index (its batch is gathered in one step), "
+         "else fastai's item through the transforms.")
+        if self.tfm is not None: return int(self.gidx[s or 0])
+        try: return super().create_item(s)
+        except ValueError as e:
+            raise ValueError(f"item {s or 0} of the data set ({self.dataset.items[s or 0]!r:.80}): "
+                             f"{e}") from None
+
+    def create_batch(self, b):
+        ("`(TensorText (B, n), TensorCategory (B,))`, "
+         "or `(TensorText,)` for a test set without labels.")
+        cut = self.cut
+        if self.tfm is not None:
+            x, y = self.tfm.items.batch(b, max_len=cut)                              # (B, n), (B,)
+            rest = [y] if len(self.dataset.tls) == 2 else []
+        else:
+            x = pad_batch([s[0][:cut] if cut else s[0] for s in b])                  # (B, n)
+            rest = [torch.stack([torch.as_tensor(s[i]) for s in b]) for i in range(1, len(b[0]))]
+        x = _pad_multiple(x, self.pad_multiple, cut)
+        return (TensorText(x), *[TensorCategory(r) for r in rest])
+
+    def retain(self, res, b): return res   # `create_batch` gives the fastai types already
+
+    @property
+    def targets(self)->torch.Tensor:
+        "`(N,)` class ids of the loader's examples, in dataset order."
+        if self.tfm is None:
+            raise TypeError("targets are known for a loader of task examples only "
+                            "(a split of task_datasets)")
+        return self.tfm.items.labels[torch.as_tensor(self.gidx)]
+
+# %% ../../nbs/11a_batches.ipynb #7d817058
+def _check_bucket_args(dataset, **counts):
+    "Raise unless `dataset` is a fastai `Datasets` and every one of `counts` a positive int."
+    if not isinstance(dataset, Datasets):
+        raise TypeError("BucketDL needs a fastai Datasets (a split of items.task_datasets(...), "
+                        f"or dls.test_dl's test set), got {type(dataset).__name__}")
+    for k, v in counts.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"BucketDL: {k} must be a positive int, got {v!r}")
+
 # %% ../../nbs/11a_batches.ipynb #d7c0f005
-class BucketDL(SortedDL):
-    "fastai's `SortedDL` over a task's `Datasets`: a seeded, resumable bucketed order, batches padded with `PAD_ID`."
+class BucketDL(_OneStepBatches, SortedDL):
+    ("fastai's `SortedDL` over a task's `Datasets`: a seeded, resumable bucketed order, "
+     "batches padded with `PAD_ID`.")
     def __init__(self,
         dataset:Datasets,       # a split of `task_datasets(data)`, or a test set from `dls.test_dl`
         bs:int=32,              # batch size
         shuffle:bool=False,     # random bucketed order (training), else the order below
-        sort:bool=True,         # without shuffle: sorted by length, longest first; False keeps the data set's order
+        sort:bool=True,         # without shuffle: sorted by length, longest first; False: as it is
         seed:int=42,            # the order of epoch e depends on (seed, e) only
         bucket:int=50,          # batches per chunk that is sorted by length before batching
         max_len:int|None=None,  # cut longer sequences (the data are normally cut already)
         pad_multiple:int=1,     # pad each batch to a multiple of this (capped at max_len)
-        res=None,               # length of every item, for sorting (default: from the data, or by loading every item)
+        res=None,               # length of every item, for sorting (default: from the data)
         num_workers:int=0,      # worker processes (batches are cheap: none by default)
         **kwargs,               # passed to fastai's `TfmdDL` (device, after_batch, ...)
     ):
-        if not isinstance(dataset, Datasets):
-            raise TypeError("BucketDL needs a fastai Datasets (a split of data.task_datasets(...), or dls.test_dl's "
-                            f"test set), got {type(dataset).__name__}")
-        for k, v in dict(bs=bs, bucket=bucket, pad_multiple=pad_multiple).items():
-            if not isinstance(v, int) or v < 1: raise ValueError(f"BucketDL: {k} must be a positive int, got {v!r}")
-        self.seed, self.bucket, self.max_len, self.pad_multiple, self.sort = seed, bucket, max_len, pad_multiple, sort
-        self.epoch = 0
-        view = _task_view(dataset)
-        self.tfm, self.gidx = view if view else (None, None)   # the fast path: the task's `TokenIds`, global indices
-        if res is None and view: res = self.tfm.items.lengths[self.gidx]
-        super().__init__(dataset, res=res, bs=bs, shuffle=shuffle, num_workers=num_workers, **kwargs)
+        _check_bucket_args(dataset, bs=bs, bucket=bucket, pad_multiple=pad_multiple)
+        self.seed, self.bucket, self.max_len, self.sort = seed, bucket, max_len, sort
+        self.pad_multiple, self.epoch = pad_multiple, 0
+        self.tfm, self.gidx = _task_view(dataset) or (None, None)   # the fast path, if a task's
+        if res is None and self.tfm is not None: res = self.tfm.items.lengths[self.gidx]
+        super().__init__(dataset, res=res, bs=bs, shuffle=shuffle, num_workers=num_workers,
+                         **kwargs)
 
     def set_epoch(self, epoch:int):
-        "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
+        "Fix the epoch whose order the next pass uses (otherwise each pass advances it)."
         self.epoch = int(epoch)
-
     def get_idxs(self):
-        "This pass's order: `bucketed_order` when shuffling, else sorted by length (longest first) or as it is."
+        "This pass's order: `bucketed_order` if shuffling, else by length (longest first) or as is."
         lens = np.asarray(self.res)
-        if not self.shuffle: return np.argsort(-lens, kind='stable').tolist() if self.sort else list(range(len(lens)))
+        if not self.shuffle:
+            return np.argsort(-lens, kind='stable').tolist() if self.sort else [*range(len(lens))]
         self.epoch += 1
         return bucketed_order(lens, self.bs, self.bucket, self.seed, self.epoch - 1)
-
-# %% ../../nbs/11a_batches.ipynb #d7c0f007
-@patch(as_prop=True)
-def cut(self:BucketDL)->int|None:
-    "The longest sequence a batch holds: the smaller of `max_len` and `TokenIds.max_len`."
-    cuts = [c for c in (self.max_len, getattr(self.tfm, 'max_len', None)) if c]
-    return min(cuts) if cuts else None
-
-@patch
-def create_item(self:BucketDL, s):
-    "A task example's global index (its batch is gathered in one step), else fastai's item through the transforms."
-    if self.tfm is not None: return int(self.gidx[s or 0])
-    try: return super(BucketDL, self).create_item(s)
-    except ValueError as e:
-        raise ValueError(f"item {s or 0} of the data set ({self.dataset.items[s or 0]!r:.80}): {e}") from None
-
-@patch
-def create_batch(self:BucketDL, b):
-    "`(TensorText (B, n), TensorCategory (B,))`, or `(TensorText,)` for a test set without labels."
-    cut = self.cut
-    if self.tfm is not None:
-        x, y = self.tfm.items.batch(b, max_len=cut)                              # (B, n), (B,)
-        rest = [y] if len(self.dataset.tls) == 2 else []
-    else:
-        x = pad_batch([s[0][:cut] if cut else s[0] for s in b])                  # (B, n)
-        rest = [torch.stack([torch.as_tensor(s[i]) for s in b]) for i in range(1, len(b[0]))]
-    if self.pad_multiple > 1:
-        n = min(-(-x.shape[1] // self.pad_multiple) * self.pad_multiple, cut or math.inf)
-        x = nn.functional.pad(x, (0, int(n) - x.shape[1]), value=PAD_ID)
-    return (TensorText(x), *[TensorCategory(r) for r in rest])
-
-@patch
-def retain(self:BucketDL, res, b): return res   # `create_batch` gives the fastai types already
-
-# %% ../../nbs/11a_batches.ipynb #d7c0f009
-@patch
-def new(self:BucketDL, dataset=None, cls=None, **kwargs):
-    "A copy with other settings and the same bucketing; over another data set, in its order unless `sort=True`."
-    kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len, pad_multiple=self.pad_multiple,
-              sort=self.sort if dataset is None else False) | kwargs
-    res = super(BucketDL, self).new(dataset=dataset, cls=cls, **kw)
-    res.epoch = self.epoch
-    return res
-
-@patch(as_prop=True)
-def targets(self:BucketDL)->torch.Tensor:
-    "`(N,)` class ids of the loader's examples, in dataset order."
-    if self.tfm is None:
-        raise TypeError("targets are known for a loader of task examples only (a split of task_datasets)")
-    return self.tfm.items.labels[torch.as_tensor(self.gidx)]
+    def new(self, dataset=None, cls=None, **kwargs):
+        "A copy with the same bucketing; over another data set, in its order unless `sort=True`."
+        kw = dict(seed=self.seed, bucket=self.bucket, max_len=self.max_len,
+                  pad_multiple=self.pad_multiple, sort=self.sort if dataset is None else False)
+        res = super().new(dataset=dataset, cls=cls, **(kw | kwargs))
+        res.epoch = self.epoch
+        return res

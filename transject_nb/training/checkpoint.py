@@ -332,7 +332,8 @@ class ModelRecipe:
 class _MovedUnpickler(pickle.Unpickler):
     "An unpickler that reads a class named by its module's path before the move."
     def find_class(self, module:str, name:str):
-        return super().find_class(transject_nb.MOVED.get(module, module), name)
+        module = transject_nb.MOVED.get(module, module)
+        return super().find_class(transject_nb.MOVED_NAMES.get(f'{module}.{name}', module), name)
 
 # %% ../../nbs/12a_checkpoint.ipynb #99e102a4
 # `pickle` with `_MovedUnpickler`, for `torch.load(pickle_module=...)`

@@ -31,7 +31,7 @@ from .utils import (
     remove_temporaries, split_choices, split_fields)
 
 # %% ../../nbs/15_cli.ipynb #a3449179
-from .data import load_task
+from .tasks import load_task
 from .config import (DATA_FIELDS, PRESETS, TRAIN_FIELDS, check_listops_len,
                                           resolve_config, valid_fields)
 from .learner import (LR_FIND, end_distributed, find_lr, evaluate, get_learner,

@@ -6,46 +6,29 @@ Docs: https://transject-nb.github.io/transject_nb/data.html.md"""
 
 # %% ../../nbs/11_data.ipynb #e559f24a
 from __future__ import annotations
-import csv, dataclasses, gzip, hashlib, json, logging, math, os, random, socket, statistics, time, warnings
+import hashlib, math, random, statistics
 from array import array
 from dataclasses import dataclass
-from numbers import Integral
-from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 # %% auto #0
-__all__ = ['logger', 'DEFAULT_MAX_LEN', 'CLASSES', 'DATA_VERSION', 'LISTOPS_OPS', 'LISTOPS_VOCAB', 'IMDB_LAYOUT', 'AGNEWS_LAYOUT',
-           'LISTOPS_LAYOUT', 'BERT_VOCAB_SHA256', 'DATA_FOLDERS', 'pad_batch', 'TokenSplit', 'ListOpsConfig',
-           'listops_tree', 'listops_value', 'listops_tokens', 'lra_source', 'eval_listops', 'generate_listops',
-           'plot_lengths', 'plot_labels', 'RawSplit', 'read_imdb', 'read_agnews', 'listops_normalise',
-           'read_listops_tsv', 'WordPieceTokenizer', 'ByteTokenizer', 'ListOpsTokenizer', 'tokenizer_from_state',
-           'find_vocab', 'stratified_take', 'carve', 'default_cache_dir', 'cache_key', 'TaskData', 'load_task',
-           'task_source', 'encode_text', 'TaskItems', 'TokenIds', 'ItemLabel', 'task_datasets']
+__all__ = ['DEFAULT_MAX_LEN', 'CLASSES', 'DATA_VERSION', 'LISTOPS_OPS', 'LISTOPS_VOCAB', 'pad_batch', 'TokenSplit',
+           'ListOpsConfig', 'listops_tree', 'listops_value', 'listops_tokens', 'lra_source', 'eval_listops',
+           'generate_listops', 'plot_lengths', 'plot_labels']
 
 # %% ../../nbs/11_data.ipynb #41748fbe
 import numpy as np
-import pandas as pd
 import torch
-from .utils import fastai_quietly
-with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
-    from fastai.data.core import Datasets, TitledStr, Transform
-    from fastai.data.transforms import Categorize
-    from fastai.text.data import TensorText
-from fastcore.basics import patch
 from fastprogress.fastprogress import progress_bar
-from sklearn.model_selection import train_test_split
 from ..core import PAD_ID, check_choice, check_fields
-from .utils import atomic_save
-from ..presets import TASKS
-
-# %% ../../nbs/11_data.ipynb #f3652bce
-logger = logging.getLogger('transject_nb')
 
 # %% ../../nbs/11_data.ipynb #3dd59399
-DEFAULT_MAX_LEN = dict(imdb=512, agnews=256, listops=1024, charimdb=1024)  # the TransJect paper's lengths
+# the TransJect paper's lengths
+DEFAULT_MAX_LEN = dict(imdb=512, agnews=256, listops=1024, charimdb=1024)
 CLASSES = dict(imdb=('negative', 'positive'), charimdb=('negative', 'positive'),
                agnews=('World', 'Sports', 'Business', 'Sci/Tech'), listops=tuple('0123456789'))
-DATA_VERSION = 2  # bump when the numericalised format or a reader changes, to invalidate old caches
+# bump when the numericalised format or a reader changes, to invalidate old caches
+DATA_VERSION = 2
 
 # %% ../../nbs/11_data.ipynb #41d41d88
 def pad_batch(
@@ -62,8 +45,10 @@ def pad_batch(
 
 # %% ../../nbs/11_data.ipynb #29ab6ea5
 def _small_int_dtype(max_id:int):
+    "The smallest signed integer dtype that holds ids up to `max_id`."
     return torch.int8 if max_id < 2**7 else torch.int16 if max_id < 2**15 else torch.int32
 
+# %% ../../nbs/11_data.ipynb #0f5ac502
 def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     "Positions `starts[i] + j` for `j < lens[i]`, for every i, concatenated (vectorised)."
     lens = lens.long()
@@ -71,124 +56,141 @@ def _gather_idx(starts:torch.Tensor, lens:torch.Tensor)->torch.Tensor:
     return (torch.arange(int(ends[-1]) if len(ends) else 0)
             + torch.repeat_interleave(starts.long() - (ends - lens), lens))
 
+# %% ../../nbs/11_data.ipynb #5285cf4b
+def _check_split(
+    flat:torch.Tensor,     # `(total,)` token ids
+    offsets:torch.Tensor,  # `(N+1,)` start of each example, then the end
+    labels:torch.Tensor,   # `(N,)` class ids
+):
+    "Raise a `ValueError` unless the three tensors make a split whose examples are all non-empty."
+    if flat.ndim != 1 or offsets.ndim != 1 or labels.ndim != 1:
+        raise ValueError("TokenSplit expects 1-d flat, offsets and labels tensors")
+    if len(offsets) != len(labels) + 1:
+        raise ValueError(f"TokenSplit: {len(labels)} labels need {len(labels)+1} offsets, "
+                         f"got {len(offsets)}")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != len(flat):
+        raise ValueError("TokenSplit: offsets must start at 0 and end at len(flat)")
+    if len(labels) and not bool((offsets[1:] > offsets[:-1]).all()):
+        raise ValueError("TokenSplit: every example needs at least one token "
+                         "(an empty one would be all padding)")
+
+# %% ../../nbs/11_data.ipynb #2fbe0ece
+def _check_index(i:int, n:int)->int:
+    "Index `i` of a split of `n` examples, negative ones counted from the end."
+    if not -n <= i < n: raise IndexError(f"index {i} out of range for a split of {n} examples")
+    return i % n
+
 # %% ../../nbs/11_data.ipynb #b240d822
 @dataclass(eq=False)
 class TokenSplit:
-    "One numericalised split: every example's token ids stored end to end, their offsets, and the labels."
+    "One numericalised split: every example's token ids end to end, their offsets, and the labels."
     flat:torch.Tensor     # `(total,)` token ids of all examples, concatenated (a small int dtype)
     offsets:torch.Tensor  # `(N+1,)` int64; example i is `flat[offsets[i]:offsets[i+1]]`
     labels:torch.Tensor   # `(N,)` int64 class ids
-    n_truncated:int|None = 0 # how many examples were cut to `max_len` when this split was built (None: unknown)
+    n_truncated:int|None = 0  # how many were cut to `max_len` when built (None: unknown)
 
-    def __post_init__(self):
-        if self.flat.ndim != 1 or self.offsets.ndim != 1 or self.labels.ndim != 1:
-            raise ValueError("TokenSplit expects 1-d flat, offsets and labels tensors")
-        if len(self.offsets) != len(self.labels) + 1:
-            raise ValueError(f"TokenSplit: {len(self.labels)} labels need {len(self.labels)+1} offsets, "
-                             f"got {len(self.offsets)}")
-        if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != len(self.flat):
-            raise ValueError("TokenSplit: offsets must start at 0 and end at len(flat)")
-        if len(self.labels) and not bool((self.offsets[1:] > self.offsets[:-1]).all()):
-            raise ValueError("TokenSplit: every example needs at least one token (an empty one would be all padding)")
-
+    def __post_init__(self): _check_split(self.flat, self.offsets, self.labels)
     def __len__(self): return len(self.labels)
-
     def __getitem__(self, i:int):
         "Example `i` as `(LongTensor ids (n,), int label)`."
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"index {i} out of range for a split of {len(self)} examples")
-        i = i % len(self)
+        i = _check_index(i, len(self))
         return self.flat[int(self.offsets[i]):int(self.offsets[i+1])].long(), int(self.labels[i])
-
-    @property
-    def lengths(self)->torch.Tensor:
-        "`(N,)` number of tokens of each example, for length bucketing."
-        return self.offsets[1:] - self.offsets[:-1]
-
+    lengths = property(lambda self: self.offsets[1:] - self.offsets[:-1],
+                       doc="`(N,)` number of tokens of each example, for length bucketing.")
     def __repr__(self):
         lo, hi = (int(self.lengths.min()), int(self.lengths.max())) if len(self) else (0, 0)
         return f"TokenSplit({len(self)} examples, {len(self.flat)} tokens, lengths {lo}-{hi})"
-
     def state(self)->dict:
         "The fields as a dict, for `torch.save`; `TokenSplit(**state)` rebuilds the split."
-        return dict(flat=self.flat, offsets=self.offsets, labels=self.labels, n_truncated=self.n_truncated)
+        return {k: getattr(self, k) for k in ('flat', 'offsets', 'labels', 'n_truncated')}
+
+    @classmethod
+    def from_lists(cls, seqs:Sequence, labels:Sequence, n_truncated:int=0)->TokenSplit:
+        "Build a split from per-example token-id sequences (see `_flatten`)."
+        return cls(*_flatten(seqs, labels), n_truncated)
+    def batch(self, idxs, pad_to:int|None=None, max_len:int|None=None)->tuple:
+        "Examples `idxs` as one padded batch, in one vectorised step (see `_gather_batch`)."
+        return _gather_batch(self, idxs, pad_to, max_len)
+    def subset(self, idxs)->TokenSplit:
+        "A new split with examples `idxs`, in that order (see `_subset`)."
+        return _subset(self, idxs)
+    def truncate(self, max_len:int)->TokenSplit:
+        "Keep the first `max_len` tokens of every example (see `_truncate`)."
+        return _truncate(self, max_len)
+    def label_counts(self, n_classes:int|None=None)->torch.Tensor:
+        "How many examples of each class."
+        return torch.bincount(self.labels, minlength=n_classes or 0)
+    def majority_share(self)->float:
+        "Share of the most frequent class: the accuracy of always predicting it."
+        return float(self.label_counts().max()) / len(self) if len(self) else float('nan')
 
 # %% ../../nbs/11_data.ipynb #524f57c8
-@patch(cls_method=True)
-def from_lists(cls:TokenSplit,
+def _flatten(
     seqs:Sequence,      # token-id sequences (lists, arrays or tensors), each non-empty
     labels:Sequence,    # one class id per sequence
-    n_truncated:int=0,  # bookkeeping: how many were truncated
-)->TokenSplit:
-    "Build a split from per-example token-id sequences."
+)->tuple:               # `(flat (total,), offsets (N+1,), labels (N,))` tensors of a `TokenSplit`
+    ("Per-example token-id sequences stored end to end, "
+     "in the smallest integer dtype that holds them.")
     if len(seqs) != len(labels): raise ValueError(f"{len(seqs)} sequences but {len(labels)} labels")
     lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if len(seqs) else np.zeros(0, np.int64)
+    flat = (np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]) if len(seqs)
+            else np.zeros(0, np.int64))
     dt = _small_int_dtype(int(flat.max()) if len(flat) else 0)
     offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]))
-    return cls(torch.from_numpy(flat).to(dt), offsets, torch.as_tensor(np.asarray(labels, dtype=np.int64)), n_truncated)
+    labels = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    return torch.from_numpy(flat).to(dt), offsets, labels
 
 # %% ../../nbs/11_data.ipynb #a116742c
-@patch
-def batch(self:TokenSplit,
+def _gather_batch(
+    split:TokenSplit,       # the examples
     idxs,                   # examples to take (negative indices count from the end)
     pad_to:int|None=None,   # pad to at least this length (default: the longest example taken)
     max_len:int|None=None,  # keep the first `max_len` tokens of each
-):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
+):  # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
     "Examples `idxs` as one padded batch, gathered in one vectorised step (no loop over examples)."
-    idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
+    idxs, N = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1), len(split)
     if not len(idxs): raise ValueError("a batch needs at least one example")
-    if int(idxs.min()) < -len(self) or int(idxs.max()) >= len(self):
-        raise IndexError(f"index out of range for a split of {len(self)} examples: "
-                         f"{idxs[(idxs < -len(self)) | (idxs >= len(self))][0].item()}")
-    idxs = idxs % len(self)
-    lens = self.lengths[idxs] if not max_len else self.lengths[idxs].clamp(max=max_len)    # (B,)
+    if int(idxs.min()) < -N or int(idxs.max()) >= N:
+        raise IndexError(f"index out of range for a split of {N} examples: "
+                         f"{idxs[(idxs < -N) | (idxs >= N)][0].item()}")
+    idxs = idxs % N
+    lens = split.lengths[idxs] if not max_len else split.lengths[idxs].clamp(max=max_len)  # (B,)
     n = max(int(lens.max()), pad_to or 0)
-    x = torch.full((len(idxs), n), PAD_ID, dtype=torch.long)                                # (B, n)
-    x[torch.arange(n) < lens[:, None]] = self.flat[_gather_idx(self.offsets[idxs], lens)].long()  # row by row
-    return x, self.labels[idxs]
+    x = torch.full((len(idxs), n), PAD_ID, dtype=torch.long)                            # (B, n)
+    # row by row, the first `lens[i]` positions of row i
+    x[torch.arange(n) < lens[:, None]] = split.flat[_gather_idx(split.offsets[idxs], lens)].long()
+    return x, split.labels[idxs]
 
 # %% ../../nbs/11_data.ipynb #e53753d9
-@patch
-def subset(self:TokenSplit, idxs)->TokenSplit:
-    "A new split with examples `idxs`, in that order (`n_truncated` is kept for a reordering, else unknown: None)."
+def _subset(split:TokenSplit, idxs)->TokenSplit:
+    ("A new split with examples `idxs`, in that order "
+     "(`n_truncated` is kept for a reordering, else unknown: None).")
     idxs = torch.as_tensor(np.asarray(idxs, dtype=np.int64)).reshape(-1)
-    lens = self.lengths[idxs]
-    perm = (len(idxs) == len(self) and bool((torch.bincount(idxs, minlength=len(self)) == 1).all()) if len(idxs)
-            else not len(self))
-    return TokenSplit(self.flat[_gather_idx(self.offsets[idxs], lens)],
+    lens = split.lengths[idxs]
+    perm = (len(idxs) == len(split)
+            and bool((torch.bincount(idxs, minlength=len(split)) == 1).all()) if len(idxs)
+            else not len(split))
+    return TokenSplit(split.flat[_gather_idx(split.offsets[idxs], lens)],
                       torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
-                      self.labels[idxs], self.n_truncated if perm else None)
+                      split.labels[idxs], split.n_truncated if perm else None)
 
 # %% ../../nbs/11_data.ipynb #e20c6a80
-@patch
-def truncate(self:TokenSplit, max_len:int)->TokenSplit:
+def _truncate(split:TokenSplit, max_len:int)->TokenSplit:
     "Keep the first `max_len` tokens of every example."
     if max_len < 1: raise ValueError(f"max_len must be at least 1, got {max_len}")
-    lens = self.lengths
-    if not len(self) or int(lens.max()) <= max_len: return self
+    lens = split.lengths
+    if not len(split) or int(lens.max()) <= max_len: return split
     new = lens.clamp(max=max_len)
     n_cut = int((lens > max_len).sum())
-    return TokenSplit(self.flat[_gather_idx(self.offsets[:-1], new)],
-                      torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)]), self.labels,
-                      None if self.n_truncated is None else self.n_truncated + n_cut)
-
-# %% ../../nbs/11_data.ipynb #133bebd1
-@patch
-def label_counts(self:TokenSplit, n_classes:int|None=None)->torch.Tensor:
-    "How many examples of each class."
-    return torch.bincount(self.labels, minlength=n_classes or 0)
-
-# %% ../../nbs/11_data.ipynb #dd95738a
-@patch
-def majority_share(self:TokenSplit)->float:
-    "Share of the most frequent class: the accuracy of always predicting it."
-    return float(self.label_counts().max()) / len(self) if len(self) else float('nan')
+    return TokenSplit(split.flat[_gather_idx(split.offsets[:-1], new)],
+                      torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)]), split.labels,
+                      None if split.n_truncated is None else split.n_truncated + n_cut)
 
 # %% ../../nbs/11_data.ipynb #15bd059a
 LISTOPS_OPS = ('[MIN', '[MAX', '[MED', '[SM')  # LRA's operators; [SM is sum modulo 10
 LISTOPS_VOCAB = ('[PAD]', *'0123456789', *LISTOPS_OPS, ']')  # token id = position; 0 is padding
 
+# %% ../../nbs/11_data.ipynb #e932350b
 @dataclass
 class ListOpsConfig:
     "Parameters of the ListOps generator; the defaults are the Long Range Arena's."
@@ -199,19 +201,24 @@ class ListOpsConfig:
     max_length:int = 2000  # ... < max_length (digits, operators and `]` all count)
     max_depth:int = 10     # nodes at this depth are always leaves; the root has depth 1
     max_args:int = 10      # an operator has 2..max_args arguments
-    op_p:float = 0.25      # chance that a node above max_depth is an operator (LRA's VALUE_P: r > VALUE_P: a leaf)
-    early_stop:bool = True # abandon a tree once too long (same distribution, faster); False replays LRA's random stream
+    # chance that a node above max_depth is an operator (LRA's VALUE_P: r > VALUE_P: a leaf)
+    op_p:float = 0.25
+    # abandon a tree once too long (same distribution, faster); False replays LRA's random stream
+    early_stop:bool = True
     max_tries:int = 200_000 # give up when this many draws in a row bring no new tree
 
     def __post_init__(self):
-        counts = dict.fromkeys(('n_train', 'n_valid', 'n_test', 'max_depth', 'max_tries'), 1) | {'max_args': 2}
+        counts = dict.fromkeys(('n_train', 'n_valid', 'n_test', 'max_depth', 'max_tries'), 1)
+        counts |= {'max_args': 2}
         check_fields(self, ints=counts, open_unit=('op_p',))   # the least value of each int field
         if not 0 <= self.min_length < self.max_length - 1:
-            raise ValueError("ListOpsConfig needs 0 <= min_length < max_length - 1 (lengths strictly between them), "
+            raise ValueError("ListOpsConfig needs 0 <= min_length < max_length - 1 "
+                             "(lengths strictly between them), "
                              f"got ({self.min_length}, {self.max_length})")
         if (top := self.longest()) <= self.min_length:
-            raise ValueError(f"no tree with max_depth={self.max_depth}, max_args={self.max_args} is longer than "
-                             f"min_length={self.min_length} (the longest has {top} tokens)")
+            raise ValueError(f"no tree with max_depth={self.max_depth}, max_args={self.max_args} "
+                             f"is longer than min_length={self.min_length} "
+                             f"(the longest has {top} tokens)")
 
     def longest(self)->int:
         "Length of the largest possible tree."
@@ -223,9 +230,10 @@ class ListOpsConfig:
 class _TooLong(Exception): pass
 
 def listops_tree(
-    rng:random.Random,  # the random stream (consumed exactly as LRA's `generate_tree` does with `early_stop=False`)
+    # the random stream (consumed exactly as LRA's `generate_tree` does with `early_stop=False`)
+    rng:random.Random,
     cfg:ListOpsConfig,  # shape parameters
-):                      # `(tree, length)`; tree: None when abandoned as too long, else a digit or `(op, [children])`
+):  # `(tree, length)`; tree: None when abandoned as too long, else a digit or `(op, [children])`
     "Draw one ListOps tree, following LRA's `generate_tree`."
     count, limit = 0, cfg.max_length if cfg.early_stop else math.inf
     # `choice(seq)` is `seq[_randbelow(len(seq))]`
@@ -241,7 +249,8 @@ def listops_tree(
         count += 2                                          # the operator and its `]`
         if count >= limit: raise _TooLong
         kids = [node(depth + 1) for _ in range(n_args)]
-        return (LISTOPS_OPS[below(4)], kids)                # LRA: random.choice(OPERATORS), drawn after the children
+        # LRA: random.choice(OPERATORS), drawn after the children
+        return (LISTOPS_OPS[below(4)], kids)
     try: return node(1), count
     except _TooLong: return None, count
 
@@ -254,9 +263,11 @@ def listops_value(t)->int:
     vals = [listops_value(k) for k in kids]
     if op == '[MIN': return min(vals)
     if op == '[MAX': return max(vals)
-    if op == '[MED': return int(statistics.median(vals))  # = int(np.median(vals)): mean of the middle two, truncated
+    # = int(np.median(vals)): mean of the middle two, truncated
+    if op == '[MED': return int(statistics.median(vals))
     return int(np.sum(vals) % 10)                         # '[SM'
 
+# %% ../../nbs/11_data.ipynb #e1f3c59d
 def listops_tokens(t, out:list|None=None)->list:
     "The compact token sequence of a tree: `[MAX 2 9 ]` (no parentheses)."
     out = [] if out is None else out
@@ -266,13 +277,24 @@ def listops_tokens(t, out:list|None=None)->list:
     out.append(']')
     return out
 
+# %% ../../nbs/11_data.ipynb #2334330c
 def lra_source(t)->str:
-    "The tree written as LRA's `to_string` writes it in the `Source` column, with a parenthesis pair per binary step."
+    ("The tree written as LRA's `to_string` writes it in the `Source` column, "
+     "with a parenthesis pair per binary step.")
     if isinstance(t, int): return str(t)
     op, kids = t
     s = f"( {op} {lra_source(kids[0])} )"
     for k in kids[1:]: s = f"( {s} {lra_source(k)} )"
     return f"( {s} ] )"
+
+# %% ../../nbs/11_data.ipynb #d234a22d
+def _listops_apply(op:str, args:list)->int:
+    "The value of operator `op` on its arguments; the median by sorting, the even case truncated."
+    if op == '[MIN': return min(args)
+    if op == '[MAX': return max(args)
+    if op == '[SM': return sum(args) % 10
+    s, m = sorted(args), len(args) // 2
+    return s[m] if len(s) % 2 else (s[m-1] + s[m]) // 2
 
 # %% ../../nbs/11_data.ipynb #500a3420
 def eval_listops(
@@ -284,26 +306,44 @@ def eval_listops(
     for t in toks:
         if t in LISTOPS_OPS: stack.append((t, []))
         elif t in (']', 'X'):
-            if len(stack) == 1: raise ValueError("unbalanced ListOps expression: ']' closes no operator")
+            if len(stack) == 1:
+                raise ValueError("unbalanced ListOps expression: ']' closes no operator")
             op, args = stack.pop()
             if not args: raise ValueError(f"ListOps operator {op} has no arguments")
-            if op == '[MIN': v = min(args)
-            elif op == '[MAX': v = max(args)
-            elif op == '[SM': v = sum(args) % 10
-            else:
-                s, m = sorted(args), len(args) // 2
-                v = s[m] if len(s) % 2 else (s[m-1] + s[m]) // 2
-            stack[-1][1].append(v)
+            stack[-1][1].append(_listops_apply(op, args))
         elif len(t) == 1 and t.isdigit(): stack[-1][1].append(int(t))
-        else: raise ValueError(f"unknown ListOps token {t!r}; expected a digit, one of {LISTOPS_OPS}, ']' or 'X'")
-    if len(stack) != 1: raise ValueError(f"unbalanced ListOps expression: {len(stack)-1} operator(s) never closed")
+        else: raise ValueError(f"unknown ListOps token {t!r}; expected a digit, "
+                               f"one of {LISTOPS_OPS}, ']' or 'X'")
+    if len(stack) != 1:
+        raise ValueError(f"unbalanced ListOps expression: {len(stack)-1} operator(s) never closed")
     if len(stack[0][1]) != 1:
-        raise ValueError(f"a ListOps expression must have exactly one top-level value, got {len(stack[0][1])}")
+        raise ValueError("a ListOps expression must have exactly one top-level value, "
+                         f"got {len(stack[0][1])}")
     return stack[0][1][0]
 
 # %% ../../nbs/11_data.ipynb #61a25bc4
 _LISTOPS_ID = {t: i for i, t in enumerate(LISTOPS_VOCAB)}
 
+# %% ../../nbs/11_data.ipynb #933656c6
+def _new_tree(
+    rng:random.Random,  # the generator's random stream
+    cfg:ListOpsConfig,  # sizes and shape
+    seen:set,           # hashes of the trees kept so far (the new one is added)
+)->tuple:               # `(ids, tree)`: the tree's token ids as bytes, and the tree
+    "Draw trees until one falls in the length window and is new; at most `cfg.max_tries` draws."
+    for _ in range(cfg.max_tries):
+        t, length = listops_tree(rng, cfg)
+        if t is None or not cfg.min_length < length < cfg.max_length: continue
+        ids = bytes(_LISTOPS_ID[s] for s in listops_tokens(t))
+        key = hashlib.blake2b(ids, digest_size=16).digest()
+        if key not in seen:
+            seen.add(key)
+            return ids, t
+    raise RuntimeError(f"ListOps generator: {cfg.max_tries} draws in a row gave no new tree "
+                       f"in the length window ({cfg.min_length}, {cfg.max_length}); "
+                       "widen the window or raise max_depth/max_args")
+
+# %% ../../nbs/11_data.ipynb #0a992750
 def generate_listops(
     cfg:ListOpsConfig=None,  # sizes and shape; LRA's by default
     seed:int=42,             # seed of the generator's `random.Random`
@@ -313,24 +353,16 @@ def generate_listops(
     cfg = cfg or ListOpsConfig()
     rng, seen, out = random.Random(seed), set(), {}
     total = cfg.n_test + cfg.n_valid + cfg.n_train
-    bar = iter(progress_bar(range(total))) if (total >= 20_000 if progress is None else progress) else None
+    show = total >= 20_000 if progress is None else progress
+    bar = iter(progress_bar(range(total))) if show else None
     for name, n in (('test', cfg.n_test), ('valid', cfg.n_valid), ('train', cfg.n_train)):
         flat, offsets, labels = array('b'), [0], []
         for _ in range(n):
-            for _ in range(cfg.max_tries):
-                t, length = listops_tree(rng, cfg)
-                if t is None or not cfg.min_length < length < cfg.max_length: continue
-                ids = bytes(_LISTOPS_ID[s] for s in listops_tokens(t))
-                key = hashlib.blake2b(ids, digest_size=16).digest()
-                if key not in seen: break
-            else:
-                raise RuntimeError(f"ListOps generator: {cfg.max_tries} draws in a row gave no new tree in the length "
-                                   f"window ({cfg.min_length}, {cfg.max_length}); widen the window or raise "
-                                   "max_depth/max_args")
-            seen.add(key)
+            ids, t = _new_tree(rng, cfg, seen)
             flat.frombytes(ids); offsets.append(len(flat)); labels.append(listops_value(t))
             if bar is not None: next(bar, None)
-        ids = torch.frombuffer(bytearray(flat), dtype=torch.int8) if len(flat) else torch.zeros(0, dtype=torch.int8)
+        ids = (torch.frombuffer(bytearray(flat), dtype=torch.int8) if len(flat)
+               else torch.zeros(0, dtype=torch.int8))                             # (total,)
         out[name] = TokenSplit(ids, torch.tensor(offsets), torch.tensor(labels, dtype=torch.long))
     if bar is not None:
         for _ in bar: pass
@@ -355,6 +387,7 @@ def plot_lengths(
     if title: ax.set_title(title)
     return ax
 
+# %% ../../nbs/11_data.ipynb #b4eba48a
 def plot_labels(
     split:TokenSplit,        # a numericalised split
     classes:Sequence|None=None, # class names for the x axis
@@ -366,863 +399,6 @@ def plot_labels(
     if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(range(len(counts)), counts / counts.sum(), color='C0')
     ax.set_xticks(range(len(counts)), classes if classes else range(len(counts)))
-    ax.set_ylabel('share of examples'); ax.set_title(f'majority class: {counts.max() / counts.sum():.1%}')
+    ax.set_ylabel('share of examples')
+    ax.set_title(f'majority class: {counts.max() / counts.sum():.1%}')
     return ax
-
-# %% ../../nbs/11_data.ipynb #5c271aae
-class RawSplit(NamedTuple):
-    "Texts and integer labels of one split, before tokenisation, and the file or folder they came from."
-    texts:list
-    labels:list
-    origin:str
-
-def _open_text(p:Path):
-    if p.suffix == '.gz': return gzip.open(p, 'rt', encoding='utf-8', newline='')
-    return open(p, encoding='utf-8', newline='')
-
-def _find(root:Path, name:str)->Path|None:
-    for cand in (root/name, root/f'{name}.gz'):
-        if cand.is_file(): return cand
-    return None
-
-def _csv_rows(p:Path, delimiter=','):
-    "Yield `(line, row)` from a CSV file, turning parse errors into errors that name the file and line."
-    csv.field_size_limit(2**27)
-    with _open_text(p) as f:
-        rd = csv.reader(f, delimiter=delimiter, strict=True)
-        try:
-            for row in rd: yield rd.line_num, row
-        except csv.Error as e: raise ValueError(f"{p}, line {rd.line_num}: malformed CSV: {e}") from None
-        except UnicodeDecodeError as e: raise ValueError(f"{p}, near line {rd.line_num}: not UTF-8 text: {e}") from None
-
-def _empty(p, what):
-    raise ValueError(f"{p}: empty split: no {what} found (an empty split cannot be trained or evaluated on)")
-
-# %% ../../nbs/11_data.ipynb #91abc08e
-IMDB_LAYOUT = ("an aclImdb folder (train/neg/*.txt, train/pos/*.txt, test/neg/*.txt, test/pos/*.txt), "
-               "or a folder with train.csv[.gz] and test.csv[.gz] having a header with columns label,text "
-               "(label 0/1 or negative/positive), "
-               "or fastai's IMDB_SAMPLE folder with texts.csv[.gz] having columns label,text,is_valid "
-               "(the is_valid rows are the test split)")
-_BOOLS = {'true': True, 'false': False, '1': True, '0': False}
-_IMDB_LABELS = {'0': 0, '1': 1, 'neg': 0, 'negative': 0, 'pos': 1, 'positive': 1}
-
-def _imdb_files(root:Path)->dict:
-    "The files or folders `read_imdb` will read, by split."
-    root = Path(root)
-    if not root.exists(): raise FileNotFoundError(f"IMDb source {root} does not exist; expected {IMDB_LAYOUT}")
-    if (root/'aclImdb').is_dir() and not (root/'train').exists(): root = root/'aclImdb'
-    if (root/'train'/'pos').is_dir() or (root/'train'/'neg').is_dir():
-        out = {s: root/s for s in ('train', 'test')}
-        for s, d in out.items():
-            for lab in ('neg', 'pos'):
-                if not (d/lab).is_dir():
-                    raise FileNotFoundError(f"IMDb folder {root}: missing {d/lab}; expected {IMDB_LAYOUT}")
-        return out
-    out = {s: _find(root, f'{s}.csv') for s in ('train', 'test')}
-    if None in out.values() and (sample := _find(root, 'texts.csv')):
-        return dict(train=sample, test=sample)                                        # IMDB_SAMPLE
-    if None in out.values():
-        miss = [f'{s}.csv[.gz]' for s, p in out.items() if p is None]
-        raise FileNotFoundError(f"IMDb source {root}: no {' or '.join(miss)}, no texts.csv[.gz] "
-                                f"and no train/pos folder; expected {IMDB_LAYOUT}")
-    return out
-
-# %% ../../nbs/11_data.ipynb #19a5fa9f
-def _read_imdb_csv(p:Path, is_valid:bool|None=None)->RawSplit:
-    "The rows of a CSV; with `is_valid` given (IMDB_SAMPLE's texts.csv), only the rows whose `is_valid` column says so."
-    rows = _csv_rows(p)
-    try: _, head = next(rows)
-    except StopIteration: _empty(p, 'header or rows')
-    cols = [h.strip().lower() for h in head]
-    if 'label' not in cols or 'text' not in cols:
-        raise ValueError(f"{p}, line 1: header {head} lacks the columns 'label' and 'text'")
-    if is_valid is not None and 'is_valid' not in cols:
-        raise ValueError(f"{p}, line 1: header {head} lacks the column 'is_valid' of fastai's IMDB_SAMPLE texts.csv")
-    il, it, iv = cols.index('label'), cols.index('text'), cols.index('is_valid') if is_valid is not None else None
-    texts, labels = [], []
-    for line, row in rows:
-        if len(row) != len(head):
-            raise ValueError(f"{p}, line {line}: expected {len(head)} columns ({','.join(head)}), got {len(row)}")
-        if iv is not None:
-            v = _BOOLS.get(row[iv].strip().lower())
-            if v is None: raise ValueError(f"{p}, line {line}: is_valid is {row[iv]!r}; expected True/False")
-            if v != is_valid: continue
-        lab = _IMDB_LABELS.get(row[il].strip().lower())
-        if lab is None:
-            raise ValueError(f"{p}, line {line}: unknown label {row[il]!r}; expected 0/1 or negative/positive")
-        if not row[it].strip(): raise ValueError(f"{p}, line {line}: empty text")
-        texts.append(row[it]); labels.append(lab)
-    if not texts: _empty(p, 'data rows after the header')
-    return RawSplit(texts, labels, str(p))
-
-def _read_imdb_dir(d:Path)->RawSplit:
-    texts, labels = [], []
-    for lab in ('neg', 'pos'):
-        for f in sorted((d/lab).glob('*.txt')):
-            t = f.read_text(encoding='utf-8')
-            if not t.strip(): raise ValueError(f"{f}, line 1: empty review")
-            texts.append(t); labels.append(int(lab == 'pos'))
-    if not texts: _empty(d, 'reviews in neg/*.txt or pos/*.txt')
-    return RawSplit(texts, labels, str(d))
-
-# %% ../../nbs/11_data.ipynb #3600ce4e
-def read_imdb(
-    path,  # an aclImdb folder, a folder of train/test CSVs, or an IMDB_SAMPLE folder (see `IMDB_LAYOUT`)
-)->dict:   # {'train', 'test'} -> `RawSplit`
-    "Read the IMDb train and test splits from a local folder."
-    files = _imdb_files(path)
-    sample = files['train'] == files['test']          # IMDB_SAMPLE: one file, split by its is_valid column
-    return {s: _read_imdb_dir(p) if p.is_dir() else _read_imdb_csv(p, (s == 'test') if sample else None)
-            for s, p in files.items()}
-
-# %% ../../nbs/11_data.ipynb #461ef4fa
-AGNEWS_LAYOUT = ("a folder with the original AG News train.csv[.gz] and test.csv[.gz] "
-                 "(no header; columns class 1-4, title, description)")
-
-def _agnews_files(root:Path)->dict:
-    root = Path(root)
-    if not root.exists(): raise FileNotFoundError(f"AG News source {root} does not exist; expected {AGNEWS_LAYOUT}")
-    if (root/'ag_news_csv').is_dir() and _find(root, 'test.csv') is None: root = root/'ag_news_csv'
-    test = _find(root, 'test.csv')
-    if test is None: raise FileNotFoundError(f"AG News source {root}: no test.csv[.gz]; expected {AGNEWS_LAYOUT}")
-    train = _find(root, 'train.csv')
-    return dict(train=train, test=test) if train else dict(test=test)
-
-def _read_agnews_csv(p:Path)->RawSplit:
-    texts, labels = [], []
-    for line, row in _csv_rows(p):
-        if len(row) != 3:
-            raise ValueError(f"{p}, line {line}: expected 3 columns (class, title, description), got {len(row)}")
-        c = row[0].strip()
-        if c not in ('1', '2', '3', '4'):
-            raise ValueError(f"{p}, line {line}: unknown class {row[0]!r}; expected 1, 2, 3 or 4")
-        text = f"{row[1].strip()} {row[2].strip()}".strip()
-        if not text: raise ValueError(f"{p}, line {line}: empty title and description")
-        texts.append(text); labels.append(int(c) - 1)
-    if not texts: _empty(p, 'rows')
-    return RawSplit(texts, labels, str(p))
-
-def read_agnews(
-    path,  # a folder with AG News train.csv[.gz] (optional) and test.csv[.gz]
-)->dict:   # {'train', 'test'} or just {'test'} -> `RawSplit`, classes 0-3
-    "Read the AG News splits present in a local folder."
-    return {s: _read_agnews_csv(p) for s, p in _agnews_files(path).items()}
-
-# %% ../../nbs/11_data.ipynb #de08f374
-LISTOPS_LAYOUT = ("a folder with the LRA files {prefix}_train.tsv, {prefix}_val.tsv and {prefix}_test.tsv "
-                  "(tab-separated, header Source, Target)")
-
-def _listops_files(root:Path, prefix:str='basic')->dict:
-    root = Path(root)
-    if root.is_file() and root.name.endswith('_train.tsv'): root, prefix = root.parent, root.name[:-len('_train.tsv')]
-    if not root.is_dir():
-        raise FileNotFoundError(f"ListOps source {root} is not a folder; "
-                                f"expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
-    out = {s: _find(root, f'{prefix}_{f}.tsv') for s, f in (('train', 'train'), ('valid', 'val'), ('test', 'test'))}
-    if None in out.values():
-        miss = [f'{prefix}_{f}.tsv' for (s, p), f in zip(out.items(), ('train', 'val', 'test')) if p is None]
-        raise FileNotFoundError(f"ListOps source {root}: missing {', '.join(miss)}; "
-                                f"expected {LISTOPS_LAYOUT.format(prefix=prefix)}")
-    return out
-
-def listops_normalise(source:str)->str:
-    "An LRA `Source` string (or a compact one) as our compact token string: no parentheses, `X` -> `]`."
-    toks = source.replace('(', ' ').replace(')', ' ').split()
-    toks = [']' if t == 'X' else t for t in toks]
-    if bad := [t for t in toks if t not in _LISTOPS_ID or t == '[PAD]']:
-        raise ValueError(f"unknown ListOps token {bad[0]!r}; expected a digit, one of {LISTOPS_OPS}, ']' or 'X'")
-    if not toks: raise ValueError("empty ListOps expression")
-    return ' '.join(toks)
-
-# %% ../../nbs/11_data.ipynb #f3fbcfd9
-def _read_listops_tsv(p:Path, verify:bool=False)->RawSplit:
-    rows = _csv_rows(p, delimiter='\t')
-    try: _, head = next(rows)
-    except StopIteration: _empty(p, 'header or rows')
-    if [h.strip() for h in head] != ['Source', 'Target']:
-        raise ValueError(f"{p}, line 1: expected the header Source<TAB>Target, got {head}")
-    texts, labels = [], []
-    for line, row in rows:
-        if len(row) != 2:
-            raise ValueError(f"{p}, line {line}: expected 2 tab-separated columns (Source, Target), got {len(row)}")
-        tgt = row[1].strip()
-        if tgt not in CLASSES['listops']:
-            raise ValueError(f"{p}, line {line}: unknown Target {row[1]!r}; expected an integer 0-9")
-        try: text = listops_normalise(row[0])
-        except ValueError as e: raise ValueError(f"{p}, line {line}: {e}") from None
-        if verify:
-            try: v = eval_listops(text)
-            except ValueError as e: raise ValueError(f"{p}, line {line}: {e}") from None
-            if v != int(tgt): raise ValueError(f"{p}, line {line}: Target {tgt} but the expression evaluates to {v}")
-        texts.append(text); labels.append(int(tgt))
-    if not texts: _empty(p, 'data rows after the header')
-    return RawSplit(texts, labels, str(p))
-
-def read_listops_tsv(
-    path,               # folder with the LRA ListOps TSVs (or the path of its `*_train.tsv`)
-    prefix:str='basic', # file-name prefix (LRA's task name)
-    verify:bool=False,  # re-evaluate every expression and check its Target
-)->dict:                # {'train', 'valid', 'test'} -> `RawSplit` of compact token strings
-    "Read LRA's ListOps TSV files, normalising `Source` to the generator's tokens."
-    return {s: _read_listops_tsv(p, verify) for s, p in _listops_files(path, prefix).items()}
-
-# %% ../../nbs/11_data.ipynb #71bb091c
-_SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
-
-def _cut(seqs:list, max_len:int|None)->tuple:
-    "Each sequence cut to its first `max_len` items (all kept if None), and how many were cut."
-    if not max_len: return seqs, 0
-    return [s[:max_len] for s in seqs], sum(len(s) > max_len for s in seqs)
-
-# %% ../../nbs/11_data.ipynb #4f25038f
-class WordPieceTokenizer:
-    "bert-base-uncased style WordPiece tokenisation with `tokenizers`; no `[CLS]`/`[SEP]` are added, id 0 is `[PAD]`."
-    kind = 'wordpiece'
-    def __init__(self, tok, origin:str=''):
-        self.tok, self.origin = tok, origin
-        if tok.token_to_id('[PAD]') != 0:
-            raise ValueError(f"WordPiece vocabulary {origin}: '[PAD]' must be token 0 (the first line of vocab.txt), "
-                             "so that id 0 is padding")
-        self.unk_id = tok.token_to_id('[UNK]')
-        if self.unk_id is None: raise ValueError(f"WordPiece vocabulary {origin}: no '[UNK]' token")
-
-    @staticmethod
-    def _pipeline(model):
-        from tokenizers import Tokenizer, normalizers, pre_tokenizers, decoders
-        tok = Tokenizer(model)
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                    lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        return tok
-
-    @property
-    def vocab_sz(self)->int:
-        "Number of token ids, `[PAD]` = 0 included."
-        return self.tok.get_vocab_size()
-
-    def encode(self, text:str)->list:
-        "Token ids of one text (at least one: `[UNK]` if nothing survives normalisation)."
-        return self.tok.encode(text, add_special_tokens=False).ids or [self.unk_id]
-
-    def encode_batch(self, texts:Sequence, max_len:int|None=None):
-        "Token ids of many texts, in parallel, each cut to its first `max_len`; also returns how many were cut."
-        encs = self.tok.encode_batch(list(texts), add_special_tokens=False)
-        return _cut([e.ids or [self.unk_id] for e in encs], max_len)
-
-    def decode(self, ids)->str:
-        "Text of token ids, padding dropped."
-        return self.tok.decode([int(i) for i in ids if int(i) != PAD_ID], skip_special_tokens=False)
-
-    def state(self)->dict:
-        "The tokenizer as a JSON string, for the cache (`tokenizer_from_state`)."
-        return dict(kind=self.kind, json=self.tok.to_str(), origin=self.origin)
-    def __repr__(self): return f"WordPieceTokenizer(vocab_sz={self.vocab_sz}, {self.origin})"
-
-# %% ../../nbs/11_data.ipynb #7eabbec3
-@patch(cls_method=True)
-def from_vocab(cls:WordPieceTokenizer, path)->WordPieceTokenizer:
-    "Load a bert `vocab.txt` (one token per line; line n is id n)."
-    from tokenizers import models
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"WordPiece vocabulary {path} not found")
-    wp = models.WordPiece(models.WordPiece.read_file(str(path)), unk_token='[UNK]', max_input_chars_per_word=100)
-    return cls(cls._pipeline(wp), str(path))
-
-# %% ../../nbs/11_data.ipynb #c0856814
-@patch(cls_method=True)
-def train(cls:WordPieceTokenizer, texts:Sequence, vocab_size:int=30522, min_frequency:int=2)->WordPieceTokenizer:
-    "Train a WordPiece vocabulary on `texts` with bert's normalisation and special tokens (`[PAD]` = 0)."
-    from tokenizers import models, trainers
-    tok = cls._pipeline(models.WordPiece(unk_token='[UNK]', max_input_chars_per_word=100))
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=_SPECIALS,
-                                        show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return cls(tok, f'trained on {len(texts)} texts (vocab_size={vocab_size})')
-
-# %% ../../nbs/11_data.ipynb #081a0853
-class ByteTokenizer:
-    "UTF-8 bytes as tokens: byte b is id b+1, so id 0 stays padding (vocab_sz 257)."
-    kind, vocab_sz, origin = 'bytes', 257, 'UTF-8 bytes'
-    def encode(self, text:str)->list:
-        "Ids of the UTF-8 bytes of `text`."
-        return [b + 1 for b in text.encode('utf-8')]
-    def encode_batch(self, texts:Sequence, max_len:int|None=None):
-        "Ids of many texts, each cut to its first `max_len` bytes; also returns how many were cut."
-        bs, n_cut = _cut([t.encode('utf-8') for t in texts], max_len)
-        return [np.frombuffer(b, dtype=np.uint8).astype(np.int16) + 1 for b in bs], n_cut
-    def decode(self, ids)->str:
-        "Text of byte ids (invalid UTF-8, e.g. a character cut by truncation, is replaced)."
-        return bytes(int(i) - 1 for i in ids if int(i) != PAD_ID).decode('utf-8', errors='replace')
-    def state(self)->dict:
-        "What `tokenizer_from_state` needs."
-        return dict(kind=self.kind)
-    def __repr__(self): return 'ByteTokenizer(vocab_sz=257)'
-
-class ListOpsTokenizer:
-    "ListOps symbols: `LISTOPS_VOCAB` (padding, digits, four operators, `]`); reads LRA's `Source` strings too."
-    kind, vocab_sz, origin = 'listops', len(LISTOPS_VOCAB), 'LISTOPS_VOCAB'
-    def encode(self, text:str)->list:
-        "Ids of a ListOps expression (compact or LRA form)."
-        return [_LISTOPS_ID[t] for t in listops_normalise(text).split()]
-    def encode_batch(self, texts:Sequence, max_len:int|None=None):
-        "Ids of many expressions, each cut to its first `max_len` tokens; also returns how many were cut."
-        return _cut([self.encode(t) for t in texts], max_len)
-    def decode(self, ids)->str:
-        "The compact expression string of ids."
-        return ' '.join(LISTOPS_VOCAB[int(i)] for i in ids if int(i) != PAD_ID)
-    def state(self)->dict:
-        "What `tokenizer_from_state` needs."
-        return dict(kind=self.kind)
-    def __repr__(self): return f'ListOpsTokenizer(vocab_sz={self.vocab_sz})'
-
-# %% ../../nbs/11_data.ipynb #90c43c6a
-@patch(cls_method=True)
-def derive(cls:WordPieceTokenizer,
-    texts:Sequence,   # the texts whose pieces are counted (the training documents)
-    size:int,         # most pieces to keep, the five special tokens included
-    base,             # the WordPiece `vocab.txt` to derive from (bert-base-uncased's: `find_vocab`)
-)->WordPieceTokenizer:
-    ("A vocabulary of at most `size` pieces of `base`, the same on every machine: the special tokens, "
-     "the single characters the texts use, then their most frequent pieces under `base` (ties by the piece).")
-    from collections import Counter
-    from tokenizers import models
-    bt = cls.from_vocab(base)
-    counts, names = Counter(i for ids in bt.encode_batch(texts)[0] for i in ids), bt.tok.get_vocab()
-    piece = {i: t for t, i in names.items()}
-    seen = {piece[i]: n for i, n in counts.items() if piece[i] not in _SPECIALS}
-    chars = sorted(t for t in seen if len(t.removeprefix('##')) == 1)
-    if len(_SPECIALS) + len(chars) > size:
-        raise ValueError(f"size={size} cannot hold the {len(_SPECIALS)} special tokens and the {len(chars)} single "
-                         "characters the texts use, which every word needs")
-    rest = sorted((t for t in seen if t not in chars), key=lambda t: (-seen[t], t))
-    keep = _SPECIALS + chars + rest[:size - len(_SPECIALS) - len(chars)]
-    wp = models.WordPiece({t: i for i, t in enumerate(keep)}, unk_token='[UNK]', max_input_chars_per_word=100)
-    return cls(cls._pipeline(wp), f'{len(keep)} pieces of {base}, the most frequent in {len(texts)} texts')
-
-# %% ../../nbs/11_data.ipynb #1fb022fb
-def tokenizer_from_state(state:dict):
-    "Rebuild a tokenizer saved with `.state()`."
-    kind = check_choice(state['kind'], ('bytes', 'listops', 'wordpiece'), 'tokenizer kind')
-    if kind == 'bytes': return ByteTokenizer()
-    if kind == 'listops': return ListOpsTokenizer()
-    from tokenizers import Tokenizer
-    return WordPieceTokenizer(Tokenizer.from_str(state['json']), state.get('origin', ''))
-
-# %% ../../nbs/11_data.ipynb #57bbee4f
-BERT_VOCAB_SHA256 = '07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3'  # bert-base-uncased vocab.txt
-
-def _online(host:str, port:int=443, timeout:float=2.0)->bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout): return True
-    except OSError: return False
-
-def _hub_vocab()->Path|None:
-    "bert-base-uncased `vocab.txt` from the Hugging Face cache, or from the hub when it can be reached."
-    try: from huggingface_hub import hf_hub_download
-    except ImportError: return None
-    try: return Path(hf_hub_download('bert-base-uncased', 'vocab.txt', local_files_only=True))
-    except Exception: pass
-    if not _online('huggingface.co'): return None
-    try: return Path(hf_hub_download('bert-base-uncased', 'vocab.txt'))
-    except Exception as e:
-        logger.warning(f"could not download bert-base-uncased vocab.txt from the hub: {e}")
-        return None
-
-def find_vocab(
-    source=None,    # the data folder; `vocab.txt` in it or in a `bert-base-uncased` folder beside it is used
-    hub:bool=True,  # also look in the Hugging Face cache, then the hub (only when it can be reached)
-)->Path|None:       # the `vocab.txt` found, or None
-    "Where a bert-base-uncased `vocab.txt` is, if anywhere."
-    if source is not None:
-        s = Path(source)
-        for p in (s/'vocab.txt', s/'bert-base-uncased'/'vocab.txt', s.parent/'bert-base-uncased'/'vocab.txt'):
-            if p.is_file(): return p
-    return _hub_vocab() if hub else None
-
-# %% ../../nbs/11_data.ipynb #550b5930
-def _stratified_split(
-    labels,        # class id of every example
-    size,          # the part's size: a count, or a share in (0, 1)
-    seed:int,      # random seed
-):                 # `(rest, part)` sorted index arrays
-    n = len(labels)
-    try: rest, part = train_test_split(np.arange(n), test_size=size, stratify=labels, random_state=seed)
-    except ValueError as e:
-        counts = {int(k): int(v) for k, v in zip(*np.unique(labels, return_counts=True))}
-        raise ValueError(f"cannot carve a stratified part of size {size} from {n} examples "
-                         f"with class counts {counts}: {e}") from None
-    return np.sort(rest), np.sort(part)
-
-def stratified_take(
-    labels,        # class id of every example
-    n:int,         # how many to take
-    seed:int=42,   # random seed
-)->np.ndarray:     # indices of the `n` examples taken (sorted)
-    ("Indices of a seeded, stratified sample of `n` examples (all of them if `n >= len(labels)`), "
-     "by scikit-learn's `train_test_split`.")
-    labels = np.asarray(labels)
-    if n < 0: raise ValueError(f"cannot take {n} examples")
-    if n >= len(labels): return np.arange(len(labels))
-    return _stratified_split(labels, n, seed)[1]
-
-def carve(
-    labels,        # class id of every example
-    frac:float,    # share to carve out, in (0, 1)
-    seed:int=42,   # random seed
-):                 # `(kept, carved)` index arrays, disjoint, together all examples
-    "Split indices into a kept part and a stratified, seeded `frac` carved out, by scikit-learn's `train_test_split`."
-    if not 0 < frac < 1: raise ValueError(f"the share to carve out must lie in (0, 1), got {frac}")
-    return _stratified_split(np.asarray(labels), frac, seed)
-
-# %% ../../nbs/11_data.ipynb #54ee83a4
-def default_cache_dir()->Path:
-    "Where `load_task` caches: `$TRANSJECT_CACHE`, else `~/.cache/transject_nb`."
-    return Path(os.environ.get('TRANSJECT_CACHE') or '~/.cache/transject_nb').expanduser()
-
-def _fingerprint(paths)->list:
-    ("What every file given holds: (name, size, sha256) of a file; (name, hash of its files' names and sizes) "
-     "of a folder, one level deep for aclImdb's neg/pos. No paths, no times, "
-     "so a moved or re-copied data set keeps its cache and its runs.")
-    out = []
-    for p in map(Path, paths):
-        subs = sorted(q for q in p.iterdir() if q.name != 'unsup') if p.is_dir() else [p]
-        for sub in subs:
-            if sub.is_dir():
-                with os.scandir(sub) as it: ents = sorted((e.name, e.stat().st_size) for e in it if e.is_file())
-                out.append((sub.name, hashlib.sha256(repr(ents).encode()).hexdigest()))
-            elif sub.is_file(): out.append((sub.name, sub.stat().st_size, _sha256(sub)))
-    return out
-
-def _sha256(p:Path)->str: return hashlib.sha256(Path(p).read_bytes()).hexdigest()
-
-def cache_key(**parts)->str:
-    "A short hash of everything a cached result depends on."
-    text = json.dumps({**parts, 'version': DATA_VERSION}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-# %% ../../nbs/11_data.ipynb #db45c9e1
-@dataclass(eq=False)
-class TaskData:
-    "Everything a run needs from one task: the numericalised splits, the tokenizer and where the data came from."
-    task:str              # one of `TASKS`
-    train:TokenSplit      # training examples
-    valid:TokenSplit      # validation examples (early stopping, model selection)
-    test:TokenSplit       # held out for the final evaluation only
-    vocab_sz:int          # number of token ids, padding (0) included
-    n_classes:int         # number of classes
-    classes:tuple         # class names, by id
-    tokenizer:object      # has `encode`, `encode_batch`, `decode`, `vocab_sz`
-    max_len:int           # every sequence has at most this many tokens
-    source:str            # provenance: files, generator parameters, vocabulary
-    cache_key:str = ''    # hash of the settings (the cache file's name)
-    notes:tuple = ()      # warnings about the data, repeated on every load
-
-    @property
-    def splits(self)->dict:
-        "`{'train': ..., 'valid': ..., 'test': ...}`."
-        return dict(train=self.train, valid=self.valid, test=self.test)
-
-    def __repr__(self):
-        return (f"TaskData({self.task}: train {len(self.train)}, valid {len(self.valid)}, test {len(self.test)}; "
-                f"vocab_sz={self.vocab_sz}, n_classes={self.n_classes}, max_len={self.max_len})")
-
-    def state(self)->dict:
-        "Everything as plain tensors, numbers and strings, for `torch.save(..., weights_only=True)` loading."
-        return dict(task=self.task, splits={k: s.state() for k, s in self.splits.items()}, vocab_sz=self.vocab_sz,
-                    n_classes=self.n_classes, classes=list(self.classes), tokenizer=self.tokenizer.state(),
-                    max_len=self.max_len, source=self.source, cache_key=self.cache_key, notes=list(self.notes))
-
-    @classmethod
-    def from_state(cls, st:dict)->'TaskData':
-        "Rebuild from `state()`."
-        sp = {k: TokenSplit(**v) for k, v in st['splits'].items()}
-        return cls(st['task'], sp['train'], sp['valid'], sp['test'], st['vocab_sz'], st['n_classes'],
-                   tuple(st['classes']), tokenizer_from_state(st['tokenizer']), st['max_len'], st['source'],
-                   st['cache_key'], tuple(st['notes']))
-
-# %% ../../nbs/11_data.ipynb #2979b416
-@patch
-def summary(self:TaskData)->pd.DataFrame:
-    "Size, lengths, truncation and majority-class share of each split."
-    rows = {k: dict(examples=len(s), mean_len=round(float(s.lengths.float().mean()), 1), max_len=int(s.lengths.max()),
-                    truncated='unknown' if s.n_truncated is None else f"{s.n_truncated / len(s):.1%}",
-                    majority_share=round(s.majority_share(), 4))
-            for k, s in self.splits.items()}
-    return pd.DataFrame(rows).T
-
-# %% ../../nbs/11_data.ipynb #3049446d
-_GEN_KW = ('min_length', 'max_length', 'max_depth', 'max_args', 'op_p', 'early_stop', 'max_tries')
-_TASK_KW = dict(imdb=('vocab_size',), agnews=('vocab_size', 'test_pct'), charimdb=(),
-                listops=_GEN_KW + ('prefix', 'verify'))
-
-def _fetch(task:str)->Path:
-    "Download and unpack with fastai's `untar_data`, or explain what local path to pass."
-    name, layout = ('IMDB', IMDB_LAYOUT) if task in ('imdb', 'charimdb') else ('AG_NEWS', AGNEWS_LAYOUT)
-    try:
-        from fastai.data.external import untar_data, URLs
-        return Path(untar_data(getattr(URLs, name)))
-    except Exception as e:
-        raise FileNotFoundError(f"could not fetch {task} with fastai's untar_data(URLs.{name}) "
-                                f"({type(e).__name__}: {e}). Offline, pass source= a local path: {layout}") from None
-
-def _resolve_vocab(vocab, src:Path)->tuple:
-    "('file', path) for a vocab.txt to use, or ('train', None)."
-    if vocab == 'train': return 'train', None
-    if vocab is not None:
-        p = Path(vocab)
-        if p.is_dir(): p = p/'vocab.txt'
-        if not p.is_file(): raise FileNotFoundError(f"vocab={vocab!r}: no such vocab.txt")
-        return 'file', p
-    p = find_vocab(src)
-    return ('file', p) if p else ('train', None)
-
-def _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, task_kwargs:dict)->int:
-    "Check `load_task`'s arguments; the `max_len` to use (the task's default for None)."
-    check_choice(task, TASKS, 'task')
-    if bad := [k for k in task_kwargs if k not in _TASK_KW[task]]:
-        raise TypeError(f"unknown keyword argument(s) {bad} for task {task!r}; "
-                        f"valid: {', '.join(_TASK_KW[task]) or 'none'}")
-    if vocab is not None and task not in ('imdb', 'agnews'):
-        raise TypeError(f"vocab= applies to the WordPiece tasks imdb and agnews, not {task!r}")
-    max_len = DEFAULT_MAX_LEN[task] if max_len is None else max_len
-    if not isinstance(max_len, int) or max_len < 1: raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-    for k, v in dict(n_train=n_train, n_valid=n_valid, n_test=n_test).items():
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{k} must be a positive int or None, got {v!r}")
-    if not 0 < valid_pct < 1: raise ValueError(f"valid_pct must lie in (0, 1), got {valid_pct}")
-    return max_len
-
-# %% ../../nbs/11_data.ipynb #e9887071
-def _source(
-    task:str,           # one of `TASKS`
-    source,             # a local folder, or None
-    max_len:int,        # the longest sequence kept
-    sizes:dict,         # 'train', 'valid', 'test' -> how many examples (None: all / the generator's default)
-    seed:int,           # the data seed
-    task_kwargs:dict,   # `load_task`'s task-specific keyword arguments
-# `(cfg, src, files, description)`: the ListOps generator's `ListOpsConfig` (else None),
-# the folder and files read (else None, {})
-)->tuple:
-    ("What a task's data come from: the ListOps generator with its parameters, "
-     "or a local (or downloaded) folder and its files.")
-    if task == 'listops' and source is None:
-        kw = {k: v for k, v in task_kwargs.items() if k in _GEN_KW}
-        if 'min_length' not in kw and 'max_length' not in kw and max_len <= ListOpsConfig.min_length:
-            kw.update(min_length=max_len // 4, max_length=max_len + 1)
-            logger.warning(f"listops: max_len={max_len} is below the LRA length window (500, 2000), "
-                           "which would truncate every expression; "
-                           f"generating trees of length in ({max_len // 4}, {max_len + 1}) instead "
-                           "(pass min_length=, max_length= to choose)")
-        cfg = ListOpsConfig(**{f'n_{k}': v for k, v in sizes.items() if v is not None}, **kw)
-        return cfg, None, {}, f"ListOps generator {dataclasses.asdict(cfg)}, seed {seed}"
-    if task == 'listops' and (extra := [k for k in task_kwargs if k in _GEN_KW]):
-        raise TypeError(f"{extra} are generator parameters; they do not apply when reading ListOps files from {source}")
-    src = Path(source) if source is not None else _fetch(task)
-    files = (_imdb_files(src) if task in ('imdb', 'charimdb') else _agnews_files(src) if task == 'agnews'
-             else _listops_files(src, task_kwargs.get('prefix', 'basic')))
-    return None, src, files, ', '.join(str(p) for p in files.values())
-
-# %% ../../nbs/11_data.ipynb #92e63fe4
-def _cached(
-    cfile:Path|None,   # the cache file (None: no cache)
-    key:str,           # the cache key the data must carry
-    task:str,          # for the log
-)->'TaskData|None':    # the cached data, or None when there are none or they cannot be read (they are then rebuilt)
-    "The `TaskData` cached in `cfile` under `key`; its warnings are issued again, as when it was built."
-    if cfile is None or not cfile.exists(): return None
-    try:
-        st = torch.load(cfile, weights_only=True)
-        if st.get('cache_key') != key: raise ValueError(f"stored key {st.get('cache_key')!r} is not {key!r}")
-        td = TaskData.from_state(st)
-        for n in td.notes:
-            if n.startswith('WARNING'): warnings.warn(n, UserWarning, stacklevel=3)   # at `load_task`'s caller
-        logger.info(f"{task}: loaded from cache {cfile}")
-        return td
-    except Exception as e:
-        logger.warning(f"{task}: cache file {cfile} is corrupt or unreadable ({type(e).__name__}: {e}); rebuilding it")
-        return None
-
-# %% ../../nbs/11_data.ipynb #19a42496
-def _order(split:TokenSplit, seed:int)->TokenSplit:
-    return split.subset(np.random.default_rng(seed).permutation(len(split)))
-
-def _check_nonempty(raw:dict):
-    for k, r in raw.items():
-        if not r.texts:
-            raise ValueError(f"{r.origin}: empty {k} split after carving/subsetting; "
-                             "use a larger source or a different split size")
-
-def _read_raw(task:str, src:Path, seed:int, valid_pct:float, sizes:dict, task_kwargs:dict, notes:list)->dict:
-    ("The texts and labels of train, valid and test: read, carved (validation; all three for AG News without "
-     "train.csv) and subsetted, stratified.")
-    raw = (read_imdb(src) if task in ('imdb', 'charimdb') else read_agnews(src) if task == 'agnews'
-           else read_listops_tsv(src, task_kwargs.get('prefix', 'basic'), task_kwargs.get('verify', False)))
-    sub = lambda r, idx, tag: RawSplit([r.texts[i] for i in idx], [r.labels[i] for i in idx], f"{r.origin} ({tag})")
-    if task == 'agnews' and 'train' not in raw:
-        test_pct = task_kwargs.get('test_pct', 0.2)
-        t = raw['test']
-        rest, te = carve(t.labels, test_pct, seed)
-        raw = dict(train=sub(t, rest, 'carved train'), test=sub(t, te, f'carved test {test_pct:.0%}'))
-        msg = (f"WARNING: AG News train.csv not found in {src}: train, valid and test were all carved from test.csv "
-               f"({len(t.texts)} rows; test {test_pct:.0%}, seed {seed}). Use this for experiments only: "
-               f"the numbers are not comparable with published AG News results.")
-        warnings.warn(msg, UserWarning, stacklevel=3); notes.append(msg)                # at `load_task`'s caller
-    if 'valid' not in raw:
-        tr, va = carve(raw['train'].labels, valid_pct, seed)
-        raw = dict(train=sub(raw['train'], tr, 'train part'),
-                   valid=sub(raw['train'], va, f'carved valid {valid_pct:.0%}'), test=raw['test'])
-    for k, n in sizes.items():
-        if n is not None and n < len(raw[k].texts):
-            raw[k] = sub(raw[k], stratified_take(raw[k].labels, n, seed), f'{n} taken')
-    _check_nonempty(raw)
-    return raw
-
-# %% ../../nbs/11_data.ipynb #75a7cbe4
-def _make_tokenizer(task:str, vkind:str, vpath:Path|None, train_texts:list, vocab, src:Path, task_kwargs:dict,
-                    notes:list):
-    ("The task's tokenizer: UTF-8 bytes, ListOps symbols, a bert `vocab.txt`, "
-     "or a WordPiece vocabulary trained on the training texts.")
-    if task == 'charimdb': return ByteTokenizer()
-    if task == 'listops': return ListOpsTokenizer()
-    if vkind == 'file': return WordPieceTokenizer.from_vocab(vpath)
-    tokzr = WordPieceTokenizer.train(train_texts, task_kwargs.get('vocab_size', 30522))
-    msg = (f"{task}: no bert-base-uncased vocab.txt found (looked in {src}, beside it, and the Hugging Face "
-           f"cache/hub); trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split "
-           f"({len(train_texts)} texts)")
-    if vocab == 'train':
-        msg = (f"{task}: trained a WordPiece vocab of size {tokzr.vocab_sz} on the training split, "
-               "as asked (vocab='train')")
-    logger.warning(msg); notes.append(msg)
-    return tokzr
-
-def _ids_cut(tokzr, r:RawSplit, max_len:int)->tuple:
-    "`(ids, labels, n_cut)` of a raw split, for `TokenSplit.from_lists`."
-    ids, n_cut = tokzr.encode_batch(r.texts, max_len)
-    return ids, r.labels, n_cut
-
-# %% ../../nbs/11_data.ipynb #1b2a2799
-def _task_key(task, src, files, src_desc, vocab, max_len, sizes, seed, valid_pct, task_kwargs)->tuple:
-    "`(vkind, vpath, key)`: where the WordPiece vocabulary comes from, and the cache key of all the data depend on."
-    if task in ('imdb', 'agnews'):
-        vkind, vpath = _resolve_vocab(vocab, src)
-        vid = _sha256(vpath) if vkind == 'file' else f"train:{task_kwargs.get('vocab_size', 30522)}"
-    else: vkind, vpath, vid = task, None, task
-    key = cache_key(task=task, source=None if files else src_desc, files=_fingerprint(files.values()), vocab=vid,
-                    max_len=max_len, n_train=sizes['train'], n_valid=sizes['valid'], n_test=sizes['test'], seed=seed,
-                    valid_pct=valid_pct, kwargs={k: v for k, v in task_kwargs.items() if k != 'vocab_size'})
-    return vkind, vpath, key
-
-def _build_splits(task, cfg, src, vkind, vpath, vocab, max_len, seed, valid_pct, sizes, progress, task_kwargs, notes):
-    "`(tokenizer, splits)`: ListOps generated by `cfg`, or the source's texts read, carved and tokenised."
-    if cfg is not None:
-        return ListOpsTokenizer(), {k: s.truncate(max_len) for k, s in generate_listops(cfg, seed, progress).items()}
-    raw = _read_raw(task, src, seed, valid_pct, sizes, task_kwargs, notes)
-    tokzr = _make_tokenizer(task, vkind, vpath, raw['train'].texts, vocab, src, task_kwargs, notes)
-    return tokzr, {k: TokenSplit.from_lists(*_ids_cut(tokzr, r, max_len)) for k, r in raw.items()}
-
-# %% ../../nbs/11_data.ipynb #c35439dd
-def load_task(
-    task:str,                 # one of `TASKS`: 'imdb', 'agnews', 'listops', 'charimdb'
-    source=None,              # local folder (or None: generator for listops, fastai download for the others)
-    max_len:int|None=None,    # keep the first `max_len` tokens (default `DEFAULT_MAX_LEN[task]`, the paper's)
-    n_train:int|None=None,    # training examples (None: all; ListOps generator: 96,000)
-    seed:int=42,              # seed of carving, subsetting, ordering and the ListOps generator
-    valid_pct:float=0.1,      # share of the training split carved out for validation (not ListOps, which has its own)
-    n_valid:int|None=None,    # cap on validation examples (ListOps generator: the number generated, default 2,000)
-    n_test:int|None=None,     # cap on test examples (ListOps generator: the number generated, default 2,000)
-    vocab=None,               # WordPiece: a vocab.txt path, 'train' to train one, or None: `find_vocab`, else train
-    cache_dir=None,           # cache folder (default `default_cache_dir()`); False disables the cache
-    refresh:bool=False,       # rebuild even if a cached copy exists
-    progress:bool|None=None,  # progress bar for the ListOps generator
-    # imdb/agnews: vocab_size (trained vocab); agnews: test_pct; listops: `ListOpsConfig` fields, prefix, verify
-    **task_kwargs,
-)->TaskData:                  # the numericalised train/valid/test splits and their tokenizer
-    "Load a task as numericalised train, valid and test splits, from the cache when possible."
-    max_len = _check_load_args(task, max_len, n_train, n_valid, n_test, valid_pct, vocab, task_kwargs)
-    notes, sizes = [], dict(train=n_train, valid=n_valid, test=n_test)
-    cfg, src, files, src_desc = _source(task, source, max_len, sizes, seed, task_kwargs)   # what the data depend on
-    vkind, vpath, key = _task_key(task, src, files, src_desc, vocab, max_len, sizes, seed, valid_pct, task_kwargs)
-    cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cfile = cdir/f"{task}-{key}.pt" if cdir else None
-    if not refresh and (td := _cached(cfile, key, task)) is not None: return td
-    t0 = time.perf_counter()
-    tokzr, splits = _build_splits(task, cfg, src, vkind, vpath, vocab, max_len, seed, valid_pct, sizes, progress,
-                                  task_kwargs, notes)
-    splits = {k: _order(s, seed + i) for i, (k, s) in enumerate(splits.items())}
-    td = TaskData(task, splits['train'], splits['valid'], splits['test'], tokzr.vocab_sz, len(CLASSES[task]),
-                  CLASSES[task], tokzr, max_len, f"{src_desc}; tokenizer: {tokzr.origin}", key, tuple(notes))
-    for k, s in td.splits.items():
-        if len(s) and int(s.labels.max()) >= td.n_classes:
-            raise ValueError(f"{task} {k}: label {int(s.labels.max())} out of range for {td.n_classes} classes")
-    logger.info(f"{task}: built {td} in {time.perf_counter() - t0:.1f} s")
-    if cfile:
-        atomic_save(td.state(), cfile)
-        logger.info(f"{task}: cached in {cfile}")
-    return td
-
-# %% ../../nbs/11_data.ipynb #42d170c4
-# task -> its folder under a data root (ListOps is generated)
-DATA_FOLDERS = dict(imdb='imdb', charimdb='imdb', agnews='ag_news')
-
-def task_source(
-    task:str,        # one of `TASKS`
-    data=None,       # a data root holding `imdb/` and `ag_news/` (default: $TRANSJECT_DATA; None: fastai's download)
-)->str|None:         # the `source` field of the task's runs
-    "Where a task's files are under a data root; None for the generated ListOps or when no root is given."
-    data = data or os.environ.get('TRANSJECT_DATA')
-    if data is None or task not in DATA_FOLDERS: return None
-    p = Path(data)/DATA_FOLDERS[check_choice(task, TASKS, 'task')]
-    if not p.is_dir():
-        raise FileNotFoundError(f"no folder {p} for task {task!r}: "
-                                f"the data root {data} should hold {sorted(set(DATA_FOLDERS.values()))}")
-    return str(p)
-
-# %% ../../nbs/11_data.ipynb #b7d1a0e2
-def encode_text(
-    tokenizer,              # a task's tokenizer (`encode`)
-    text:str,               # one raw text (for ListOps an expression, compact or LRA form)
-    max_len:int|None=None,  # keep the first `max_len` tokens
-)->list:                    # token ids, at least one
-    ("Token ids of one raw text, tokenised as the data were and cut to `max_len`; "
-     "an empty text is an error, not a row of padding.")
-    if not isinstance(text, str): raise TypeError(f"expected a text (str), got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError("cannot classify an empty text: it has no tokens (give at least one non-blank character)")
-    ids = list(tokenizer.encode(text))
-    if not ids: raise ValueError(f"text {text!r} has no tokens")
-    return ids[:max_len] if max_len else ids
-
-# %% ../../nbs/11_data.ipynb #6a329c3b
-class TaskItems:
-    ("A task's splits seen as one collection of examples, without copying: "
-     "global index `i` runs through train, then valid, then test.")
-    def __init__(self,
-        splits:Sequence,  # `TokenSplit`s, numbered one after the other
-    ):
-        self.splits = list(splits)
-        if not self.splits or not all(isinstance(s, TokenSplit) for s in self.splits):
-            raise TypeError(f"TaskItems needs a non-empty sequence of TokenSplit, "
-                            f"got {[type(s).__name__ for s in self.splits]}")
-        self.starts = np.cumsum([0] + [len(s) for s in self.splits])   # (K+1,) global index of each split's first
-
-    def __len__(self)->int: return int(self.starts[-1])
-    def __repr__(self): return f"TaskItems({' + '.join(str(len(s)) for s in self.splits)} examples)"
-
-    @property
-    def ranges(self)->list:
-        "The global indices of each split."
-        return [range(int(a), int(b)) for a, b in zip(self.starts[:-1], self.starts[1:])]
-
-    @property
-    def lengths(self)->np.ndarray:
-        "`(N,)` number of tokens of every example."
-        return np.concatenate([s.lengths.numpy() for s in self.splits])
-
-    @property
-    def labels(self)->torch.Tensor:
-        "`(N,)` class id of every example."
-        return torch.cat([s.labels for s in self.splits])
-
-    def __getitem__(self, i)->tuple:
-        "Example `i` as `(LongTensor ids (n,), int label)`."
-        (k,), (j,) = self.locate([i])
-        return self.splits[k][int(j)]
-
-    def label(self, i)->int:
-        "The class id of example `i`."
-        (k,), (j,) = self.locate([i])
-        return int(self.splits[k].labels[j])
-
-# %% ../../nbs/11_data.ipynb #d89676a0
-@patch
-def locate(self:TaskItems, idxs)->tuple:
-    "`(split, index in that split)` of global indices, as two int64 arrays."
-    idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
-    if len(idxs) and (idxs.min() < 0 or idxs.max() >= len(self)):
-        bad = idxs[(idxs < 0) | (idxs >= len(self))][0]
-        raise IndexError(f"example {bad} is out of range: the task has {len(self)} examples "
-                         f"(global indices 0 to {len(self) - 1})")
-    k = np.searchsorted(self.starts, idxs, side='right') - 1
-    return k, idxs - self.starts[k]
-
-# %% ../../nbs/11_data.ipynb #3c575edb
-@patch
-def batch(self:TaskItems,  # noqa: F811 (a method, as `TokenSplit.batch` is)
-    idxs,                   # global indices of the examples
-    max_len:int|None=None,  # keep the first `max_len` tokens of each
-):                          # `(LongTensor (B, n), LongTensor (B,))`: ids right-padded with `PAD_ID`, and labels
-    "Examples `idxs` as one padded batch, gathered split by split in vectorised steps."
-    k, j = self.locate(idxs)
-    if not len(k): raise ValueError("a batch needs at least one example")
-    if (k == k[0]).all(): return self.splits[k[0]].batch(j, max_len=max_len)
-    groups = [(s, np.flatnonzero(k == s)) for s in np.unique(k)]
-    n = max(int(self.splits[s].lengths[torch.as_tensor(j[r])].max()) for s, r in groups)
-    n = min(n, max_len) if max_len else n
-    x, y = torch.full((len(k), n), PAD_ID, dtype=torch.long), torch.empty(len(k), dtype=torch.long)   # (B, n), (B,)
-    for s, r in groups:
-        x[torch.as_tensor(r)], y[torch.as_tensor(r)] = self.splits[s].batch(j[r], pad_to=n, max_len=max_len)
-    return x, y
-
-# %% ../../nbs/11_data.ipynb #10bdf636
-_NO_DATA = ("carries no examples (it was pickled, e.g. by learn.export, which keeps the tokenizer and class names "
-            "only): give raw texts")
-
-# %% ../../nbs/11_data.ipynb #81e01788
-class TokenIds(Transform):
-    ("fastai transform to token ids (`TensorText`): an example of the task by its global index, "
-     "or a raw text tokenised as the data were; decodes ids to text.")
-    input_types = (Integral, str)   # what it encodes; fastai's `test_dl` reads it to accept raw texts
-    def __init__(self,
-        tokenizer,                  # the task's tokenizer (`encode`, `decode`)
-        max_len:int,                # keep the first `max_len` tokens
-        items:TaskItems|None=None,  # the task's examples (None: raw texts only)
-    ):
-        super().__init__()
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"TokenIds: max_len must be a positive int, got {max_len!r}")
-        self.tokenizer, self.max_len, self.items = tokenizer, max_len, items
-
-    def encodes(self, i:Integral)->TensorText:
-        if self.items is None: raise ValueError(f"TokenIds {_NO_DATA}")
-        return TensorText(self.items[int(i)][0][:self.max_len])
-    def encodes(self, text:str)->TensorText:  # noqa: F811 -- fastai dispatches `encodes` on the annotated type
-        return TensorText(torch.tensor(encode_text(self.tokenizer, text, self.max_len), dtype=torch.long))
-    def decodes(self, x:TensorText)->TitledStr: return TitledStr(self.tokenizer.decode(x))
-
-    def __getstate__(self):
-        "Pickled (as by `learn.export`) with the tokenizer and `max_len`, without the data."
-        return {**self.__dict__, 'items': None}
-
-# %% ../../nbs/11_data.ipynb #e5d3cfc4
-class ItemLabel(Transform):
-    ("fastai transform from an example's global index to its class name; "
-     "fastai's `Categorize` then gives the `TensorCategory`.")
-    input_types = Integral
-    def __init__(self,
-        items:TaskItems|None,  # the task's examples
-        classes:Sequence,      # class names, by id
-    ):
-        super().__init__()
-        self.items, self.classes = items, tuple(classes)
-    def encodes(self, i:Integral)->str:
-        if self.items is None: raise ValueError(f"ItemLabel {_NO_DATA}")
-        return self.classes[self.items.label(i)]
-    def __getstate__(self):
-        "Pickled without the data, as `TokenIds`."
-        return {**self.__dict__, 'items': None}
-
-# %% ../../nbs/11_data.ipynb #3c74a74c
-def task_datasets(
-    data:TaskData,          # the task's numericalised splits (from `load_task`)
-    max_len:int|None=None,  # keep the first `max_len` tokens of every example (default `data.max_len`)
-)->Datasets:                # items: global example indices; splits 0, 1, 2: train, valid, test
-    ("The task as one fastai `Datasets`: x through `TokenIds` (decodes to text), "
-     "y through `Categorize` with the class names as `vocab`.")
-    if not isinstance(data, TaskData):
-        raise TypeError(f"task_datasets needs a TaskData from load_task, got {type(data).__name__}")
-    items = TaskItems([data.train, data.valid, data.test])
-    tfms = [[TokenIds(data.tokenizer, max_len or data.max_len, items)],
-            [ItemLabel(items, data.classes), Categorize(vocab=list(data.classes), sort=False)]]
-    return Datasets(range(len(items)), tfms=tfms, splits=items.ranges)

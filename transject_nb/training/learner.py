@@ -44,7 +44,9 @@ from ..models import create_model, n_params
 
 # %% ../../nbs/13_learner.ipynb #470eda3b
 from .utils import interactive_output, remove_temporaries
-from .data import TaskData, encode_text, load_task, pad_batch, task_datasets
+from .tasks import TaskData, load_task
+from .items import encode_text, task_datasets
+from .data import pad_batch
 from .batches import BucketDL
 from .config import TrainConfig, check_listops_len, resolve_config
 from .config import DataConfig  # noqa: F401 -- older code imports it from here

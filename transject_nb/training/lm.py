@@ -46,8 +46,9 @@ from ..core import (PAD_ID, EncoderClassifier, Trace, check_choice, check_fields
                                config_fields, variant_spec)
 from .utils import atomic_save, atomic_write
 from ..models import VARIANTS, create_model, n_params
-from .data import (WordPieceTokenizer, cache_key, default_cache_dir, find_vocab, read_imdb,
-                              tokenizer_from_state)
+from .readers import read_imdb
+from .tokenizers import WordPieceTokenizer, find_vocab, tokenizer_from_state
+from .tasks import cache_key, default_cache_dir
 from .config import resolve_config
 from .fastai_fixes import FixedLearner
 from .learner import ReconLoss, has_aux_loss, history, train_callbacks
