@@ -236,7 +236,7 @@ SAMPLE_LABELS = (0, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0)  # 1: positive 
 # %% ../../nbs/20_analysis.ipynb #d83b5681
 def word_tokenizer(
     texts:Sequence,   # texts whose words make the vocabulary
-):                    # a `data.WordPieceTokenizer`, deterministic
+):                    # a `tokenizers.WordPieceTokenizer`, deterministic
     ("A WordPiece tokenizer (bert normalisation) whose vocabulary is the sorted words and "
      "characters of `texts`: the same ids on every run.")
     import tempfile

@@ -54,7 +54,7 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     ("Which data: sizes, validation share, data seed, a local source, the ListOps generator's "
-     "trees (`data.load_task`).")
+     "trees (`tasks.load_task`).")
     n_train:int|None = None    # training examples (None: all; the ListOps generator: 96,000)
     n_valid:int|None = None    # validation examples (None: all / 2,000 generated)
     n_test:int|None = None     # test examples (None: all / 2,000 generated)
