@@ -11,7 +11,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastcore.basics import store_attr
+from fastcore.foundation import L
 from .utils import fastai_quietly
+
+# %% auto #0
+__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageModel', 'lm_stream', 'EpochLMDataLoader',
+           'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedLMLoss',
+           'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate']
+
+# %% ../../nbs/14_lm.ipynb #535dcc24
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
     import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
@@ -21,21 +30,16 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.losses import CrossEntropyLossFlat
     from fastai.metrics import Perplexity, accuracy
     from fastai.text.data import LMDataLoader
-from fastcore.basics import store_attr
-from fastcore.foundation import L
-
-# %% auto #0
-__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageModel', 'lm_stream', 'EpochLMDataLoader',
-           'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedLMLoss',
-           'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate']
 
 # %% ../../nbs/14_lm.ipynb #97216c67
-from ..core import PAD_ID, EncoderClassifier, Trace, check_choice, config_fields, variant_spec
+from ..core import (PAD_ID, EncoderClassifier, Trace, check_choice, config_fields,
+                               variant_spec)
 from ..models import VARIANTS, create_model
 
 # %% ../../nbs/14_lm.ipynb #cca7b082
 # the package's variants that can be causal
-CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))
+CAUSAL_VARIANTS = tuple(v for v in VARIANTS
+                        if 'causal' in config_fields(variant_spec(v).config_cls))
 
 # %% ../../nbs/14_lm.ipynb #221e4f8e
 class LMHead(nn.Module):
@@ -52,9 +56,10 @@ class LMHead(nn.Module):
         nn.init.zeros_(self.decoder.bias)
         if emb is not None:
             if tuple(emb.weight.shape) != (vocab_sz, d_model):
-                raise ValueError(f"cannot tie the head to an embedding of shape {tuple(emb.weight.shape)}: "
+                raise ValueError("cannot tie the head to an embedding of shape "
+                                 f"{tuple(emb.weight.shape)}: "
                                  f"expected (vocab_sz, d_model) = ({vocab_sz}, {d_model})")
-            self.decoder.weight = emb.weight                                             # tied: one Parameter
+            self.decoder.weight = emb.weight                              # tied: one Parameter
 
     def forward(self,
         h:torch.Tensor,   # hidden states `(B, n, d)`
@@ -63,16 +68,19 @@ class LMHead(nn.Module):
         return self.decoder(h)
 
 # %% ../../nbs/14_lm.ipynb #eeb13fd4
-OBJECTIVES = ('causal', 'masked')   # predict the next token from the left; predict hidden tokens from both sides
+# predict the next token from the left; predict hidden tokens from both sides
+OBJECTIVES = ('causal', 'masked')
 
 # %% ../../nbs/14_lm.ipynb #ed2c566d
 def _check_lm_encoder(encoder, vocab_sz:int, objective:str):
-    "`LanguageModel`'s checks: an `EncoderClassifier` of `vocab_sz` ids whose attention suits `objective`."
+    ("`LanguageModel`'s checks: an `EncoderClassifier` of `vocab_sz` ids "
+     "whose attention suits `objective`.")
     if not isinstance(encoder, EncoderClassifier):
         raise TypeError(f"LanguageModel needs an EncoderClassifier, got {type(encoder).__name__}")
     cfg = encoder.cfg
     if check_choice(objective, OBJECTIVES, 'objective') == 'causal' and not hasattr(cfg, 'causal'):
-        raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a causal language model: "
+        raise ValueError(f"{type(encoder).__name__} cannot be causal, "
+                         "so it cannot be a causal language model: "
                          f"its config {type(cfg).__name__} has no causal attention "
                          "(TransJect's Σ(X⁰) is computed from the whole sequence); "
                          f"use one of {', '.join(CAUSAL_VARIANTS)}, or objective='masked'")
@@ -89,12 +97,14 @@ def _check_lm_encoder(encoder, vocab_sz:int, objective:str):
 
 # %% ../../nbs/14_lm.ipynb #7abd2ab5
 class LanguageModel(nn.Module):
-    ("An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` of the next token (causal) "
-     "or of each token (masked).")
+    ("An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` "
+     "of the next token (causal) or of each token (masked).")
     def __init__(self,
-        # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`; masked: any variant, not causal
+        # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`;
+        # masked: any variant, not causal
         encoder:EncoderClassifier,
-        vocab_sz:int,                # number of token ids; must be the encoder's (the targets are its input ids)
+        # number of token ids; must be the encoder's (the targets are its input ids)
+        vocab_sz:int,
         # the head's weight is the encoder's embedding (TransJect's is d/2 wide: it cannot be tied)
         tie_weights:bool=True,
         objective:str='causal',      # one of `OBJECTIVES`
@@ -105,24 +115,34 @@ class LanguageModel(nn.Module):
         self.head = LMHead(encoder.cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
 
     @property
-    def cfg(self): return self.encoder.cfg                                                # the encoder's config
+    def cfg(self): return self.encoder.cfg                              # the encoder's config
     # the encoder's auxiliary loss (TransJect's Σ reconstruction)
     @property
     def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss
 
     def trace(self, x:torch.Tensor)->Trace:
-        "The encoder's `Trace` of `x`, every layer's states (the head is not applied): the analyses read it."
+        ("The encoder's `Trace` of `x`, every layer's states (the head is not applied): "
+         "the analyses read it.")
         return self.encoder.trace(x)
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
-        # `(B, n)` bool: score only these k positions (a masked model's chosen ones); None: every position
+        # `(B, n)` bool: score only these k positions (a masked model's chosen ones);
+        # None: every position
         at:torch.Tensor|None=None,
-    )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
+    # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
+    )->torch.Tensor:
         "Logits over the vocabulary at every position (at the positions of `at` only: `(k, V)`)."
-        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)       # fastai's LMTensorText -> a plain tensor
-        h = self.encoder.encode(x)[-1]                                                   # (B, n, d)
-        return self.head(h if at is None else h[at])                                     # (B, n, V), or (k, V)
+        # fastai's LMTensorText -> a plain tensor
+        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)
+        h = self.encoder.encode(x)[-1]                                  # (B, n, d)
+        return self.head(h if at is None else h[at])                    # (B, n, V), or (k, V)
+
+# %% ../../nbs/14_lm.ipynb #3f7d71b4
+def _as_ids(d)->torch.Tensor:
+    "A document, a sequence of token ids or a tensor, as a 1-d `LongTensor` `(len,)`."
+    d = list(d) if not isinstance(d, torch.Tensor) else d
+    return torch.as_tensor(d, dtype=torch.long).reshape(-1)
 
 # %% ../../nbs/14_lm.ipynb #dd9bc2b3
 def lm_stream(
@@ -130,13 +150,14 @@ def lm_stream(
     sep_id:int,        # the separator put after every document, e.g. `[SEP]`
 )->torch.Tensor:       # `(N,)` int64: the documents concatenated, each followed by `sep_id`
     "One contiguous token stream: every document followed by the separator."
-    if sep_id == PAD_ID: raise ValueError(f"sep_id must not be the padding id {PAD_ID}: a stream holds no padding")
-    docs = [torch.as_tensor(list(d) if not isinstance(d, torch.Tensor) else d, dtype=torch.long).reshape(-1)
-            for d in token_id_lists]
+    if sep_id == PAD_ID:
+        raise ValueError(f"sep_id must not be the padding id {PAD_ID}: a stream holds no padding")
+    docs = [_as_ids(d) for d in token_id_lists]
     if not docs: raise ValueError("lm_stream needs at least one document, got none")
     for i, d in enumerate(docs):
         if bool((d == PAD_ID).any()):
-            raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
+            raise ValueError(f"document {i} holds the padding id {PAD_ID}: "
+                             "a language-model stream holds no padding")
     return torch.cat([torch.cat([d, d.new_tensor([sep_id])]) for d in docs])
 
 # %% ../../nbs/14_lm.ipynb #7df21563
@@ -149,14 +170,18 @@ class EpochLMDataLoader(LMDataLoader):
         super().__init__(dataset, **kwargs)
 
     def set_epoch(self, epoch:int):
-        "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
+        ("Fix the epoch whose order the next pass uses "
+         "(the training loop calls it; otherwise each pass advances it).")
         self.epoch = int(epoch)
 
     def shuffle_fn(self, idxs):
-        "This pass's document order, a permutation drawn from `(seed, epoch)`: neither the last pass's nor `random`'s."
-        order = L(np.random.default_rng([self.seed, self.epoch]).permutation(len(self.items.coll)).tolist())
+        ("This pass's document order, a permutation drawn from `(seed, epoch)`: "
+         "neither the last pass's nor `random`'s.")
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = L(rng.permutation(len(self.items.coll)).tolist())
         self.epoch += 1
-        self.items.reindex(order); self.lens.reindex(order)   # the documents and their lengths, in the new order
+        # the documents and their lengths, in the new order
+        self.items.reindex(order); self.lens.reindex(order)
         self.make_chunks()
         return idxs
 
@@ -175,14 +200,13 @@ def lm_loader(
     seed:int=0,            # of the shuffled orders (`EpochLMDataLoader`)
 )->EpochLMDataLoader:
     "An `EpochLMDataLoader` over documents with separators, checked long enough for `bs` rows."
-    s = [torch.cat([d, d.new_tensor([sep_id])])
-         for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1)
-                   for t in docs)]
-    lm_stream(docs, sep_id)                                                            # the same checks
+    s = [torch.cat([d, d.new_tensor([sep_id])]) for d in map(_as_ids, docs)]
+    lm_stream(docs, sep_id)                                              # the same checks
     n = sum(len(d) for d in s)
     if (n - 1) // bs < 2:
         raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} "
-                         "(each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
+                         "(each of the bs rows needs at least 2 tokens plus the target); "
+                         "lower bs or add documents")
     return EpochLMDataLoader(s, seed=seed, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
 
 # %% ../../nbs/14_lm.ipynb #972c33c4
@@ -201,40 +225,50 @@ def lm_dls(
     dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what, seed)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
+# %% ../../nbs/14_lm.ipynb #94045e65
+def _unigram_probs(train:torch.Tensor, vocab_sz:int)->torch.Tensor:
+    "`(V,)` float64: the add-one smoothed frequencies of `train`'s ids, padding at probability 0."
+    counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
+    counts[PAD_ID] = -1                                         # padding gets probability 0
+    return (counts + 1) / (len(train) + vocab_sz - 1)                    # (V,), sums to 1
+
 # %% ../../nbs/14_lm.ipynb #94a5e47c
 def unigram_perplexity(
     train:torch.Tensor,    # the training stream `(N,)` (`lm_stream`)
     valid:torch.Tensor,    # the stream to score `(M,)`
     vocab_sz:int,          # number of token ids, padding included
-# exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed training frequencies
+# exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed
+# training frequencies
 )->float:
-    "Perplexity of the add-one smoothed unigram model of `train` on `valid`: the baseline a language model must beat."
-    counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
-    counts[PAD_ID] = -1                                                                  # padding gets probability 0
-    p = (counts + 1) / (len(train) + vocab_sz - 1)                                       # (V,), sums to 1
+    ("Perplexity of the add-one smoothed unigram model of `train` on `valid`: "
+     "the baseline a language model must beat.")
+    p = _unigram_probs(train, vocab_sz)                                  # (V,)
     return math.exp(-p[valid.reshape(-1)].log().mean().item())
 
 # %% ../../nbs/14_lm.ipynb #8d2b1068
-# the target of a position the loss skips (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
+# the target of a position the loss skips
+# (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
 IGNORE_INDEX = -100
 
+# %% ../../nbs/14_lm.ipynb #5f84c1b1
 def mask_tokens(
     x:torch.Tensor,      # token ids `(B, n)`, no padding
     mask_id:int,         # the `[MASK]` id
     vocab_sz:int,        # number of token ids
     p:float=0.15,        # the share of positions to predict
-    # random replacements are drawn from ids >= this (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
+    # random replacements are drawn from ids >= this
+    # (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
     first_word:int=5,
     generator=None,      # a `torch.Generator` on `x`'s device (None: torch's global one)
 )->tuple:                # `(inputs, targets)`, both `(B, n)`
-    ("BERT's corruption: each position chosen with probability `p`, then 80% `[MASK]`, 10% a random token, "
-     "10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
+    ("BERT's corruption: each position chosen with probability `p`, "
+     "then 80% `[MASK]`, 10% a random token, 10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
     if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
     if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
         raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
                          f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
     u = lambda: torch.rand(x.shape, device=x.device, generator=generator)
-    chosen, how = u() < p, u()                                 # (B, n) which positions; (B, n) what becomes of them
+    chosen, how = u() < p, u()               # (B, n) which positions; (B, n) what becomes of them
     rand = torch.randint(first_word, vocab_sz, x.shape, device=x.device, generator=generator)
     inputs = torch.where(chosen & (how < 0.8), torch.full_like(x, mask_id), x)
     inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), rand, inputs)
@@ -250,34 +284,42 @@ class MaskedLMCallback(Callback):
         vocab_sz:int,     # number of token ids
         p:float=0.15,     # the share of positions to predict
         seed:int=0,       # seed of the validation positions
-        # the model scores the chosen positions only (`LanguageModel(x, at)`): the same loss, the head on p of the
-        # positions; False: every position, the loss skipping the others
+        # the model scores the chosen positions only (`LanguageModel(x, at)`): the same loss, the
+        # head on p of the positions; False: every position, the loss skipping the others
         compact:bool=True,
     ): store_attr()
     def before_batch(self):
+        "Corrupt the batch: the inputs (with the chosen positions when compact) and the targets."
         x = self.xb[0].as_subclass(torch.Tensor)                                   # (B, n)
-        g = None if self.training else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter)
+        g = (None if self.training
+             else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter))
         inp, targ = mask_tokens(x, self.mask_id, self.vocab_sz, self.p, generator=g)
-        self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)    # with the (B, n) chosen positions
-        self.learn.yb = (targ,)                                                    # (B, n) whole: a batch counts B rows
+        # with the (B, n) chosen positions
+        self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)
+        self.learn.yb = (targ,)                              # (B, n) whole: a batch counts B rows
 
+# %% ../../nbs/14_lm.ipynb #05917fcd
 class MaskedLMLoss:
-    ("Cross-entropy over the positions a masked model must predict: of the logits at every position `(B, n, V)`, "
-     "or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
+    ("Cross-entropy over the positions a masked model must predict: of the logits at every "
+     "position `(B, n, V)`, or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
     def __call__(self, pred, targ):
-        keep = targ != IGNORE_INDEX                                                # (B, n): k positions
-        return F.cross_entropy(pred if pred.dim() == 2 else pred[keep], targ[keep])   # the mean over the k
+        "The mean cross-entropy over the k chosen positions."
+        keep = targ != IGNORE_INDEX                                          # (B, n): k positions
+        # the mean over the k
+        return F.cross_entropy(pred if pred.dim() == 2 else pred[keep], targ[keep])
     def activation(self, x): return x.softmax(-1)
     def decodes(self, x): return x.argmax(-1)
 
+# %% ../../nbs/14_lm.ipynb #36d9c71b
 class MaskedAccuracy(Metric):
     ("Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), "
      "counted token by token.")
     def reset(self): self.hit, self.n = 0, 0
     def accumulate(self, learn):
+        "Count the batch's chosen positions and the hits among them."
         targ, pred = learn.yb[0], learn.pred.argmax(-1)
         keep = targ != IGNORE_INDEX
-        if pred.shape == targ.shape: pred = pred[keep]                             # (B, n) -> (k,); compact: (k,)
+        if pred.shape == targ.shape: pred = pred[keep]          # (B, n) -> (k,); compact: (k,)
         self.hit += int((pred == targ[keep]).sum()); self.n += int(keep.sum())
     @property
     def value(self): return self.hit / self.n if self.n else None
@@ -290,16 +332,16 @@ def context_free_mlm(
     test:torch.Tensor,     # the stream scored `(M,)`
     vocab_sz:int,          # number of token ids, padding included
     first_word:int=5,      # `mask_tokens`' first id a random replacement may be
-)->float:                  # the expected perplexity over `mask_tokens`' corruption of `test`'s tokens
-    "Perplexity of the best predictor that sees only its own position's token, under BERT's 80/10/10 corruption."
-    c = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
-    c[PAD_ID] = -1
-    p = (c + 1) / (len(train) + vocab_sz - 1)                                        # (V,) as `unigram_perplexity`
-    q = torch.zeros(vocab_sz, dtype=torch.float64); q[first_word:] = 1 / (vocab_sz - first_word)   # (V,)
-    r = torch.where(q > 0, ((q + p) / q).log(), torch.zeros_like(q))                 # (V,) log((q(t)+p(t))/q(t))
-    keep = -(p * (q + 1) / (q + p)).log()                                            # (V,) -log P(s | s)
-    rand = (1 - q) * -p.log() + (q * r).sum() - q * r + q * keep                    # (V,) E_t -log P(s | t)
-    loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                                  # (V,) at a chosen s
+)->float:  # the expected perplexity over `mask_tokens`' corruption of `test`'s tokens
+    ("Perplexity of the best predictor that sees only its own position's token, "
+     "under BERT's 80/10/10 corruption.")
+    p = _unigram_probs(train, vocab_sz)                              # (V,) as `unigram_perplexity`
+    q = torch.zeros(vocab_sz, dtype=torch.float64)                    # (V,) a replacement's draw
+    q[first_word:] = 1 / (vocab_sz - first_word)
+    r = torch.where(q > 0, ((q + p) / q).log(), torch.zeros_like(q))  # (V,) log((q(t)+p(t))/q(t))
+    keep = -(p * (q + 1) / (q + p)).log()                             # (V,) -log P(s | s)
+    rand = (1 - q) * -p.log() + (q * r).sum() - q * r + q * keep     # (V,) E_t -log P(s | t)
+    loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                   # (V,) at a chosen s
     return math.exp(loss[test.reshape(-1)].mean().item())
 
 # %% ../../nbs/14_lm.ipynb #2ce19911
@@ -315,27 +357,54 @@ def lm_learner(
     mask_p:float=0.15,         # masked: the share of positions to predict (`mask_tokens`)
     lr:float=1e-3,             # default learning rate of `fit`
     cbs=None,                  # more fastai callbacks
-    # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
+    # config fields of the variant (`d_model`, `n_layers`, `lam`, ...);
+    # `max_len` defaults to the loaders' `seq_len`
     **config,
-# a fastai Learner: `CrossEntropyLossFlat` (masked: `MaskedLMLoss`, chosen positions only), accuracy, `Perplexity`
+# a fastai Learner: `CrossEntropyLossFlat` (masked: `MaskedLMLoss`, chosen positions only),
+# accuracy, `Perplexity`
 )->Learner:
     "A fastai Learner for a causal or masked language model of `variant` on `dls`."
     causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
     if config.get('causal', causal) is not causal:
-        raise ValueError(f"a {objective} language model has causal={causal}; got causal={config['causal']!r}")
+        raise ValueError(f"a {objective} language model has causal={causal}; "
+                         f"got causal={config['causal']!r}")
     if not causal and mask_id is None:
-        raise ValueError("a masked language model needs mask_id, the [MASK] id (e.g. LMCorpus.mask_id)")
+        raise ValueError("a masked language model needs mask_id, "
+                         "the [MASK] id (e.g. LMCorpus.mask_id)")
     config = dict(max_len=dls.train.seq_len) | config | ({'causal': True} if causal else {})
     if config['max_len'] < dls.train.seq_len:
-        raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' seq_len={dls.train.seq_len}")
+        raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' "
+                         f"seq_len={dls.train.seq_len}")
     tie = causal if tie_weights is None else tie_weights
     # n_classes=2: the unused classifier head
     model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)
     extra = [] if causal else [MaskedLMCallback(mask_id, vocab_sz, mask_p)]
-    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(), lr=lr,
-                   metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()], cbs=extra + list(L(cbs)))
+    return Learner(dls, model.to(dls.device), lr=lr,
+                   loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(),
+                   metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()],
+                   cbs=extra + list(L(cbs)))
 
 # %% ../../nbs/14_lm.ipynb #0c0cc4ac
+def _check_sampling(ids:list, n, temperature, top_k):
+    "`generate`'s checks: a prompt of a token or more, `n` >= 0, `temperature` >= 0, `top_k` >= 1."
+    if not ids: raise ValueError("generate needs a prompt of at least one token")
+    if not isinstance(n, int) or n < 0: raise ValueError(f"n must be an int >= 0, got {n!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+
+# %% ../../nbs/14_lm.ipynb #b91a14fd
+def _next_token(logits:torch.Tensor, temperature:float, top_k:int|None, g)->int:
+    "The id drawn from the last position's logits `(V,)`: padding never, greedy at temperature 0."
+    logits[PAD_ID] = float('-inf')
+    if temperature == 0: return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None:
+        logits[logits < logits.topk(min(top_k, len(logits) - 1)).values[-1]] = float('-inf')
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=g))
+
+# %% ../../nbs/14_lm.ipynb #2e62fddb
 @torch.no_grad()
 def generate(
     model,                  # a `LanguageModel`, or a Learner holding one
@@ -348,24 +417,18 @@ def generate(
     "Continue a prompt by sampling from the model (greedy when `temperature` is 0)."
     lm = model.model if isinstance(model, Learner) else model
     if not isinstance(lm, LanguageModel):
-        raise TypeError(f"generate needs a LanguageModel or a Learner holding one, got {type(lm).__name__}")
+        raise TypeError("generate needs a LanguageModel or a Learner holding one, "
+                        f"got {type(lm).__name__}")
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).tolist()
-    if not ids: raise ValueError("generate needs a prompt of at least one token")
-    if not isinstance(n, int) or n < 0: raise ValueError(f"n must be an int >= 0, got {n!r}")
-    if not temperature >= 0: raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    _check_sampling(ids, n, temperature, top_k)
     dev, max_len = next(lm.parameters()).device, lm.encoder.cfg.max_len
     g = torch.Generator().manual_seed(seed) if seed is not None else None
     was, out = lm.training, list(ids)
     lm.eval()
     try:
         for _ in range(n):
-            logits = lm(torch.tensor(out[-max_len:], device=dev)[None])[0, -1].float().cpu()  # (V,) at the last one
-            logits[PAD_ID] = float('-inf')
-            if temperature == 0: out.append(int(logits.argmax())); continue
-            logits = logits / temperature
-            if top_k is not None: logits[logits < logits.topk(min(top_k, len(logits) - 1)).values[-1]] = float('-inf')
-            out.append(int(torch.multinomial(logits.softmax(-1), 1, generator=g)))
+            x = torch.tensor(out[-max_len:], device=dev)[None]                # (1, ≤ max_len)
+            logits = lm(x)[0, -1].float().cpu()                               # (V,) at the last one
+            out.append(_next_token(logits, temperature, top_k, g))
     finally: lm.train(was)
     return torch.tensor(out[len(ids):], dtype=torch.long)
