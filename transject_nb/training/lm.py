@@ -20,7 +20,7 @@ __all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageM
            'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedLMLoss',
            'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate']
 
-# %% ../../nbs/14_lm.ipynb #535dcc24
+# %% ../../nbs/14_lm.ipynb #1e0d9c18
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
     import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
@@ -138,7 +138,7 @@ class LanguageModel(nn.Module):
         h = self.encoder.encode(x)[-1]                                  # (B, n, d)
         return self.head(h if at is None else h[at])                    # (B, n, V), or (k, V)
 
-# %% ../../nbs/14_lm.ipynb #3f7d71b4
+# %% ../../nbs/14_lm.ipynb #6b6f277b
 def _as_ids(d)->torch.Tensor:
     "A document, a sequence of token ids or a tensor, as a 1-d `LongTensor` `(len,)`."
     d = list(d) if not isinstance(d, torch.Tensor) else d
@@ -225,7 +225,7 @@ def lm_dls(
     dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what, seed)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
-# %% ../../nbs/14_lm.ipynb #94045e65
+# %% ../../nbs/14_lm.ipynb #8ddbf63b
 def _unigram_probs(train:torch.Tensor, vocab_sz:int)->torch.Tensor:
     "`(V,)` float64: the add-one smoothed frequencies of `train`'s ids, padding at probability 0."
     counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
@@ -237,20 +237,27 @@ def unigram_perplexity(
     train:torch.Tensor,    # the training stream `(N,)` (`lm_stream`)
     valid:torch.Tensor,    # the stream to score `(M,)`
     vocab_sz:int,          # number of token ids, padding included
-# exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed
-# training frequencies
+# exp of the mean negative log-probability of `valid`'s tokens under smoothed training counts
 )->float:
     ("Perplexity of the add-one smoothed unigram model of `train` on `valid`: "
      "the baseline a language model must beat.")
     p = _unigram_probs(train, vocab_sz)                                  # (V,)
     return math.exp(-p[valid.reshape(-1)].log().mean().item())
 
+# %% ../../nbs/14_lm.ipynb #547695de
+def _check_masking(mask_id:int, vocab_sz:int, p:float, first_word:int):
+    "`mask_tokens`' checks: `p` in (0, 1), `mask_id` and `first_word` ids of the vocabulary."
+    if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
+    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
+        raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
+                         f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+
 # %% ../../nbs/14_lm.ipynb #8d2b1068
 # the target of a position the loss skips
 # (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
 IGNORE_INDEX = -100
 
-# %% ../../nbs/14_lm.ipynb #5f84c1b1
+# %% ../../nbs/14_lm.ipynb #4d69df95
 def mask_tokens(
     x:torch.Tensor,      # token ids `(B, n)`, no padding
     mask_id:int,         # the `[MASK]` id
@@ -263,10 +270,7 @@ def mask_tokens(
 )->tuple:                # `(inputs, targets)`, both `(B, n)`
     ("BERT's corruption: each position chosen with probability `p`, "
      "then 80% `[MASK]`, 10% a random token, 10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
-    if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
-    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
-        raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
-                         f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+    _check_masking(mask_id, vocab_sz, p, first_word)
     u = lambda: torch.rand(x.shape, device=x.device, generator=generator)
     chosen, how = u() < p, u()               # (B, n) which positions; (B, n) what becomes of them
     rand = torch.randint(first_word, vocab_sz, x.shape, device=x.device, generator=generator)
@@ -298,7 +302,7 @@ class MaskedLMCallback(Callback):
         self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)
         self.learn.yb = (targ,)                              # (B, n) whole: a batch counts B rows
 
-# %% ../../nbs/14_lm.ipynb #05917fcd
+# %% ../../nbs/14_lm.ipynb #bfe70c9e
 class MaskedLMLoss:
     ("Cross-entropy over the positions a masked model must predict: of the logits at every "
      "position `(B, n, V)`, or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
@@ -310,7 +314,7 @@ class MaskedLMLoss:
     def activation(self, x): return x.softmax(-1)
     def decodes(self, x): return x.argmax(-1)
 
-# %% ../../nbs/14_lm.ipynb #36d9c71b
+# %% ../../nbs/14_lm.ipynb #b48da445
 class MaskedAccuracy(Metric):
     ("Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), "
      "counted token by token.")
@@ -344,6 +348,18 @@ def context_free_mlm(
     loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                   # (V,) at a chosen s
     return math.exp(loss[test.reshape(-1)].mean().item())
 
+# %% ../../nbs/14_lm.ipynb #192b8e4f
+def _lm_causal(objective:str, config:dict, mask_id:int|None)->bool:
+    "`lm_learner`'s checks (objective, config, a masked model's `mask_id`); whether it is causal."
+    causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
+    if config.get('causal', causal) is not causal:
+        raise ValueError(f"a {objective} language model has causal={causal}; "
+                         f"got causal={config['causal']!r}")
+    if not causal and mask_id is None:
+        raise ValueError("a masked language model needs mask_id, "
+                         "the [MASK] id (e.g. LMCorpus.mask_id)")
+    return causal
+
 # %% ../../nbs/14_lm.ipynb #2ce19911
 def lm_learner(
     dls:DataLoaders,           # from `lm_dls`
@@ -364,13 +380,7 @@ def lm_learner(
 # accuracy, `Perplexity`
 )->Learner:
     "A fastai Learner for a causal or masked language model of `variant` on `dls`."
-    causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
-    if config.get('causal', causal) is not causal:
-        raise ValueError(f"a {objective} language model has causal={causal}; "
-                         f"got causal={config['causal']!r}")
-    if not causal and mask_id is None:
-        raise ValueError("a masked language model needs mask_id, "
-                         "the [MASK] id (e.g. LMCorpus.mask_id)")
+    causal = _lm_causal(objective, config, mask_id)
     config = dict(max_len=dls.train.seq_len) | config | ({'causal': True} if causal else {})
     if config['max_len'] < dls.train.seq_len:
         raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' "
@@ -394,7 +404,7 @@ def _check_sampling(ids:list, n, temperature, top_k):
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
 
-# %% ../../nbs/14_lm.ipynb #b91a14fd
+# %% ../../nbs/14_lm.ipynb #53207763
 def _next_token(logits:torch.Tensor, temperature:float, top_k:int|None, g)->int:
     "The id drawn from the last position's logits `(V,)`: padding never, greedy at temperature 0."
     logits[PAD_ID] = float('-inf')
@@ -404,7 +414,7 @@ def _next_token(logits:torch.Tensor, temperature:float, top_k:int|None, g)->int:
         logits[logits < logits.topk(min(top_k, len(logits) - 1)).values[-1]] = float('-inf')
     return int(torch.multinomial(logits.softmax(-1), 1, generator=g))
 
-# %% ../../nbs/14_lm.ipynb #2e62fddb
+# %% ../../nbs/14_lm.ipynb #dc752260
 @torch.no_grad()
 def generate(
     model,                  # a `LanguageModel`, or a Learner holding one
