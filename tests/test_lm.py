@@ -1,4 +1,4 @@
-"Tests of causal attention (transject_nb.baselines) and the language models of transject_nb.training.lm; no data files needed."
+"Tests of causal attention (transject_nb.baselines) and the language models of transject_nb.training.lm (runs: training.lm_runs; studies: lab.lm_studies); no data files needed."
 import math
 import re
 import warnings
@@ -15,7 +15,7 @@ from fastai.torch_core import set_seed
 from transject_nb.baselines import attention_mask, future_leak, remove_similarity_causal
 from transject_nb.core import PAD_ID
 from transject_nb.training.lm import (CAUSAL_VARIANTS, LanguageModel, generate, lm_dls, lm_learner, lm_stream,
-                             unigram_perplexity)
+                                      unigram_perplexity)
 from transject_nb.models import BASELINES, VARIANTS, create_model
 from transject_nb.similarity import remove_similarity
 
@@ -242,7 +242,7 @@ def small_imdb(root, seed=0):
 
 def test_the_streams_respect_their_splits(tmp_path):
     "No held-out review is a training document, a review in both of IMDb's splits is dropped, and the cache gives the same."
-    from transject_nb.training.lm import load_lm_corpus
+    from transject_nb.training.lm_runs import load_lm_corpus
     small_imdb(tmp_path)
     c = load_lm_corpus(tmp_path, vocab_size=60, n_valid=8, n_test=8, cache_dir=tmp_path/'cache')
     train = {tuple(d.tolist()) for d in c.train}
@@ -257,7 +257,7 @@ def test_a_runs_checkpoint_moves_a_sharded_loader(tmp_path):
     from fastai.callback.core import Callback
     from transject_nb.training.learner import train_learner
     from transject_nb.training.checkpoint import TrainCheckpoint
-    from transject_nb.training.lm import get_lm_learner, load_lm_corpus
+    from transject_nb.training.lm_runs import get_lm_learner, load_lm_corpus
 
     class Parts(Callback):
         def before_fit(self): self.parts = {}
@@ -277,7 +277,7 @@ def test_the_depth_trend_judges_slopes_both_ways():
     "A fix whose loss falls with depth against a base whose loss rises: the claim holds one way, fails the other, same p."
     import numpy as np
     import pandas as pd
-    from transject_nb.training.lm import lm_depth_trend
+    from transject_nb.lab.lm_studies import lm_depth_trend
     rng = np.random.default_rng(1)
     runs = pd.DataFrame([dict(variant=f'{a}+n_layers={L}', seed=s, test_loss=5 + b * math.log2(L) + rng.normal(0, .01),
                               train_loss=4.5 + rng.normal(0, .01))

@@ -31,7 +31,9 @@ from ..training.config import model_fields, resolve_config
 from ..training.checkpoint import load_checkpoint
 from ..training.learner import get_learner, train_learner, evaluate, history
 from ..training.fastai_fixes import FixedLearner
-from ..training.lm import CAUSAL_VARIANTS, OBJECTIVES, LMCorpus, arm_depth, evaluate_lm, get_lm_learner, load_lm_corpus
+from ..training.lm import CAUSAL_VARIANTS, OBJECTIVES
+from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
+from .lm_studies import arm_depth
 from .experiments import RESULT_COLUMNS
 from ..training.finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, export_pretrain,
                                    pretrain_progress, pretrain_rates, pretrain_results, run_controls, run_pretrain_plan,

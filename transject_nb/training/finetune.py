@@ -34,7 +34,8 @@ from ..core import EncoderClassifier, check_choice, unwrap
 from .utils import atomic_write, copy_new
 from ..models import VARIANTS
 from .tasks import load_task, task_source
-from .lm import CAUSAL_VARIANTS, LanguageModel, evaluate_lm, get_lm_learner, save_vocab
+from .lm import CAUSAL_VARIANTS, LanguageModel
+from .lm_runs import evaluate_lm, get_lm_learner, save_vocab
 from .learner import evaluate, find_lr, get_learner, train_learner
 from .checkpoint import check_resumable, epoch_loader, load_checkpoint, restore_history
 from .config import model_fields

@@ -6,18 +6,21 @@ Docs: https://transject-nb.github.io/transject_nb/lm.html.md"""
 
 # %% ../../nbs/14_lm.ipynb #1b0d396f
 from __future__ import annotations
-import dataclasses, hashlib, math, warnings
-from functools import partial
-from dataclasses import dataclass
-from pathlib import Path
+import math
 import numpy as np
-import pandas as pd
-from scipy.stats import linregress, spearmanr
-from scipy import stats as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fastcore.basics import store_attr
+from fastcore.foundation import L
 from .utils import fastai_quietly
+
+# %% auto #0
+__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LMHead', 'LanguageModel', 'lm_stream', 'EpochLMDataLoader',
+           'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens', 'MaskedLMCallback', 'MaskedLMLoss',
+           'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate']
+
+# %% ../../nbs/14_lm.ipynb #1e0d9c18
 with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
     import fastai.callback.progress  # noqa: F401 -- progress bars and `Learner.no_bar`
     import fastai.callback.schedule  # noqa: F401 -- `fit_one_cycle`, `lr_find`
@@ -26,37 +29,17 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.learner import Learner, Metric
     from fastai.losses import CrossEntropyLossFlat
     from fastai.metrics import Perplexity, accuracy
-    from fastai.optimizer import Adam
     from fastai.text.data import LMDataLoader
-    from fastai.torch_core import default_device, set_seed
-from fastcore.basics import GetAttr, store_attr
-from fastcore.foundation import L
-
-# %% auto #0
-__all__ = ['CAUSAL_VARIANTS', 'OBJECTIVES', 'IGNORE_INDEX', 'LM_FIELDS', 'NEUTRENO_TABLE3', 'LMHead', 'LanguageModel',
-           'lm_stream', 'EpochLMDataLoader', 'lm_loader', 'lm_dls', 'unigram_perplexity', 'mask_tokens',
-           'MaskedLMCallback', 'MaskedLMLoss', 'MaskedAccuracy', 'context_free_mlm', 'lm_learner', 'generate',
-           'LMCorpus', 'save_vocab', 'imdb_texts', 'load_lm_corpus', 'LMConfig', 'WarmUp', 'shard_docs',
-           'ShardedLoader', 'get_lm_learner', 'evaluate_lm', 'lm_table', 'lm_versus', 'arm_depth', 'with_arm_depth',
-           'lm_depth_steps', 'lm_fixes', 'lm_best', 'lm_depth_trend', 'plot_depth_trend', 'plot_depth_curves',
-           'lm_sweep', 'rate_depth_grid', 'learned_rates', 'plot_rate_depth', 'similarity_link']
 
 # %% ../../nbs/14_lm.ipynb #97216c67
-from ..core import (PAD_ID, EncoderClassifier, Trace, check_choice, check_fields,
-                               config_fields, variant_spec)
-from .utils import atomic_save, atomic_write
-from ..models import VARIANTS, create_model, n_params
-from .readers import read_imdb
-from .tokenizers import WordPieceTokenizer, find_vocab, tokenizer_from_state
-from .tasks import cache_key, default_cache_dir
-from .config import resolve_config
-from .fastai_fixes import FixedLearner
-from .learner import ReconLoss, has_aux_loss, history, train_callbacks
-from ..lab.stats import ALPHA, verdict_of, welch, welch_from_var
+from ..core import (PAD_ID, EncoderClassifier, Trace, check_choice, config_fields,
+                               variant_spec)
+from ..models import VARIANTS, create_model
 
 # %% ../../nbs/14_lm.ipynb #cca7b082
 # the package's variants that can be causal
-CAUSAL_VARIANTS = tuple(v for v in VARIANTS if 'causal' in config_fields(variant_spec(v).config_cls))
+CAUSAL_VARIANTS = tuple(v for v in VARIANTS
+                        if 'causal' in config_fields(variant_spec(v).config_cls))
 
 # %% ../../nbs/14_lm.ipynb #221e4f8e
 class LMHead(nn.Module):
@@ -73,9 +56,10 @@ class LMHead(nn.Module):
         nn.init.zeros_(self.decoder.bias)
         if emb is not None:
             if tuple(emb.weight.shape) != (vocab_sz, d_model):
-                raise ValueError(f"cannot tie the head to an embedding of shape {tuple(emb.weight.shape)}: "
+                raise ValueError("cannot tie the head to an embedding of shape "
+                                 f"{tuple(emb.weight.shape)}: "
                                  f"expected (vocab_sz, d_model) = ({vocab_sz}, {d_model})")
-            self.decoder.weight = emb.weight                                             # tied: one Parameter
+            self.decoder.weight = emb.weight                              # tied: one Parameter
 
     def forward(self,
         h:torch.Tensor,   # hidden states `(B, n, d)`
@@ -84,16 +68,19 @@ class LMHead(nn.Module):
         return self.decoder(h)
 
 # %% ../../nbs/14_lm.ipynb #eeb13fd4
-OBJECTIVES = ('causal', 'masked')   # predict the next token from the left; predict hidden tokens from both sides
+# predict the next token from the left; predict hidden tokens from both sides
+OBJECTIVES = ('causal', 'masked')
 
 # %% ../../nbs/14_lm.ipynb #ed2c566d
 def _check_lm_encoder(encoder, vocab_sz:int, objective:str):
-    "`LanguageModel`'s checks: an `EncoderClassifier` of `vocab_sz` ids whose attention suits `objective`."
+    ("`LanguageModel`'s checks: an `EncoderClassifier` of `vocab_sz` ids "
+     "whose attention suits `objective`.")
     if not isinstance(encoder, EncoderClassifier):
         raise TypeError(f"LanguageModel needs an EncoderClassifier, got {type(encoder).__name__}")
     cfg = encoder.cfg
     if check_choice(objective, OBJECTIVES, 'objective') == 'causal' and not hasattr(cfg, 'causal'):
-        raise ValueError(f"{type(encoder).__name__} cannot be causal, so it cannot be a causal language model: "
+        raise ValueError(f"{type(encoder).__name__} cannot be causal, "
+                         "so it cannot be a causal language model: "
                          f"its config {type(cfg).__name__} has no causal attention "
                          "(TransJect's Σ(X⁰) is computed from the whole sequence); "
                          f"use one of {', '.join(CAUSAL_VARIANTS)}, or objective='masked'")
@@ -110,12 +97,14 @@ def _check_lm_encoder(encoder, vocab_sz:int, objective:str):
 
 # %% ../../nbs/14_lm.ipynb #7abd2ab5
 class LanguageModel(nn.Module):
-    ("An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` of the next token (causal) "
-     "or of each token (masked).")
+    ("An encoder and an `LMHead`: token ids `(B, n)` to logits `(B, n, V)` "
+     "of the next token (causal) or of each token (masked).")
     def __init__(self,
-        # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`; masked: any variant, not causal
+        # causal: a variant of `CAUSAL_VARIANTS` built with `causal=True`;
+        # masked: any variant, not causal
         encoder:EncoderClassifier,
-        vocab_sz:int,                # number of token ids; must be the encoder's (the targets are its input ids)
+        # number of token ids; must be the encoder's (the targets are its input ids)
+        vocab_sz:int,
         # the head's weight is the encoder's embedding (TransJect's is d/2 wide: it cannot be tied)
         tie_weights:bool=True,
         objective:str='causal',      # one of `OBJECTIVES`
@@ -126,24 +115,34 @@ class LanguageModel(nn.Module):
         self.head = LMHead(encoder.cfg.d_model, vocab_sz, encoder.emb if tie_weights else None)
 
     @property
-    def cfg(self): return self.encoder.cfg                                                # the encoder's config
+    def cfg(self): return self.encoder.cfg                              # the encoder's config
     # the encoder's auxiliary loss (TransJect's Σ reconstruction)
     @property
     def aux_loss(self)->torch.Tensor: return self.encoder.aux_loss
 
     def trace(self, x:torch.Tensor)->Trace:
-        "The encoder's `Trace` of `x`, every layer's states (the head is not applied): the analyses read it."
+        ("The encoder's `Trace` of `x`, every layer's states (the head is not applied): "
+         "the analyses read it.")
         return self.encoder.trace(x)
 
     def forward(self,
         x:torch.Tensor,   # token ids `(B, n)`, 0 is padding
-        # `(B, n)` bool: score only these k positions (a masked model's chosen ones); None: every position
+        # `(B, n)` bool: score only these k positions (a masked model's chosen ones);
+        # None: every position
         at:torch.Tensor|None=None,
-    )->torch.Tensor:      # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
+    # logits `(B, n, V)`: of the next token (causal), of the token at each position (masked)
+    )->torch.Tensor:
         "Logits over the vocabulary at every position (at the positions of `at` only: `(k, V)`)."
-        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)       # fastai's LMTensorText -> a plain tensor
-        h = self.encoder.encode(x)[-1]                                                   # (B, n, d)
-        return self.head(h if at is None else h[at])                                     # (B, n, V), or (k, V)
+        # fastai's LMTensorText -> a plain tensor
+        if isinstance(x, torch.Tensor): x = x.as_subclass(torch.Tensor)
+        h = self.encoder.encode(x)[-1]                                  # (B, n, d)
+        return self.head(h if at is None else h[at])                    # (B, n, V), or (k, V)
+
+# %% ../../nbs/14_lm.ipynb #6b6f277b
+def _as_ids(d)->torch.Tensor:
+    "A document, a sequence of token ids or a tensor, as a 1-d `LongTensor` `(len,)`."
+    d = list(d) if not isinstance(d, torch.Tensor) else d
+    return torch.as_tensor(d, dtype=torch.long).reshape(-1)
 
 # %% ../../nbs/14_lm.ipynb #dd9bc2b3
 def lm_stream(
@@ -151,13 +150,14 @@ def lm_stream(
     sep_id:int,        # the separator put after every document, e.g. `[SEP]`
 )->torch.Tensor:       # `(N,)` int64: the documents concatenated, each followed by `sep_id`
     "One contiguous token stream: every document followed by the separator."
-    if sep_id == PAD_ID: raise ValueError(f"sep_id must not be the padding id {PAD_ID}: a stream holds no padding")
-    docs = [torch.as_tensor(list(d) if not isinstance(d, torch.Tensor) else d, dtype=torch.long).reshape(-1)
-            for d in token_id_lists]
+    if sep_id == PAD_ID:
+        raise ValueError(f"sep_id must not be the padding id {PAD_ID}: a stream holds no padding")
+    docs = [_as_ids(d) for d in token_id_lists]
     if not docs: raise ValueError("lm_stream needs at least one document, got none")
     for i, d in enumerate(docs):
         if bool((d == PAD_ID).any()):
-            raise ValueError(f"document {i} holds the padding id {PAD_ID}: a language-model stream holds no padding")
+            raise ValueError(f"document {i} holds the padding id {PAD_ID}: "
+                             "a language-model stream holds no padding")
     return torch.cat([torch.cat([d, d.new_tensor([sep_id])]) for d in docs])
 
 # %% ../../nbs/14_lm.ipynb #7df21563
@@ -170,14 +170,18 @@ class EpochLMDataLoader(LMDataLoader):
         super().__init__(dataset, **kwargs)
 
     def set_epoch(self, epoch:int):
-        "Fix the epoch whose order the next pass uses (the training loop calls it; otherwise each pass advances it)."
+        ("Fix the epoch whose order the next pass uses "
+         "(the training loop calls it; otherwise each pass advances it).")
         self.epoch = int(epoch)
 
     def shuffle_fn(self, idxs):
-        "This pass's document order, a permutation drawn from `(seed, epoch)`: neither the last pass's nor `random`'s."
-        order = L(np.random.default_rng([self.seed, self.epoch]).permutation(len(self.items.coll)).tolist())
+        ("This pass's document order, a permutation drawn from `(seed, epoch)`: "
+         "neither the last pass's nor `random`'s.")
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = L(rng.permutation(len(self.items.coll)).tolist())
         self.epoch += 1
-        self.items.reindex(order); self.lens.reindex(order)   # the documents and their lengths, in the new order
+        # the documents and their lengths, in the new order
+        self.items.reindex(order); self.lens.reindex(order)
         self.make_chunks()
         return idxs
 
@@ -196,14 +200,13 @@ def lm_loader(
     seed:int=0,            # of the shuffled orders (`EpochLMDataLoader`)
 )->EpochLMDataLoader:
     "An `EpochLMDataLoader` over documents with separators, checked long enough for `bs` rows."
-    s = [torch.cat([d, d.new_tensor([sep_id])])
-         for d in (torch.as_tensor(list(t) if not isinstance(t, torch.Tensor) else t, dtype=torch.long).reshape(-1)
-                   for t in docs)]
-    lm_stream(docs, sep_id)                                                            # the same checks
+    s = [torch.cat([d, d.new_tensor([sep_id])]) for d in map(_as_ids, docs)]
+    lm_stream(docs, sep_id)                                              # the same checks
     n = sum(len(d) for d in s)
     if (n - 1) // bs < 2:
         raise ValueError(f"the {what} stream has {n} tokens: too short for bs={bs} "
-                         "(each of the bs rows needs at least 2 tokens plus the target); lower bs or add documents")
+                         "(each of the bs rows needs at least 2 tokens plus the target); "
+                         "lower bs or add documents")
     return EpochLMDataLoader(s, seed=seed, bs=bs, seq_len=seq_len, shuffle=shuffle, device=device)
 
 # %% ../../nbs/14_lm.ipynb #972c33c4
@@ -222,40 +225,54 @@ def lm_dls(
     dl = lambda ids, what, shuf: lm_loader(ids, sep_id, bs, seq_len, shuf, device, what, seed)
     return DataLoaders(dl(train_ids, 'training', shuffle), dl(valid_ids, 'validation', False))
 
+# %% ../../nbs/14_lm.ipynb #8ddbf63b
+def _unigram_probs(train:torch.Tensor, vocab_sz:int)->torch.Tensor:
+    "`(V,)` float64: the add-one smoothed frequencies of `train`'s ids, padding at probability 0."
+    counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
+    counts[PAD_ID] = -1                                         # padding gets probability 0
+    return (counts + 1) / (len(train) + vocab_sz - 1)                    # (V,), sums to 1
+
 # %% ../../nbs/14_lm.ipynb #94a5e47c
 def unigram_perplexity(
     train:torch.Tensor,    # the training stream `(N,)` (`lm_stream`)
     valid:torch.Tensor,    # the stream to score `(M,)`
     vocab_sz:int,          # number of token ids, padding included
-# exp of the mean negative log-probability of `valid`'s tokens under add-one smoothed training frequencies
+# exp of the mean negative log-probability of `valid`'s tokens under smoothed training counts
 )->float:
-    "Perplexity of the add-one smoothed unigram model of `train` on `valid`: the baseline a language model must beat."
-    counts = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
-    counts[PAD_ID] = -1                                                                  # padding gets probability 0
-    p = (counts + 1) / (len(train) + vocab_sz - 1)                                       # (V,), sums to 1
+    ("Perplexity of the add-one smoothed unigram model of `train` on `valid`: "
+     "the baseline a language model must beat.")
+    p = _unigram_probs(train, vocab_sz)                                  # (V,)
     return math.exp(-p[valid.reshape(-1)].log().mean().item())
 
+# %% ../../nbs/14_lm.ipynb #547695de
+def _check_masking(mask_id:int, vocab_sz:int, p:float, first_word:int):
+    "`mask_tokens`' checks: `p` in (0, 1), `mask_id` and `first_word` ids of the vocabulary."
+    if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
+    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
+        raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
+                         f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+
 # %% ../../nbs/14_lm.ipynb #8d2b1068
-# the target of a position the loss skips (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
+# the target of a position the loss skips
+# (`torch.nn.functional.cross_entropy`'s default `ignore_index`)
 IGNORE_INDEX = -100
 
+# %% ../../nbs/14_lm.ipynb #4d69df95
 def mask_tokens(
     x:torch.Tensor,      # token ids `(B, n)`, no padding
     mask_id:int,         # the `[MASK]` id
     vocab_sz:int,        # number of token ids
     p:float=0.15,        # the share of positions to predict
-    # random replacements are drawn from ids >= this (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
+    # random replacements are drawn from ids >= this
+    # (below it: `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`)
     first_word:int=5,
     generator=None,      # a `torch.Generator` on `x`'s device (None: torch's global one)
 )->tuple:                # `(inputs, targets)`, both `(B, n)`
-    ("BERT's corruption: each position chosen with probability `p`, then 80% `[MASK]`, 10% a random token, "
-     "10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
-    if not 0 < p < 1: raise ValueError(f"p must lie in (0, 1), got {p!r}")
-    if not 0 <= mask_id < vocab_sz or not 0 < first_word < vocab_sz:
-        raise ValueError(f"need 0 <= mask_id < vocab_sz and 0 < first_word < vocab_sz, "
-                         f"got mask_id={mask_id}, first_word={first_word}, vocab_sz={vocab_sz}")
+    ("BERT's corruption: each position chosen with probability `p`, "
+     "then 80% `[MASK]`, 10% a random token, 10% unchanged; targets elsewhere are `IGNORE_INDEX`.")
+    _check_masking(mask_id, vocab_sz, p, first_word)
     u = lambda: torch.rand(x.shape, device=x.device, generator=generator)
-    chosen, how = u() < p, u()                                 # (B, n) which positions; (B, n) what becomes of them
+    chosen, how = u() < p, u()               # (B, n) which positions; (B, n) what becomes of them
     rand = torch.randint(first_word, vocab_sz, x.shape, device=x.device, generator=generator)
     inputs = torch.where(chosen & (how < 0.8), torch.full_like(x, mask_id), x)
     inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), rand, inputs)
@@ -271,34 +288,42 @@ class MaskedLMCallback(Callback):
         vocab_sz:int,     # number of token ids
         p:float=0.15,     # the share of positions to predict
         seed:int=0,       # seed of the validation positions
-        # the model scores the chosen positions only (`LanguageModel(x, at)`): the same loss, the head on p of the
-        # positions; False: every position, the loss skipping the others
+        # the model scores the chosen positions only (`LanguageModel(x, at)`): the same loss, the
+        # head on p of the positions; False: every position, the loss skipping the others
         compact:bool=True,
     ): store_attr()
     def before_batch(self):
+        "Corrupt the batch: the inputs (with the chosen positions when compact) and the targets."
         x = self.xb[0].as_subclass(torch.Tensor)                                   # (B, n)
-        g = None if self.training else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter)
+        g = (None if self.training
+             else torch.Generator(x.device).manual_seed(self.seed * 1_000_003 + self.iter))
         inp, targ = mask_tokens(x, self.mask_id, self.vocab_sz, self.p, generator=g)
-        self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)    # with the (B, n) chosen positions
-        self.learn.yb = (targ,)                                                    # (B, n) whole: a batch counts B rows
+        # with the (B, n) chosen positions
+        self.learn.xb = (inp, targ != IGNORE_INDEX) if self.compact else (inp,)
+        self.learn.yb = (targ,)                              # (B, n) whole: a batch counts B rows
 
+# %% ../../nbs/14_lm.ipynb #bfe70c9e
 class MaskedLMLoss:
-    ("Cross-entropy over the positions a masked model must predict: of the logits at every position `(B, n, V)`, "
-     "or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
+    ("Cross-entropy over the positions a masked model must predict: of the logits at every "
+     "position `(B, n, V)`, or at the chosen ones only `(k, V)`, against the targets `(B, n)`.")
     def __call__(self, pred, targ):
-        keep = targ != IGNORE_INDEX                                                # (B, n): k positions
-        return F.cross_entropy(pred if pred.dim() == 2 else pred[keep], targ[keep])   # the mean over the k
+        "The mean cross-entropy over the k chosen positions."
+        keep = targ != IGNORE_INDEX                                          # (B, n): k positions
+        # the mean over the k
+        return F.cross_entropy(pred if pred.dim() == 2 else pred[keep], targ[keep])
     def activation(self, x): return x.softmax(-1)
     def decodes(self, x): return x.argmax(-1)
 
+# %% ../../nbs/14_lm.ipynb #b48da445
 class MaskedAccuracy(Metric):
     ("Accuracy over the positions a masked model must predict (targets other than `IGNORE_INDEX`), "
      "counted token by token.")
     def reset(self): self.hit, self.n = 0, 0
     def accumulate(self, learn):
+        "Count the batch's chosen positions and the hits among them."
         targ, pred = learn.yb[0], learn.pred.argmax(-1)
         keep = targ != IGNORE_INDEX
-        if pred.shape == targ.shape: pred = pred[keep]                             # (B, n) -> (k,); compact: (k,)
+        if pred.shape == targ.shape: pred = pred[keep]          # (B, n) -> (k,); compact: (k,)
         self.hit += int((pred == targ[keep]).sum()); self.n += int(keep.sum())
     @property
     def value(self): return self.hit / self.n if self.n else None
@@ -311,17 +336,29 @@ def context_free_mlm(
     test:torch.Tensor,     # the stream scored `(M,)`
     vocab_sz:int,          # number of token ids, padding included
     first_word:int=5,      # `mask_tokens`' first id a random replacement may be
-)->float:                  # the expected perplexity over `mask_tokens`' corruption of `test`'s tokens
-    "Perplexity of the best predictor that sees only its own position's token, under BERT's 80/10/10 corruption."
-    c = torch.bincount(train.reshape(-1), minlength=vocab_sz).double()[:vocab_sz]
-    c[PAD_ID] = -1
-    p = (c + 1) / (len(train) + vocab_sz - 1)                                        # (V,) as `unigram_perplexity`
-    q = torch.zeros(vocab_sz, dtype=torch.float64); q[first_word:] = 1 / (vocab_sz - first_word)   # (V,)
-    r = torch.where(q > 0, ((q + p) / q).log(), torch.zeros_like(q))                 # (V,) log((q(t)+p(t))/q(t))
-    keep = -(p * (q + 1) / (q + p)).log()                                            # (V,) -log P(s | s)
-    rand = (1 - q) * -p.log() + (q * r).sum() - q * r + q * keep                    # (V,) E_t -log P(s | t)
-    loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                                  # (V,) at a chosen s
+)->float:  # the expected perplexity over `mask_tokens`' corruption of `test`'s tokens
+    ("Perplexity of the best predictor that sees only its own position's token, "
+     "under BERT's 80/10/10 corruption.")
+    p = _unigram_probs(train, vocab_sz)                              # (V,) as `unigram_perplexity`
+    q = torch.zeros(vocab_sz, dtype=torch.float64)                    # (V,) a replacement's draw
+    q[first_word:] = 1 / (vocab_sz - first_word)
+    r = torch.where(q > 0, ((q + p) / q).log(), torch.zeros_like(q))  # (V,) log((q(t)+p(t))/q(t))
+    keep = -(p * (q + 1) / (q + p)).log()                             # (V,) -log P(s | s)
+    rand = (1 - q) * -p.log() + (q * r).sum() - q * r + q * keep     # (V,) E_t -log P(s | t)
+    loss = 0.8 * -p.log() + 0.1 * rand + 0.1 * keep                   # (V,) at a chosen s
     return math.exp(loss[test.reshape(-1)].mean().item())
+
+# %% ../../nbs/14_lm.ipynb #192b8e4f
+def _lm_causal(objective:str, config:dict, mask_id:int|None)->bool:
+    "`lm_learner`'s checks (objective, config, a masked model's `mask_id`); whether it is causal."
+    causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
+    if config.get('causal', causal) is not causal:
+        raise ValueError(f"a {objective} language model has causal={causal}; "
+                         f"got causal={config['causal']!r}")
+    if not causal and mask_id is None:
+        raise ValueError("a masked language model needs mask_id, "
+                         "the [MASK] id (e.g. LMCorpus.mask_id)")
+    return causal
 
 # %% ../../nbs/14_lm.ipynb #2ce19911
 def lm_learner(
@@ -336,27 +373,48 @@ def lm_learner(
     mask_p:float=0.15,         # masked: the share of positions to predict (`mask_tokens`)
     lr:float=1e-3,             # default learning rate of `fit`
     cbs=None,                  # more fastai callbacks
-    # config fields of the variant (`d_model`, `n_layers`, `lam`, ...); `max_len` defaults to the loaders' `seq_len`
+    # config fields of the variant (`d_model`, `n_layers`, `lam`, ...);
+    # `max_len` defaults to the loaders' `seq_len`
     **config,
-# a fastai Learner: `CrossEntropyLossFlat` (masked: `MaskedLMLoss`, chosen positions only), accuracy, `Perplexity`
+# a fastai Learner: `CrossEntropyLossFlat` (masked: `MaskedLMLoss`, chosen positions only),
+# accuracy, `Perplexity`
 )->Learner:
     "A fastai Learner for a causal or masked language model of `variant` on `dls`."
-    causal = check_choice(objective, OBJECTIVES, 'objective') == 'causal'
-    if config.get('causal', causal) is not causal:
-        raise ValueError(f"a {objective} language model has causal={causal}; got causal={config['causal']!r}")
-    if not causal and mask_id is None:
-        raise ValueError("a masked language model needs mask_id, the [MASK] id (e.g. LMCorpus.mask_id)")
+    causal = _lm_causal(objective, config, mask_id)
     config = dict(max_len=dls.train.seq_len) | config | ({'causal': True} if causal else {})
     if config['max_len'] < dls.train.seq_len:
-        raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' seq_len={dls.train.seq_len}")
+        raise ValueError(f"max_len={config['max_len']} is shorter than the loaders' "
+                         f"seq_len={dls.train.seq_len}")
     tie = causal if tie_weights is None else tie_weights
     # n_classes=2: the unused classifier head
     model = LanguageModel(create_model(variant, vocab_sz, 2, **config), vocab_sz, tie, objective)
     extra = [] if causal else [MaskedLMCallback(mask_id, vocab_sz, mask_p)]
-    return Learner(dls, model.to(dls.device), loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(), lr=lr,
-                   metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()], cbs=extra + list(L(cbs)))
+    return Learner(dls, model.to(dls.device), lr=lr,
+                   loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(),
+                   metrics=[accuracy if causal else MaskedAccuracy(), Perplexity()],
+                   cbs=extra + list(L(cbs)))
 
 # %% ../../nbs/14_lm.ipynb #0c0cc4ac
+def _check_sampling(ids:list, n, temperature, top_k):
+    "`generate`'s checks: a prompt of a token or more, `n` >= 0, `temperature` >= 0, `top_k` >= 1."
+    if not ids: raise ValueError("generate needs a prompt of at least one token")
+    if not isinstance(n, int) or n < 0: raise ValueError(f"n must be an int >= 0, got {n!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+
+# %% ../../nbs/14_lm.ipynb #53207763
+def _next_token(logits:torch.Tensor, temperature:float, top_k:int|None, g)->int:
+    "The id drawn from the last position's logits `(V,)`: padding never, greedy at temperature 0."
+    logits[PAD_ID] = float('-inf')
+    if temperature == 0: return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None:
+        logits[logits < logits.topk(min(top_k, len(logits) - 1)).values[-1]] = float('-inf')
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=g))
+
+# %% ../../nbs/14_lm.ipynb #dc752260
 @torch.no_grad()
 def generate(
     model,                  # a `LanguageModel`, or a Learner holding one
@@ -369,657 +427,18 @@ def generate(
     "Continue a prompt by sampling from the model (greedy when `temperature` is 0)."
     lm = model.model if isinstance(model, Learner) else model
     if not isinstance(lm, LanguageModel):
-        raise TypeError(f"generate needs a LanguageModel or a Learner holding one, got {type(lm).__name__}")
+        raise TypeError("generate needs a LanguageModel or a Learner holding one, "
+                        f"got {type(lm).__name__}")
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).tolist()
-    if not ids: raise ValueError("generate needs a prompt of at least one token")
-    if not isinstance(n, int) or n < 0: raise ValueError(f"n must be an int >= 0, got {n!r}")
-    if not temperature >= 0: raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    _check_sampling(ids, n, temperature, top_k)
     dev, max_len = next(lm.parameters()).device, lm.encoder.cfg.max_len
     g = torch.Generator().manual_seed(seed) if seed is not None else None
     was, out = lm.training, list(ids)
     lm.eval()
     try:
         for _ in range(n):
-            logits = lm(torch.tensor(out[-max_len:], device=dev)[None])[0, -1].float().cpu()  # (V,) at the last one
-            logits[PAD_ID] = float('-inf')
-            if temperature == 0: out.append(int(logits.argmax())); continue
-            logits = logits / temperature
-            if top_k is not None: logits[logits < logits.topk(min(top_k, len(logits) - 1)).values[-1]] = float('-inf')
-            out.append(int(torch.multinomial(logits.softmax(-1), 1, generator=g)))
+            x = torch.tensor(out[-max_len:], device=dev)[None]                # (1, ≤ max_len)
+            logits = lm(x)[0, -1].float().cpu()                               # (V,) at the last one
+            out.append(_next_token(logits, temperature, top_k, g))
     finally: lm.train(was)
     return torch.tensor(out[len(ids):], dtype=torch.long)
-
-# %% ../../nbs/14_lm.ipynb #6f620185
-@dataclass(eq=False)
-class LMCorpus:
-    "Documents for language modelling, as token ids, with the tokenizer that made them and where they came from."
-    train:list                  # training documents: 1-d `LongTensor`s of token ids, no padding
-    valid:list                  # validation documents, held-out reviews
-    test:list                   # test documents, other held-out reviews
-    tokenizer:object            # the `data.WordPieceTokenizer` trained on the training documents
-    source:str                  # the folder the texts came from
-    key:str                     # a hash of everything the corpus depends on (its cache file's name)
-    dropped:int = 0             # held-out reviews left out because their text is also a training document
-
-    @property
-    def vocab_sz(self)->int: return self.tokenizer.vocab_sz                     # token ids, `[PAD]` = 0 included
-    @property
-    def sep_id(self)->int: return self.tokenizer.tok.token_to_id('[SEP]')       # the id that ends every document
-    @property
-    def mask_id(self)->int: return self.tokenizer.tok.token_to_id('[MASK]')     # the id a masked position reads
-
-    def stream(self, split:str)->torch.Tensor:
-        "One split as one token stream (`lm_stream`)."
-        return lm_stream(getattr(self, check_choice(split, ('train', 'valid', 'test'), 'split')), self.sep_id)
-
-    def take(self,
-        n_train:int|None=None,   # the first training documents to keep (None: all)
-        n_valid:int|None=None,   # the first validation documents (None: all)
-        n_test:int|None=None,    # the first test documents (None: all)
-    # the same tokenizer, fewer documents (each split was shuffled when the corpus was made)
-    )->'LMCorpus':
-        "A smaller corpus with the same vocabulary: the first documents of each split."
-        for k, (n, have) in dict(n_train=(n_train, len(self.train)), n_valid=(n_valid, len(self.valid)),
-                                 n_test=(n_test, len(self.test))).items():
-            if n is not None and not 1 <= n <= have:
-                raise ValueError(f"{k}={n}: the corpus has {have} documents in that split")
-        cut = lambda d, n: d if n is None else d[:n]
-        return dataclasses.replace(self, train=cut(self.train, n_train), valid=cut(self.valid, n_valid),
-                                   test=cut(self.test, n_test),
-                                   key=cache_key(corpus=self.key, take=(n_train, n_valid, n_test)))
-
-    def summary(self)->pd.DataFrame:
-        "Documents and tokens (separators included) per split."
-        n = {s: (len(d), sum(len(x) + 1 for x in d))
-             for s, d in dict(train=self.train, valid=self.valid, test=self.test).items()}
-        return pd.DataFrame(n, index=['documents', 'tokens']).T
-
-# %% ../../nbs/14_lm.ipynb #d02088d3
-def save_vocab(
-    tokenizer,   # a `data.WordPieceTokenizer`
-    path,        # where the `vocab.txt` goes
-# `path`: one token per line, line n is id n, as `WordPieceTokenizer.from_vocab` and `load_task(vocab=...)` read it
-)->Path:
-    ("Write a WordPiece vocabulary as a bert `vocab.txt`, "
-     "so that a classifier can tokenize exactly as a pretrained language model did.")
-    vocab = tokenizer.tok.get_vocab()                                              # token -> id
-    ids = sorted(vocab.values())
-    if ids != list(range(len(ids))):
-        raise ValueError(f"the vocabulary's ids are not 0..{len(ids) - 1} without gaps: "
-                         "it cannot be written as vocab.txt")
-    return atomic_write(path, ''.join(t + '\n' for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])))   # whole
-
-# %% ../../nbs/14_lm.ipynb #1deee7e4
-def imdb_texts(
-    # an IMDb folder: train/test/unsup CSVs (`unsup.csv[.gz]`: columns id, text)
-    # or an aclImdb tree (`train/unsup/*.txt`)
-    source,
-)->dict:             # 'unsup', 'train', 'test' -> list of review texts
-    "The review texts of IMDb's three parts, labels dropped: what a language model reads."
-    root = Path(source)
-    splits = read_imdb(root)
-    if (root/'aclImdb').is_dir() and not (root/'train').exists(): root = root/'aclImdb'
-    csvs = [root/'unsup.csv', root/'unsup.csv.gz']
-    if (f := next((p for p in csvs if p.is_file()), None)) is not None:
-        unsup = pd.read_csv(f, usecols=['text'], keep_default_na=False).text.tolist()
-    elif (root/'train'/'unsup').is_dir():
-        unsup = [p.read_text(encoding='utf-8') for p in sorted((root/'train'/'unsup').glob('*.txt'))]
-    else: raise FileNotFoundError(f"IMDb source {source}: no unsup.csv[.gz] and no train/unsup folder: "
-                                  "the unlabelled reviews are missing")
-    return dict(unsup=unsup, train=list(splits['train'].texts), test=list(splits['test'].texts))
-
-# %% ../../nbs/14_lm.ipynb #5609eb52
-def _split_heldout(texts:dict, n_train, n_valid, n_test, seed:int)->tuple:
-    ("Training texts (unsup + train, shuffled, the first n_train), held-out validation and test texts "
-     "that no training candidate repeats, and how many held-out texts were dropped.")
-    rng = np.random.default_rng(seed)
-    pool = texts['unsup'] + texts['train']
-    train = [pool[i] for i in rng.permutation(len(pool))[:n_train]]
-    seen, test = set(pool), list(dict.fromkeys(texts['test']))     # every training candidate; the distinct test reviews
-    held = [t for t in test if t not in seen]
-    n_valid = len(held) // 2 if n_valid is None else n_valid                       # None: half the held-out pool each
-    n_test = len(held) - n_valid if n_test is None else n_test
-    if n_valid + n_test > len(held):
-        raise ValueError(f"n_valid + n_test = {n_valid + n_test}, "
-                         f"but only {len(held)} held-out reviews are not training documents")
-    held = [held[i] for i in rng.permutation(len(held))[:n_valid + n_test]]
-    return train, held[:n_valid], held[n_valid:], len(test) - len([t for t in test if t not in seen])
-
-# %% ../../nbs/14_lm.ipynb #e317d35a
-def _corpus_key(texts:dict, base, **parts)->str:
-    "What a corpus depends on: the texts (not their files), the base vocabulary (or training one), the sizes and seed."
-    joined = '\x00'.join(t for s in ('unsup', 'train', 'test') for t in texts[s])
-    vocab = hashlib.sha256(Path(base).read_bytes()).hexdigest() if base else 'trained'
-    return cache_key(kind='lm-corpus', texts=hashlib.sha256(joined.encode()).hexdigest(), vocab=vocab, **parts)
-
-def _corpus_vocab(train:list, vocab_size:int, base)->WordPieceTokenizer:
-    "The corpus's vocabulary: derived from `base`, the same everywhere; else trained, with a warning."
-    if base: return WordPieceTokenizer.derive(train, vocab_size, base)
-    warnings.warn("no base vocab.txt beside the data: the corpus's WordPiece vocabulary is trained, and a trained "
-                  "vocabulary differs from one process to the next; pass base= (bert-base-uncased's vocab.txt) "
-                  "for one that does not", UserWarning, stacklevel=3)
-    return WordPieceTokenizer.train(train, vocab_size)
-
-# %% ../../nbs/14_lm.ipynb #205eb170
-def load_lm_corpus(
-    source,                  # an IMDb folder (see `imdb_texts`), e.g. `shared/data/imdb`
-    vocab_size:int=8192,     # WordPiece ids: derived from `base` (`WordPieceTokenizer.derive`), else trained
-    n_train:int|None=None,   # training documents (None: all 75,000)
-    n_valid:int|None=None,   # validation documents, from the test split (None: half the held-out reviews)
-    n_test:int|None=None,    # test documents, other reviews of the test split (None: the other half)
-    seed:int=42,             # seed of the shuffles
-    cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
-    refresh:bool=False,      # rebuild even if cached
-    # the vocab.txt the vocabulary is derived from (default: `data.find_vocab(source)`, bert's beside the data);
-    # where there is none, one is trained on the documents: not reproducible, so a warning says so
-    base=None,
-)->LMCorpus:
-    ("IMDb's reviews as a language-modelling corpus: unlabelled and training reviews to learn from, "
-     "held-out test reviews to validate and test on.")
-    for k, v in dict(vocab_size=vocab_size, n_valid=n_valid, n_test=n_test).items():
-        if (v is not None or k == 'vocab_size') and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise ValueError(f"{k} must be a positive int, got {v!r}")
-    if n_train is not None and (not isinstance(n_train, int) or isinstance(n_train, bool) or n_train < 1):
-        raise ValueError(f"n_train must be a positive int or None, got {n_train!r}")
-    texts, base = imdb_texts(source), base or find_vocab(source, hub=False)
-    key = _corpus_key(texts, base, vocab_size=vocab_size, n_train=n_train, n_valid=n_valid, n_test=n_test, seed=seed)
-    cdir = None if cache_dir is False else Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cfile = cdir/f"lm-imdb-{key}.pt" if cdir else None
-    if cfile is not None and cfile.exists() and not refresh:
-        st = torch.load(cfile, weights_only=True)
-        docs = {s: [x.long() for x in st[s].split(st[s + '_len'].tolist())] for s in ('train', 'valid', 'test')}
-        return LMCorpus(**docs, tokenizer=tokenizer_from_state(st['tokenizer']), source=str(source), key=key,
-                        dropped=int(st['dropped']))
-    train, valid, test, dropped = _split_heldout(texts, n_train, n_valid, n_test, seed)
-    tok = _corpus_vocab(train, vocab_size, base)
-    enc = lambda texts: [torch.tensor(ids, dtype=torch.long) for ids in tok.encode_batch(texts)[0]]
-    c = LMCorpus(enc(train), enc(valid), enc(test), tok, str(source), key, dropped)
-    if cfile is not None:           # the ids flat, in the smallest dtype that holds them, and each document's length
-        dt = torch.int16 if c.vocab_sz <= 32767 else torch.int32
-        st = ({s: torch.cat(getattr(c, s)).to(dt) for s in ('train', 'valid', 'test')}
-              | {s + '_len': torch.tensor([len(x) for x in getattr(c, s)]) for s in ('train', 'valid', 'test')})
-        atomic_save(st | dict(tokenizer=tok.state(), dropped=dropped), cfile)
-    return c
-
-# %% ../../nbs/14_lm.ipynb #6acf353f
-@dataclass
-class LMConfig:
-    ("What a language-model run adds to the model, training and data fields: the objective, the vocabulary, "
-     "masking, warm-up and how the training documents are cut into epochs.")
-    objective:str = 'causal'   # one of `OBJECTIVES`
-    vocab_size:int = 8192      # WordPiece ids trained on the corpus (`load_lm_corpus`)
-    mask_p:float = 0.15        # masked: the share of positions to predict
-    warmup:int = 0             # optimiser steps over which the learning rate rises linearly to its value (0: none)
-    shards:int = 1             # epoch e trains on part e mod shards of the training documents (`ShardedLoader`)
-
-    def __post_init__(self):
-        check_fields(self, ints=('vocab_size', 'shards'), counts=('warmup',), open_unit=('mask_p',),
-                     choices=dict(objective=(OBJECTIVES, 'objective')))
-
-LM_FIELDS = tuple(f.name for f in dataclasses.fields(LMConfig))
-
-# %% ../../nbs/14_lm.ipynb #3e6d6a82
-class WarmUp(Callback):
-    ("Linear learning-rate warm-up: optimiser step s of a run trains at lr · min(1, (s+1)/steps), "
-     "resumed runs counted from their start.")
-    order = 55   # after fastai's ParamScheduler (if any) has set this batch's rate
-    def __init__(self, steps:int): self.steps, self.base = steps, None
-    def before_fit(self): self.base = None                                 # the run's rates, read at its first batch
-    def before_batch(self):
-        if not self.training: return
-        if self.base is None: self.base = [h['lr'] for h in self.opt.hypers]
-        f = min(1., (self.epoch * self.n_iter + self.iter + 1) / self.steps)
-        for h, b in zip(self.opt.hypers, self.base): h['lr'] = b * f
-    def after_fit(self):                                   # also at the end of `validate`, which may have no optimiser
-        if self.opt is not None and self.base is not None:
-            for h, b in zip(self.opt.hypers, self.base): h['lr'] = b
-
-# %% ../../nbs/14_lm.ipynb #5a7d0c02
-def shard_docs(
-    docs,      # documents, each a sequence of token ids
-    k:int,     # how many parts
-)->list:       # `k` lists of documents, in their order, each with at least one
-    "Cut documents, in order, into `k` contiguous parts of near-equal token counts (each with its separator)."
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1: raise ValueError(f"k must be a positive int, got {k!r}")
-    docs = list(docs)
-    if len(docs) < k: raise ValueError(f"cannot cut {len(docs)} documents into {k} parts: each part needs one")
-    ends, bounds = np.cumsum([len(d) + 1 for d in docs]), [0]            # tokens up to each document's end
-    for j in range(1, k):                                                # the first document past j/k of the tokens
-        i = int(np.searchsorted(ends, ends[-1] * j / k)) + 1
-        bounds.append(min(max(i, bounds[-1] + 1), len(docs) - (k - j)))  # every part keeps a document
-    return [docs[a:b] for a, b in zip(bounds, bounds[1:] + [len(docs)])]
-
-# %% ../../nbs/14_lm.ipynb #5a7d0c05
-class ShardedLoader(GetAttr):
-    "A training loader over parts of the documents: epoch e reads part e mod k; everything else is the part's loader's."
-    _default = 'dl'
-    def __init__(self, loaders:list):   # one `lm_loader` per part (`shard_docs`)
-        if not loaders: raise ValueError("a ShardedLoader needs at least one loader")
-        self.loaders, self.dl = list(loaders), loaders[0]
-    def set_epoch(self, epoch:int):
-        "Point at epoch `epoch`'s part, and give the part the epoch (its order, `EpochLMDataLoader`)."
-        self.dl = self.loaders[epoch % len(self.loaders)]
-        if hasattr(self.dl, 'set_epoch'): self.dl.set_epoch(epoch)
-    def to(self, device):
-        for d in self.loaders: d.to(device)
-        return self
-    def __iter__(self): return iter(self.dl)
-    def __len__(self): return len(self.dl)
-
-# %% ../../nbs/14_lm.ipynb #ae8a31b7
-def _lm_corpus(dcfg, lcfg:LMConfig, cache_dir)->LMCorpus:
-    "The run's corpus: the task's reviews under `dcfg.source`, the first documents of each split."
-    if dcfg.source is None:
-        raise ValueError("a language model reads the IMDb reviews: give source= the folder holding unsup.csv.gz, "
-                         "train.csv.gz and test.csv.gz (e.g. shared/data/imdb), or corpus=")
-    c = load_lm_corpus(dcfg.source, lcfg.vocab_size, seed=dcfg.data_seed, cache_dir=cache_dir)
-    return c.take(dcfg.n_train, dcfg.n_valid, dcfg.n_test)
-
-# %% ../../nbs/14_lm.ipynb #4befbdc4
-def _lm_configs(task:str, variant:str, preset:str, overrides:dict)->tuple:
-    ("The run's `LMConfig` (its fields popped from `overrides`), the model, training and data fields "
-     "(`config.resolve_config`) with `causal=True` for a causal model, and the context length.")
-    lcfg = LMConfig(**{k: overrides.pop(k) for k in LM_FIELDS if k in overrides})
-    causal = lcfg.objective == 'causal'
-    if overrides.get('causal', causal) is not causal:
-        raise ValueError(f"a {lcfg.objective} language model has causal={causal}; got causal={overrides['causal']!r}")
-    rc = resolve_config(task, variant, preset, **overrides)
-    seq_len = rc['model'].setdefault('max_len', variant_spec(variant).config_cls.max_len)
-    if causal: rc['model']['causal'] = True
-    return lcfg, rc, seq_len
-
-# %% ../../nbs/14_lm.ipynb #7e11e812
-def get_lm_learner(
-    variant:str,               # causal: one of `CAUSAL_VARIANTS`; masked: any of `VARIANTS`
-    task:str='imdb',           # the task whose preset sizes the model (its reviews are the corpus)
-    preset:str='auto',         # the preset of `settings.ini` under every field (`config.PRESETS`)
-    # the documents (default: `load_lm_corpus(source)`, cut to n_train, n_valid, n_test documents)
-    corpus:LMCorpus|None=None,
-    path=None,                 # run folder (default `runs/<task>-<objective>/<variant>`)
-    cbs=None,                  # more callbacks
-    cache_dir=None,            # the corpus cache
-    device=None,               # where to train (default: CUDA if available, else CPU)
-    # model, training and data fields (`config.resolve_config`), and `LMConfig`'s; `max_len` is the context
-    **overrides,
-)->FixedLearner:               # `train_learner` trains it, `evaluate_lm` scores it
-    ("A language-model run of `variant`: its corpus, model, loaders and the classifier's run callbacks "
-     "(best weights, early stopping, checkpoint, history).")
-    lcfg, rc, seq_len = _lm_configs(task, variant, preset, overrides)
-    mcfg, tcfg, dcfg = rc['model'], rc['train'], rc['data']
-    causal = lcfg.objective == 'causal'
-    corpus = corpus if corpus is not None else _lm_corpus(dcfg, lcfg, cache_dir)
-    device = default_device() if device is None else torch.device(device)
-    set_seed(tcfg.seed)
-    model = LanguageModel(create_model(variant, corpus.vocab_sz, 2, **mcfg), corpus.vocab_sz, causal,
-                          lcfg.objective).to(device)
-    aux = has_aux_loss(model)
-    dl = lambda docs, what: lm_loader(docs, corpus.sep_id, tcfg.bs, seq_len, what != 'valid', device, what,
-                                      tcfg.seed)
-    train = (dl(corpus.train, 'train') if lcfg.shards == 1 else
-             ShardedLoader([dl(d, f'train part {i}') for i, d in enumerate(shard_docs(corpus.train, lcfg.shards))]))
-    dls = DataLoaders(train, dl(corpus.valid, 'valid'))
-    config = dict(task=f"{task}:{lcfg.objective}", variant=variant, preset=rc['preset'], model=dict(mcfg),
-                  train=dataclasses.asdict(tcfg), data=dataclasses.asdict(dcfg), lm=dataclasses.asdict(lcfg),
-                  data_key=corpus.key, vocab_sz=corpus.vocab_sz, n_classes=None)
-    extra = (([] if causal else [MaskedLMCallback(corpus.mask_id, corpus.vocab_sz, lcfg.mask_p)])
-             + ([WarmUp(lcfg.warmup)] if lcfg.warmup else []))
-    opt_func = partial(Adam, mom=tcfg.beta1, sqr_mom=tcfg.beta2, eps=tcfg.eps, wd=tcfg.weight_decay)
-    metrics = [accuracy if causal else MaskedAccuracy(), Perplexity()] + ([ReconLoss()] if aux else [])
-    learn = FixedLearner(dls, model, loss_func=CrossEntropyLossFlat() if causal else MaskedLMLoss(), lr=tcfg.lr,
-                         wd=tcfg.weight_decay, opt_func=opt_func, metrics=metrics,
-                         cbs=train_callbacks(tcfg, config, aux, device) + extra + list(L(cbs)),
-                         path=Path(path) if path is not None else Path('runs')/f"{task}-{lcfg.objective}"/variant)
-    learn.config, learn.train_cfg, learn.lm_cfg = config, tcfg, lcfg
-    learn.corpus, learn.task, learn.variant = corpus, task, variant
-    return learn
-
-# %% ../../nbs/14_lm.ipynb #6a925e36
-def evaluate_lm(
-    learn:FixedLearner,   # a trained `get_lm_learner` run
-)->dict:                  # validation, test and training-text loss, perplexity and token accuracy; size, history
-    ("Validation, test and training-text scores of a language-model run's current (best) weights; "
-     "the only use of its test documents.")
-    c, tcfg = learn.corpus, learn.train_cfg
-    dl = lambda docs, what: lm_loader(docs, c.sep_id, tcfg.bs, learn.dls.train.seq_len, device=learn.dls.device,
-                                      what=what)
-    with learn.no_bar():
-        va, te = learn.validate(), learn.validate(dl=dl(c.test, 'test'))
-        tr = learn.validate(dl=dl(c.train[:len(c.valid)], 'training'))   # as many training documents as validation ones
-    h = history(learn) if learn.recorder.values else None
-    return dict(task=learn.task, objective=learn.lm_cfg.objective, variant=learn.variant, seed=tcfg.seed,
-                valid_loss=float(va[0]), valid_ppl=float(va[2]), valid_acc=float(va[1]), test_loss=float(te[0]),
-                test_ppl=float(te[2]), test_acc=float(te[1]), train_loss=float(tr[0]), train_ppl=float(tr[2]),
-                params=n_params(learn.model),
-                epochs=0 if h is None else len(h),
-                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
-                train_secs=None if h is None or 'seconds' not in h else round(float(h['seconds'].sum()), 1))
-
-# %% ../../nbs/14_lm.ipynb #51eb14c2
-# NeuTRENO paper, Table 3: WikiText-103 perplexity, the softmax Transformer language model against NeuTRENO
-NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 32.60},
-                                'test_ppl': {'transformer': 34.29, 'neutreno': 33.70}}).rename_axis('model')
-
-def lm_table(
-    runs:pd.DataFrame,         # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
-    epochs_cap:int|None=None,  # the protocol's most epochs: a `capped` column counts the seeds that ran them all
-# per arm: seeds, test, validation and training-text perplexity (test: mean and std over seeds), accuracy, epochs, rate
-)->pd.DataFrame:
-    ("Per arm of a language-model study: its seeds' perplexities as mean and standard deviation, "
-     "its accuracy, epochs and rate; with `epochs_cap`, how many seeds the cap stopped, still improving.")
-    g = runs.groupby('variant', sort=False)
-    t = pd.DataFrame(dict(n=g.seed.count(), test_ppl=g.test_ppl.mean(), test_ppl_std=g.test_ppl.std(),
-                          valid_ppl=g.valid_ppl.mean(), train_ppl=g.train_ppl.mean(), test_acc=g.test_acc.mean(),
-                          epochs=g.epochs.mean(), lr=g.lr.first())).rename_axis('arm')
-    if epochs_cap is None: return t
-    return t.assign(capped=(runs.epochs >= epochs_cap).groupby(runs.variant, sort=False).sum().astype(int))
-
-def lm_versus(
-    runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
-    claims,              # (better, worse) arm labels: the claim that `better` has the lower loss
-    alpha:float=ALPHA,   # the test's level
-    loss:str='test_loss', # the per-seed loss judged: 'test_loss', or 'train_loss' (how well a model fits its text)
-# per claim: mean perplexities, their ratio and its 1-alpha interval, the loss difference (nats), p, verdict, seeds
-)->pd.DataFrame:
-    ("Welch's t-test at `alpha` of 'a has the lower loss than b' on the per-seed losses (`loss`), "
-     "for each claim whose arms both have runs.")
-    check_choice(loss, ('test_loss', 'train_loss'), 'loss')
-    rows = []
-    for a, b in claims if len(runs) else ():                  # no runs (a plan's empty table has no columns): no claim
-        la, lb = (runs.loc[runs.variant == x, loss].astype(float).to_numpy() for x in (a, b))
-        if not len(la) or not len(lb): continue
-        r = welch(-la, -lb, alpha)                                                 # higher is better: the negative loss
-        rows.append(dict(better=a, worse=b, ppl_better=math.exp(la.mean()), ppl_worse=math.exp(lb.mean()),
-                         ratio=math.exp(la.mean() - lb.mean()), ratio_lo=math.exp(-r['hi']),
-                         ratio_hi=math.exp(-r['lo']),
-                         diff_nats=lb.mean() - la.mean(), p=r['p'], verdict=r['verdict'], n_better=len(la),
-                         n_worse=len(lb)))
-    return pd.DataFrame(rows)
-
-# %% ../../nbs/14_lm.ipynb #13b8aefa
-def arm_depth(
-    label:str,   # an arm label with its depth, e.g. 'neutreno+lam=0.4+n_layers=8'
-)->tuple:        # (the arm without the depth, L), e.g. ('neutreno+lam=0.4', 8)
-    "An arm label of a depth study split into the arm and its `n_layers`."
-    arm, sep, rest = label.partition('+n_layers=')
-    if not sep: raise ValueError(f"arm label {label!r} has no '+n_layers=L': a depth study labels its arms by depth")
-    L, _, more = rest.partition('+')
-    return arm + (f'+{more}' if more else ''), int(L)
-
-def with_arm_depth(
-    d:pd.DataFrame,      # rows labelled by arm and depth
-    col:str='variant',   # the column of the labels
-)->pd.DataFrame:         # `d` with columns `arm` and `L`
-    "`d` with the arm and the depth of its labels (`arm_depth`) as columns."
-    ad = d[col].map(arm_depth)
-    return d.assign(arm=ad.str[0], L=ad.str[1])
-
-# %% ../../nbs/14_lm.ipynb #534b0b1c
-def _finite(runs:pd.DataFrame, cols=('test_loss',))->pd.Series:
-    "Per run: whether its losses `cols` are finite (a run that is not has diverged and gets no test)."
-    return pd.Series(np.isfinite(runs[list(cols)].astype(float)).all(axis=1), index=runs.index)
-
-def lm_depth_steps(
-    runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol.LM_RESULT_COLUMNS`
-    alpha:float=ALPHA,   # the test's level
-# per arm and step: the depths, then the ratio, its interval, p and verdict of 'the deeper has the lower loss',
-# on test and training text
-)->pd.DataFrame:
-    ("Each arm's depths in order, each against the next shallower one with runs, "
-     "judged on the test and on the training-text losses.")
-    d = with_arm_depth(runs)
-    rows = []
-    for arm, g in d.groupby('arm', sort=False):
-        Ls = sorted(g.L.unique())
-        for lo, hi in zip(Ls, Ls[1:]):
-            pair = g[g.L.isin((lo, hi))].assign(variant=lambda x: x.L.astype(str))
-            ok = _finite(pair, ('test_loss', 'train_loss'))                   # per run: not diverged
-            finite = bool(ok.all())
-            row = dict(arm=arm, shallower=lo, deeper=hi, diverged=not ok[pair.L == hi].all())
-            for k in ('test', 'train'):                                 # a diverged depth has no verdict, only its flag
-                v = lm_versus(pair, [(str(hi), str(lo))], alpha, f'{k}_loss') if finite else None
-                row |= {f'{k}_{c}': v[f'ratio_{c}' if c in ('lo', 'hi') else c][0] if finite else np.nan
-                        for c in ('ratio', 'lo', 'hi', 'p')}
-                row[f'{k}_verdict'] = v.verdict[0] if finite else 'diverged'
-            rows.append(row)
-    return pd.DataFrame(rows, columns=['arm', 'shallower', 'deeper', 'diverged'] + [
-        f'{k}_{c}' for k in ('test', 'train') for c in ('ratio', 'lo', 'hi', 'p', 'verdict')])
-
-# %% ../../nbs/14_lm.ipynb #86f65327
-def lm_fixes(
-    runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    base='transformer',         # the arm every other is judged against at the same depth, or per depth L an arm
-                                # (a mapping L -> arm such as `lm_best`'s; a depth it lacks is left out)
-    alpha:float=ALPHA,          # the test's level
-)->pd.DataFrame:                # `lm_versus`'s columns and the depth `L`, by depth, arms in order
-    "Each arm against `base` at the same depth: the claim that the arm has the lower test loss ('diverged': no test)."
-    cols = ['L', 'better', 'worse', 'ppl_better', 'ppl_worse', 'ratio', 'ratio_lo', 'ratio_hi', 'diff_nats', 'p',
-            'verdict', 'n_better', 'n_worse']
-    arms, rows = list(dict.fromkeys(runs.variant)) if len(runs) else [], []
-    for a in arms:
-        L = arm_depth(a)[1]
-        at = base if isinstance(base, str) else base.get(L)           # the base arm at this depth, if any
-        b = f'{at}+n_layers={L}'
-        if at is None or a == b or b not in arms: continue
-        pair = runs[runs.variant.isin((a, b))]
-        if _finite(pair).all(): rows.append(lm_versus(pair, [(a, b)], alpha).assign(L=L)); continue
-        loss = {x: pair.test_loss[pair.variant == x].astype(float) for x in (a, b)}   # diverged: no test
-        rows.append(pd.DataFrame([dict(L=L, better=a, worse=b, ppl_better=math.exp(loss[a].mean()),
-                                       ppl_worse=math.exp(loss[b].mean()), verdict='diverged',
-                                       n_better=len(loss[a]), n_worse=len(loss[b]))]))
-    if not rows: return pd.DataFrame(columns=cols)
-    return pd.concat(rows, ignore_index=True).reindex(columns=cols).sort_values('L', kind='stable', ignore_index=True)
-
-# %% ../../nbs/14_lm.ipynb #c1057738
-def lm_best(
-    runs:pd.DataFrame,   # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    among=None,          # the arms (labels without the depth) to choose from; None: every arm
-)->pd.Series:            # per depth L, the arm with the lowest mean test loss
-    "Per depth, the arm among `among` whose seeds have the lowest mean test loss, diverged arms left out."
-    d = with_arm_depth(runs)
-    if among is not None:
-        if unknown := sorted(set(among) - set(d.arm)):
-            raise ValueError(f"among names arms with no runs: {unknown}; the runs' arms: {sorted(set(d.arm))}")
-        d = d[d.arm.isin(among)]
-    d = d[_finite(d).groupby([d.L, d.arm]).transform('all')]          # an arm that diverged at a depth is no candidate
-    loss = d.test_loss.astype(float).groupby([d.L, d.arm]).mean()
-    return loss.groupby(level='L').idxmin().map(lambda La: La[1]).rename('best')
-
-# %% ../../nbs/14_lm.ipynb #dddd3f10
-def _slope(g:pd.DataFrame, col:str)->tuple:
-    "Least squares of `col` on log2 L over the runs `g`: slope, squared error times n (`welch_from_var`'s var), p, n."
-    fit = linregress(np.log2(g.L.astype(float)), g[col].astype(float))
-    exact = 1.0 if abs(fit.slope) < 1e-12 else 0.0                       # on a line exactly: `welch`'s zero-spread rule
-    p = fit.pvalue if fit.stderr > 0 else exact
-    return fit.slope, fit.stderr ** 2 * len(g), p, len(g)
-
-def _own(g:pd.DataFrame, col:str, alpha:float)->dict:
-    "An arm's slope on log2 L as a perplexity change per doubling: change, its interval, p, se and df (n - 2)."
-    b, v, p, n = _slope(g, col)
-    se, df = math.sqrt(v / n), n - 2
-    half = st.t.ppf(1 - alpha / 2, df) * se
-    return dict(change=math.expm1(b), lo=math.expm1(b - half), hi=math.expm1(b + half), p=p, se=se, df=df,
-                verdict=verdict_of(p, -b, n, n, alpha))
-
-# %% ../../nbs/14_lm.ipynb #9867da25
-def lm_depth_trend(
-    runs:pd.DataFrame,          # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    base:str='transformer',     # the arm whose slope every other arm's is judged against
-    alpha:float=ALPHA,          # the tests' level
-# per arm: depths fitted, runs, the depth it diverged at; per doubling of L the perplexity change, its 1-alpha
-# interval, p, se and df of the slope (log scale), verdict, on test and training text, then against `base`'s slope
-)->pd.DataFrame:
-    "Each arm's trend of loss with depth (slope on log2 L over every run), and its slope against `base`'s."
-    d = with_arm_depth(runs)
-    fits, rows, parts = {}, [], ('change', 'lo', 'hi', 'p', 'se', 'df', 'verdict')
-    for arm, g in d.groupby('arm', sort=False):
-        bad = g.L[~_finite(g, ('test_loss', 'train_loss'))]                      # depths where a run diverged
-        at = bad.min() if len(bad) else np.nan
-        g = g[g.L < at] if len(bad) else g                                      # the trend before it
-        fits[arm] = g
-        row = dict(arm=arm, L_from=g.L.min(), L_to=g.L.max(), runs=len(g), diverged_at=at)
-        enough = len(g) >= 3 and g.L.nunique() >= 2
-        for k in ('test', 'train'):
-            o = _own(g, f'{k}_loss', alpha) if enough else dict.fromkeys(parts, np.nan) | dict(verdict='too few runs')
-            row |= {f'{k}_{c}': o[c] for c in parts}
-        rows.append(row)
-    for r in rows:                                                              # each slope against base's
-        a, g = r['arm'], fits[r['arm']]
-        gb = fits.get(base, g.iloc[:0])
-        Ls = set(g.L) & set(gb.L)
-        g, gb = g[g.L.isin(Ls)], gb[gb.L.isin(Ls)]
-        if a == base or len(Ls) < 2 or min(len(g), len(gb)) < 3:
-            r |= {f'vs_{c}': np.nan for c in parts} | dict(vs_verdict=''); continue
-        (ba, va, _, na), (bb, vb, _, nb) = _slope(g, 'test_loss'), _slope(gb, 'test_loss')
-        w = welch_from_var(bb - ba, va, na, vb, nb, df_a=na - 2, df_b=nb - 2, alpha=alpha)   # lower slope: the claim
-        r |= dict(vs_change=math.expm1(ba - bb), vs_lo=math.expm1(-w['hi']), vs_hi=math.expm1(-w['lo']),
-                  vs_p=w['p'], vs_se=w['se'], vs_df=w['df'], vs_verdict=w['verdict'])
-    return pd.DataFrame(rows, columns=['arm', 'L_from', 'L_to', 'runs', 'diverged_at'] + [
-        f'{k}_{c}' for k in ('test', 'train', 'vs') for c in parts])
-
-# %% ../../nbs/14_lm.ipynb #5dd8426c
-def plot_depth_trend(
-    runs:pd.DataFrame,        # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    ax=None,                  # axes to draw on
-    title:str|None=None,      # the axes' title
-):                            # the axes
-    "Every run's test perplexity against L, one colour an arm, and its trend from `lm_depth_trend` as a line."
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import StrMethodFormatter
-    ax = ax or plt.subplots(figsize=(5.5, 3.4))[1]
-    trend, d = lm_depth_trend(runs).set_index('arm'), with_arm_depth(runs)
-    for arm, g in d.groupby('arm', sort=False):
-        t, g = trend.loc[arm], g[_finite(g)]
-        dots = ax.scatter(g.L, np.exp(g.test_loss.astype(float)), s=10, alpha=.6)
-        if t.test_verdict == 'too few runs': continue                       # the dots alone
-        fit = g[g.L <= t.L_to]                                              # the runs the trend was fitted on
-        x0, y0, b = np.log2(fit.L).mean(), fit.test_loss.astype(float).mean(), math.log1p(t.test_change)
-        Ls = np.array([t.L_from, t.L_to], dtype=float)
-        ax.plot(Ls, np.exp(y0 + b * (np.log2(Ls) - x0)), color=dots.get_facecolors()[0][:3], lw=1.2,
-                label=f"{arm}: {100 * t.test_change:+.1f}% [{100 * t.test_lo:+.1f}, {100 * t.test_hi:+.1f}] a doubling")
-    ax.set_xscale('log', base=2); ax.set_yscale('log')
-    plain = StrMethodFormatter('{x:.0f}')                                   # 160, not 1.6 × 10²
-    ax.yaxis.set_major_formatter(plain); ax.yaxis.set_minor_formatter(plain)
-    ax.set_xlabel('L'); ax.set_ylabel('test perplexity'); ax.legend(fontsize=6)
-    ax.set_title(title or 'test perplexity against depth, and each arm\'s trend', fontsize=9)
-    return ax
-
-# %% ../../nbs/14_lm.ipynb #2c607f89
-def plot_depth_curves(
-    runs:pd.DataFrame,        # finished seed runs of a depth study, arms labelled '<arm>+n_layers=L'
-    loss:str='test_loss',     # the per-seed loss drawn: 'test_loss' or 'train_loss'
-    ax=None,                  # axes to draw on
-    title:str|None=None,      # the axes' title
-):                            # the axes
-    "Each arm's perplexity against L: the seeds' mean loss, exponentiated, as a line, their range as a band."
-    import matplotlib.pyplot as plt
-    check_choice(loss, ('test_loss', 'train_loss'), 'loss')
-    ax = ax or plt.subplots(figsize=(5.5, 3.4))[1]
-    d = with_arm_depth(runs)
-    d = d[_finite(d, (loss,))]
-    for arm, g in d.groupby('arm', sort=False):
-        s = g[loss].astype(float).groupby(g.L).agg(['mean', 'min', 'max'])
-        ln, = ax.plot(s.index, np.exp(s['mean']), marker='o', ms=3, lw=1.2, label=f"{arm} ({g.seed.nunique()} seeds)")
-        ax.fill_between(s.index, np.exp(s['min']), np.exp(s['max']), color=ln.get_color(), alpha=.2, lw=0)
-    Ls = sorted(d.L.unique())
-    ax.set_xscale('log', base=2); ax.set_xticks(Ls, [str(x) for x in Ls])
-    ax.set_xlabel('L'); ax.set_ylabel(f"{loss.split('_')[0]} perplexity"); ax.legend(fontsize=6)
-    ax.set_title(title or f"{loss.split('_')[0]} perplexity against depth: seeds' mean, band their range", fontsize=9)
-    return ax
-
-# %% ../../nbs/14_lm.ipynb #3f1cc14b
-def lm_sweep(
-    runs:pd.DataFrame,          # finished seed runs, arms labelled '<variant>+<field>=<value>+n_layers=L', and `base`'s
-    field:str='lam',            # the swept model field, e.g. NeuTRENO's λ
-    base:str='transformer',     # the arm every value is judged against, at the same depth
-    alpha:float=ALPHA,          # the test's level
-)->pd.DataFrame:                # `lm_fixes`'s rows of the arms that set `field`, its value as a column, in its order
-    "Every value of a swept field against `base` at the same depth, by `lm_fixes`, its value read from the label."
-    def value(label):
-        kv = dict(x.partition('=')[::2] for x in arm_depth(label)[0].split('+')[1:])
-        if field not in kv: return None
-        try: return float(kv[field])
-        except ValueError:
-            raise ValueError(f"arm {label!r} sets {field} to {kv[field]!r}: a sweep needs a number") from None
-    v = lm_fixes(runs, base, alpha)
-    v = v.assign(**{field: v.better.map(value)}).dropna(subset=[field])
-    return v.sort_values([field, 'L'], kind='stable', ignore_index=True)
-
-# %% ../../nbs/14_lm.ipynb #76048cde
-def rate_depth_grid(
-    trials:pd.DataFrame,   # a depth study's trials (`protocol.study_trials` or its CSV): arm, phase, lr, state, value
-    floor:float,           # the perplexity of a model that learned token frequencies only (`unigram_perplexity`)
-    near:float=0.9,        # a run whose best is above `near` · floor, or not finite, learned nothing past it
-)->pd.DataFrame:           # per arm, depth and searched rate: the best validation perplexity and whether it learned
-    "Which rates of the search each arm learns at, depth by depth."
-    if not (isinstance(floor, (int, float)) and math.isfinite(floor) and floor > 0):
-        raise ValueError(f"floor must be a finite perplexity > 0 (the unigram model's), got {floor!r}")
-    s = trials[(trials.phase == 'search') & trials.state.isin(['COMPLETE', 'PRUNED'])]
-    d = with_arm_depth(s, 'arm').assign(value=s.value.astype(float))
-    g = d.groupby(['arm', 'L', 'lr'], sort=False).value.min().reset_index()
-    return g.assign(learned=np.isfinite(g.value) & (g.value < near * floor))
-
-# %% ../../nbs/14_lm.ipynb #76048cf0
-def learned_rates(
-    grid:pd.DataFrame,   # from `rate_depth_grid`
-)->pd.DataFrame:         # per arm and depth: rates searched, rates learned at, the highest of them (NaN: none)
-    "How many of its searched rates each arm learned at, depth by depth: the grid in numbers."
-    g = grid.groupby(['arm', 'L'], sort=False)
-    out = pd.DataFrame(dict(searched=g.size(), learned=g.learned.sum().astype(int)))
-    out['highest'] = grid[grid.learned].groupby(['arm', 'L']).lr.max().reindex(out.index)
-    return out.reset_index().sort_values('L', kind='stable', ignore_index=True)   # by depth, arms in order
-
-# %% ../../nbs/14_lm.ipynb #76048ce0
-def plot_rate_depth(
-    grid:pd.DataFrame,     # from `rate_depth_grid`
-    floor:float,           # the unigram perplexity: the top of the colour scale
-    title:str='',          # over the panels
-):
-    "One panel per arm: best validation perplexity by rate and depth, a cross where the run learned nothing."
-    import matplotlib.pyplot as plt
-    if not len(grid): raise ValueError("the grid has no search run to draw: rate_depth_grid found none")
-    arms, lrs, Ls = list(dict.fromkeys(grid.arm)), sorted(grid.lr.unique()), sorted(grid.L.unique())
-    hi = np.log(floor)
-    lo = np.log(grid.value[grid.learned].min()) if grid.learned.any() else hi - 1       # the colour scale
-    fig, axs = plt.subplots(1, len(arms), figsize=(2.4 * len(arms) + 0.6, 0.45 * len(Ls) + 1.4), sharey=True,
-                            squeeze=False)
-    for ax, a in zip(axs[0], arms):
-        g = grid[grid.arm == a]
-        v, ok = (g.pivot(index='L', columns='lr', values=k).reindex(index=Ls, columns=lrs)
-                 for k in ('value', 'learned'))
-        c = np.log(v.astype(float).clip(upper=floor)).to_numpy()                 # (depths, rates), capped at the floor
-        ax.imshow(c, cmap='viridis_r', vmin=lo, vmax=hi, aspect='auto', origin='lower')
-        for (i, j), x in np.ndenumerate(v.to_numpy(float)):
-            if np.isnan(x): continue
-            dark = (c[i, j] - lo) / (hi - lo) > 0.5 if np.isfinite(c[i, j]) else True
-            ax.text(j, i, f"{x:.0f}" if ok.iloc[i, j] else '✗', ha='center', va='center', fontsize=7,
-                    color='w' if dark else 'k')
-        ax.set(xticks=range(len(lrs)), xticklabels=[f"{r:g}" for r in lrs], yticks=range(len(Ls)), yticklabels=Ls,
-               title=a, xlabel='learning rate')
-        ax.tick_params(axis='x', labelsize=7, rotation=45)
-    axs[0, 0].set_ylabel('layers')
-    if title: fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/14_lm.ipynb #76048ce4
-def similarity_link(
-    sim:pd.DataFrame,    # `experiments.similarity_data` of a depth study's models: variant, layer, similarity
-    runs:pd.DataFrame,   # the study's finished seed runs (`protocol.LM_RESULT_COLUMNS`)
-    seed:int=1,          # the seed whose models `sim` measured
-    alpha:float=ALPHA,   # the test's level
-)->dict:                 # last (arm × L), rho, p, n, link (in words), peak and peak_at (arm, L, layer)
-    "Each model's last-layer similarity share beside its test perplexity: Spearman's ρ, and the largest share seen."
-    if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
-        raise ValueError(f"sim lacks columns {sorted(missing)}: pass `experiments.similarity_data`'s table")
-    s = with_arm_depth(sim)
-    top = s[s.layer == s.L]                                               # each model's last layer
-    j = top.set_index('variant').join(runs[runs.seed == seed].set_index('variant').test_ppl, how='inner')
-    if len(j) < 3: raise ValueError(f"need at least 3 measured models with a seed-{seed} run to rank, got {len(j)}")
-    r, at = spearmanr(j.similarity, j.test_ppl), s.loc[s.similarity.idxmax()]
-    link = (f"a higher share goes with a {'higher' if r.statistic > 0 else 'lower'} perplexity" if r.pvalue < alpha
-            else 'not shown')
-    return dict(last=top.pivot(index='arm', columns='L', values='similarity'), rho=float(r.statistic),
-                p=float(r.pvalue), n=len(j), link=link, peak=float(at.similarity),
-                peak_at=(at.arm, int(at.L), int(at.layer)))
