@@ -40,18 +40,26 @@ def layer_groups(
 # config fields that shape no weight: they may differ between pretraining and fine-tuning
 SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel')
 
+# %% ../../nbs/14a_finetune.ipynb #df925efa
+def _pretrained_encoder(pretrained)->EncoderClassifier:
+    "The encoder `pretrained` holds: a `LanguageModel`'s, a Learner's model's, or itself."
+    held = hasattr(pretrained, 'model') and not isinstance(pretrained, nn.Module)   # a Learner
+    lm = pretrained.model if held else pretrained
+    enc = lm.encoder if isinstance(lm, LanguageModel) else lm
+    if not isinstance(enc, EncoderClassifier):
+        raise TypeError("pretrained must be a LanguageModel, a Learner holding one, or an encoder; "
+                        f"got {type(pretrained).__name__}")
+    return enc
+
+# %% ../../nbs/14a_finetune.ipynb #6dfd7c93
 def load_pretrained(
     classifier:nn.Module,   # the `EncoderClassifier` to fine-tune (or a Learner holding one)
     pretrained,             # a `LanguageModel`, a Learner holding one, or its encoder
 )->list:                    # the names of the weights copied
     ("Copy a language model's encoder weights, all but its classifier head, into a classifier of "
      "the same variant.")
-    held = hasattr(pretrained, 'model') and not isinstance(pretrained, nn.Module)   # a Learner
-    lm = pretrained.model if held else pretrained
-    enc, clf = (lm.encoder if isinstance(lm, LanguageModel) else lm), unwrap(classifier)
-    if not isinstance(enc, EncoderClassifier):
-        raise TypeError("pretrained must be a LanguageModel, a Learner holding one, or an encoder; "
-                        f"got {type(pretrained).__name__}")
+    clf = unwrap(classifier)
+    enc = _pretrained_encoder(pretrained)
     if type(enc) is not type(clf):
         raise ValueError(f"the pretrained encoder is a {type(enc).__name__}, the classifier a "
                          f"{type(clf).__name__}: build the classifier from the same variant")
@@ -81,7 +89,19 @@ class Stage(NamedTuple):
     # k: constant rates until the validation loss has not improved for k epochs
     patience:int|None = None
 
-# %% ../../nbs/14a_finetune.ipynb #656e6f56
+# %% ../../nbs/14a_finetune.ipynb #a4158fee
+def _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last):
+    "Refuse a schedule that cannot be: a gradual stage per group, a rate or factor out of range."
+    if not 1 <= n_gradual < n_groups:
+        raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups "
+                         f"(the last stage unfreezes them all), got {n_gradual}")
+    if lr <= 0 or factor < 1 or epochs_last < 1:
+        raise ValueError(f"need lr > 0, factor >= 1 and epochs_last >= 1, "
+                         f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
+    if patience_last is not None and (not isinstance(patience_last, int) or patience_last < 1):
+        raise ValueError(f"patience_last must be None or an int >= 1, got {patience_last!r}")
+
+# %% ../../nbs/14a_finetune.ipynb #77fe7216
 def ulmfit_schedule(
     lr:float,              # the head's rate in the first stage
     n_groups:int,          # the model's groups (`len(layer_groups(model))`)
@@ -96,14 +116,7 @@ def ulmfit_schedule(
 )->list:                   # the `Stage`s, in order
     ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
      "one more group per stage at half the rate, then all at a fifth.")
-    if not 1 <= n_gradual < n_groups:
-        raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups "
-                         f"(the last stage unfreezes them all), got {n_gradual}")
-    if lr <= 0 or factor < 1 or epochs_last < 1:
-        raise ValueError(f"need lr > 0, factor >= 1 and epochs_last >= 1, "
-                         f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
-    if patience_last is not None and (not isinstance(patience_last, int) or patience_last < 1):
-        raise ValueError(f"patience_last must be None or an int >= 1, got {patience_last!r}")
+    _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last)
     spread = lambda r: r / factor ** (n_groups - 1)
     stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
                                          for k in range(2, n_gradual + 1)]
@@ -144,7 +157,7 @@ def _replay_stage(learn, k:int, st:dict):
     dl = epoch_loader(learn)
     if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
 
-# %% ../../nbs/14a_finetune.ipynb #418d4cb5
+# %% ../../nbs/14a_finetune.ipynb #9aaaa6fc
 def _stage_row(learn, s:Stage, n:int, st:dict|None, start:int, t0:float)->dict:
     "A stage's row, once trained: groups, epochs, rates, validation loss and accuracy, seconds."
     trained, va = len(learn.recorder.values), learn.validate()
@@ -155,7 +168,14 @@ def _stage_row(learn, s:Stage, n:int, st:dict|None, start:int, t0:float)->dict:
                 valid_loss=float(va[0]), valid_acc=float(va[1]),
                 seconds=round(time.perf_counter() - t0 + replayed, 1), replayed=round(replayed, 1))
 
-# %% ../../nbs/14a_finetune.ipynb #1d7b7464
+# %% ../../nbs/14a_finetune.ipynb #d4fe4ab3
+def _stage_skips(learn, resume:bool)->list:
+    "The callbacks a fine-tune's stages leave out: early stopping, the checkpoint unless resuming."
+    return [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
+            # epochs restart every stage
+            or (c is getattr(learn, 'train_checkpoint', None) and not resume)]
+
+# %% ../../nbs/14a_finetune.ipynb #aedd6db6
 def fine_tune(
     # a classification `Learner` (e.g. `learner.get_learner`)
     # whose model holds the pretrained encoder (`load_pretrained`)
@@ -174,12 +194,10 @@ def fine_tune(
         raise ValueError("resume=True needs a learner with a TrainCheckpoint "
                          "(`learner.get_learner` makes one)")
     # the optimiser is rebuilt with one parameter group per layer group
-    learn.splitter, learn.opt, n = layer_groups, None, len(layer_groups(learn.model))
-    skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
-            # epochs restart every stage
-            or (c is getattr(learn, 'train_checkpoint', None) and not resume)]
+    learn.splitter, learn.opt = layer_groups, None
+    n = len(layer_groups(learn.model))
     rows = []
-    with learn.removed_cbs(skip):
+    with learn.removed_cbs(_stage_skips(learn, resume)):
         for k, s in enumerate(stages):
             learn.freeze_to(s.freeze_to)
             st, t0 = _stage_checkpoint(learn, k, s, resume) if resume else None, time.perf_counter()
