@@ -8,7 +8,8 @@ warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.models import create_model
 from transject_nb.training.checkpoint import TrainCheckpoint
 from transject_nb.training.lm import LanguageModel
-from transject_nb.training.finetune import PRETRAIN_STUDIES, fine_tune, layer_groups, load_pretrained, ulmfit_schedule
+from transject_nb.training.finetune import fine_tune, layer_groups, load_pretrained, ulmfit_schedule
+from transject_nb.lab.finetune_plans import PRETRAIN_STUDIES
 
 
 @pytest.mark.parametrize('variant', ['transformer', 'neutreno', 'transject', 'random-entropic-transject'])
@@ -156,7 +157,7 @@ def test_the_controls_come_out_of_the_command_line(tmp_path):
     "A finished control (`run_controls`'s results.json) is printed by `--status` and written by `--export` (controls.csv)."
     import json
     import pandas as pd
-    from transject_nb.training.finetune import PRETRAIN_CONTROLS
+    from transject_nb.lab.finetune_controls import PRETRAIN_CONTROLS
     plan = PRETRAIN_STUDIES['ulmfit-imdb']
     arm = next(v for v in plan.arms if plan.objective(v) == 'causal')
     f = tmp_path/'runs'/f'{plan.name}-controls'/arm/'causal-from-scratch'/'seed0'/'results.json'
@@ -200,7 +201,7 @@ def test_two_workers_share_a_pretraining_plan_an_arm_each(tmp_path):
     holder = subprocess.Popen([sys.executable, '-c', textwrap.dedent("""
         import sys, time
         from pathlib import Path
-        from transject_nb.training.finetune import _arm_claim
+        from transject_nb.lab.finetune_plans import _arm_claim
         with _arm_claim(Path(sys.argv[1])) as other:
             print('held' if other is None else other, flush=True); time.sleep(600)
         """), str(arm)], stdout=subprocess.PIPE, text=True)
@@ -223,7 +224,7 @@ def test_the_controls_table_judges_each_step_across_seeds():
     "Each step of the controls is a change in points with Welch's interval once the four classifiers share two seeds."
     import pandas as pd
     from scipy.stats import ttest_ind
-    from transject_nb.training.finetune import CONTROL_STEPS, PRETRAIN_CONTROLS, controls_table
+    from transject_nb.lab.finetune_controls import CONTROL_STEPS, PRETRAIN_CONTROLS, controls_table
     acc = {'scratch': [.85, .86], 'ulmfit': [.80, .82]}
     runs = pd.DataFrame([dict(arm='t', kind=k, phase='seed', seed=s, lr=1e-3, valid_acc=a, test_acc=a)
                          for k, v in acc.items() for s, a in zip((1, 2), v)])

@@ -35,9 +35,11 @@ from ..training.lm import CAUSAL_VARIANTS, OBJECTIVES
 from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .lm_studies import arm_depth
 from .experiments import RESULT_COLUMNS
-from ..training.finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results, export_pretrain,
-                                   pretrain_progress, pretrain_rates, pretrain_results, run_controls, run_pretrain_plan,
-                                   snapshot_pretrain, superseded_runs)
+from .finetune_plans import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates,
+                                             pretrain_results, run_pretrain_plan)
+from .finetune_controls import (control_progress, control_results, export_pretrain,
+                                                run_controls, snapshot_pretrain, superseded_runs)
+from .finetune_tables import clf_progress
 
 # %% auto #0
 __all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CURVE_COLUMNS',

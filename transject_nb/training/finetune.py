@@ -6,14 +6,9 @@ Docs: https://transject-nb.github.io/transject_nb/finetune.html.md"""
 
 # %% ../../nbs/14a_finetune.ipynb #1966f3ad
 from __future__ import annotations
-import dataclasses, json, math, os, re, shutil, time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+import dataclasses, time
 from typing import NamedTuple
-import numpy as np
 import pandas as pd
-from scipy.stats import ttest_1samp
 import torch
 import torch.nn as nn
 from .utils import fastai_quietly
@@ -21,32 +16,20 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PRETRAIN_CONTROLS', 'CONTROL_STEPS', 'layer_groups',
-           'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune', 'PretrainPlan', 'pretrain_rates',
-           'best_pretrain_rate', 'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge',
-           'next_clf_rate', 'pretrain_progress', 'fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table',
-           'pretrain_verdicts', 'lengths_table', 'pass_table', 'pretrained_lm', 'control_learner', 'control_results',
-           'control_progress', 'control_seeds', 'run_controls', 'controls_table', 'superseded_runs', 'superseded_table',
-           'snapshot_pretrain', 'export_pretrain', 'plot_pretrain_progress']
+__all__ = ['SHAPELESS', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune']
 
 # %% ../../nbs/14a_finetune.ipynb #d9dc8dc0
-from ..core import EncoderClassifier, check_choice, unwrap
-from .utils import atomic_write, copy_new
-from ..models import VARIANTS
-from .tasks import load_task, task_source
-from .lm import CAUSAL_VARIANTS, LanguageModel
-from .lm_runs import evaluate_lm, get_lm_learner, save_vocab
-from .learner import evaluate, find_lr, get_learner, train_learner
-from .checkpoint import check_resumable, epoch_loader, load_checkpoint, restore_history
-from .config import model_fields
-from ..lab.stats import ALPHA, verdict_of, welch
+from ..core import EncoderClassifier, unwrap
+from .lm import LanguageModel
+from .checkpoint import (check_resumable, epoch_loader, load_checkpoint,
+                                              restore_history)
 
 # %% ../../nbs/14a_finetune.ipynb #2abc215b
 def layer_groups(
     model:nn.Module,   # an `EncoderClassifier` (or a Learner or wrapper holding one)
 )->list:               # `n_layers + 2` lists of parameters: before the blocks, each block, the head
-    ("ULMFiT's parameter groups of an encoder: what runs before the blocks, each block, then the head; "
-     "a fastai `splitter`.")
+    ("ULMFiT's parameter groups of an encoder: what runs before the blocks, each block, then the "
+     "head; a fastai `splitter`.")
     m = unwrap(model)
     blocks = [list(b.parameters()) for b in m.blocks]
     head = list(m.head.parameters())
@@ -57,23 +40,33 @@ def layer_groups(
 # config fields that shape no weight: they may differ between pretraining and fine-tuning
 SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel')
 
+# %% ../../nbs/14a_finetune.ipynb #df925efa
+def _pretrained_encoder(pretrained)->EncoderClassifier:
+    "The encoder `pretrained` holds: a `LanguageModel`'s, a Learner's model's, or itself."
+    held = hasattr(pretrained, 'model') and not isinstance(pretrained, nn.Module)   # a Learner
+    lm = pretrained.model if held else pretrained
+    enc = lm.encoder if isinstance(lm, LanguageModel) else lm
+    if not isinstance(enc, EncoderClassifier):
+        raise TypeError("pretrained must be a LanguageModel, a Learner holding one, or an encoder; "
+                        f"got {type(pretrained).__name__}")
+    return enc
+
+# %% ../../nbs/14a_finetune.ipynb #6dfd7c93
 def load_pretrained(
     classifier:nn.Module,   # the `EncoderClassifier` to fine-tune (or a Learner holding one)
     pretrained,             # a `LanguageModel`, a Learner holding one, or its encoder
 )->list:                    # the names of the weights copied
-    "Copy a language model's encoder weights, all but its classifier head, into a classifier of the same variant."
-    lm = pretrained.model if hasattr(pretrained, 'model') and not isinstance(pretrained, nn.Module) else pretrained
-    enc, clf = (lm.encoder if isinstance(lm, LanguageModel) else lm), unwrap(classifier)
-    if not isinstance(enc, EncoderClassifier):
-        raise TypeError(f"pretrained must be a LanguageModel, a Learner holding one, or an encoder; "
-                        f"got {type(pretrained).__name__}")
+    ("Copy a language model's encoder weights, all but its classifier head, into a classifier of "
+     "the same variant.")
+    clf = unwrap(classifier)
+    enc = _pretrained_encoder(pretrained)
     if type(enc) is not type(clf):
-        raise ValueError(f"the pretrained encoder is a {type(enc).__name__}, the classifier a {type(clf).__name__}: "
-                         "build the classifier from the same variant")
+        raise ValueError(f"the pretrained encoder is a {type(enc).__name__}, the classifier a "
+                         f"{type(clf).__name__}: build the classifier from the same variant")
     a, b = dataclasses.asdict(enc.cfg), dataclasses.asdict(clf.cfg)
     if diff := {k: (a[k], b[k]) for k in a if k not in SHAPELESS and a[k] != b[k]}:
-        raise ValueError(f"the pretrained encoder and the classifier differ in {diff} (pretrained, classifier): "
-                         "build the classifier with the encoder's settings")
+        raise ValueError(f"the pretrained encoder and the classifier differ in {diff} (pretrained, "
+                         "classifier): build the classifier with the encoder's settings")
     state = {k: v for k, v in enc.state_dict().items() if not k.startswith('head.')}
     missing = clf.load_state_dict(state, strict=False).missing_keys
     if bad := [k for k in missing if not k.startswith('head.')]:
@@ -82,27 +75,23 @@ def load_pretrained(
 
 # %% ../../nbs/14a_finetune.ipynb #bc8f70e7
 class Stage(NamedTuple):
-    "One stage of gradual unfreezing: the groups from `freeze_to` up train for `epochs`, or until they stop improving."
-    # fastai's `freeze_to(n)`: groups `n:` train (negative: counted back from the head; 0: every group)
+    ("One stage of gradual unfreezing: the groups from `freeze_to` up train for `epochs`, or until "
+     "they stop improving.")
+    # fastai's `freeze_to(n)`: groups `n:` train
+    # (negative: counted back from the head; 0: every group)
     freeze_to:int
     epochs:int             # one-cycle epochs; with `patience`, the most epochs
     lr_max:float           # the head's rate
-    # the lowest group's rate, spread geometrically up to `lr_max` (None: every trained group at `lr_max`)
+    # the lowest group's rate, spread geometrically up to `lr_max`
+    # (None: every trained group at `lr_max`)
     lr_min:float|None
-    # None: one cycle of `epochs`; k: constant rates until the validation loss has not improved for k epochs
+    # None: one cycle of `epochs`;
+    # k: constant rates until the validation loss has not improved for k epochs
     patience:int|None = None
 
-def ulmfit_schedule(
-    lr:float,              # the head's rate in the first stage
-    n_groups:int,          # the model's groups (`len(layer_groups(model))`)
-    n_gradual:int=3,       # stages that unfreeze one more group each (the first trains the head alone)
-    epochs_last:int=2,     # epochs of the last stage, every group unfrozen (with `patience_last`: the most)
-    factor:float=2.6,      # each group's rate is this many times its upper neighbour's smaller
-    # None: the last stage is one cycle, as ULMFiT's; k: it trains until its validation loss stalls for k epochs
-    patience_last:int|None=None,
-)->list:                   # the `Stage`s, in order
-    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
-     "one more group per stage at half the rate, then all at a fifth.")
+# %% ../../nbs/14a_finetune.ipynb #a4158fee
+def _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last):
+    "Refuse a schedule that cannot be: a gradual stage per group, a rate or factor out of range."
     if not 1 <= n_gradual < n_groups:
         raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups "
                          f"(the last stage unfreezes them all), got {n_gradual}")
@@ -111,6 +100,23 @@ def ulmfit_schedule(
                          f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
     if patience_last is not None and (not isinstance(patience_last, int) or patience_last < 1):
         raise ValueError(f"patience_last must be None or an int >= 1, got {patience_last!r}")
+
+# %% ../../nbs/14a_finetune.ipynb #77fe7216
+def ulmfit_schedule(
+    lr:float,              # the head's rate in the first stage
+    n_groups:int,          # the model's groups (`len(layer_groups(model))`)
+    # stages that unfreeze one more group each (the first trains the head alone)
+    n_gradual:int=3,
+    # epochs of the last stage, every group unfrozen (with `patience_last`: the most)
+    epochs_last:int=2,
+    factor:float=2.6,      # each group's rate is this many times its upper neighbour's smaller
+    # None: the last stage is one cycle, as ULMFiT's;
+    # k: it trains until its validation loss stalls for k epochs
+    patience_last:int|None=None,
+)->list:                   # the `Stage`s, in order
+    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
+     "one more group per stage at half the rate, then all at a fifth.")
+    _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last)
     spread = lambda r: r / factor ** (n_groups - 1)
     stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
                                          for k in range(2, n_gradual + 1)]
@@ -119,894 +125,92 @@ def ulmfit_schedule(
 
 # %% ../../nbs/14a_finetune.ipynb #809dfb06
 def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
-    ("Point the learner's `TrainCheckpoint` at stage `k`'s file, `stage{k}.pth`, with the stage in its config; "
-     "return what that file holds (None: the stage starts afresh).")
+    ("Point the learner's `TrainCheckpoint` at stage `k`'s file, `stage{k}.pth`, with the stage in "
+     "its config; return what that file holds (None: the stage starts afresh).")
     tcb, dl = learn.train_checkpoint, epoch_loader(learn)
     tcb.fname = f'stage{k}'
     st = load_checkpoint(tcb.file) if resume and tcb.file.exists() else None
     if st:
         check_resumable(learn, st, tcb.file)
         if (old := st['config'].get('stage')) != s._asdict():
-            raise ValueError(f"{tcb.file} holds stage {k} of another schedule ({old}), not {s._asdict()}: "
-                             "fine-tune in another run folder, or with resume=False")
-    e0 = st['config']['data_epoch'] if st else getattr(dl, 'epoch', 0)   # the loader's count goes on across stages
-    tcb.run_config, tcb.state, tcb.epoch0 = learn.config | dict(stage=s._asdict(), data_epoch=e0), st, e0
+            raise ValueError(f"{tcb.file} holds stage {k} of another schedule ({old}), not "
+                             f"{s._asdict()}: fine-tune in another run folder, or with "
+                             "resume=False")
+    # the loader's count goes on across stages
+    e0 = st['config']['data_epoch'] if st else getattr(dl, 'epoch', 0)
+    cfg = learn.config | dict(stage=s._asdict(), data_epoch=e0)
+    tcb.run_config, tcb.state, tcb.epoch0 = cfg, st, e0
     return st
 
 # %% ../../nbs/14a_finetune.ipynb #f4c74f15
+def _replay_stage(learn, k:int, st:dict):
+    "Read a finished stage back: weights (else the next stage's hold them), random state, history."
+    if 'model' in st: unwrap(learn.model).load_state_dict(st['model'])
+    elif not (nxt := learn.train_checkpoint.file.with_name(f'stage{k + 1}.pth')).exists():
+        raise ValueError(f"{learn.train_checkpoint.file} holds no weights (a "
+                         "snapshot's finished stage) and no later stage's checkpoint "
+                         f"does ({nxt.name} does not exist): restore the run folder "
+                         "from a whole snapshot, or fine-tune afresh")
+    # without weights: the later stage's checkpoint has them
+    torch.set_rng_state(st['torch_rng'])
+    restore_history(learn, st)
+    dl = epoch_loader(learn)
+    if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
+
+# %% ../../nbs/14a_finetune.ipynb #9aaaa6fc
+def _stage_row(learn, s:Stage, n:int, st:dict|None, start:int, t0:float)->dict:
+    "A stage's row, once trained: groups, epochs, rates, validation loss and accuracy, seconds."
+    trained, va = len(learn.recorder.values), learn.validate()
+    # seconds read back, not trained now
+    replayed = sum(st['times'][:start]) if st else 0.
+    groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
+    return dict(groups=groups, epochs=trained, lr_max=s.lr_max, lr_min=s.lr_min,
+                valid_loss=float(va[0]), valid_acc=float(va[1]),
+                seconds=round(time.perf_counter() - t0 + replayed, 1), replayed=round(replayed, 1))
+
+# %% ../../nbs/14a_finetune.ipynb #d4fe4ab3
+def _stage_skips(learn, resume:bool)->list:
+    "The callbacks a fine-tune's stages leave out: early stopping, the checkpoint unless resuming."
+    return [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
+            # epochs restart every stage
+            or (c is getattr(learn, 'train_checkpoint', None) and not resume)]
+
+# %% ../../nbs/14a_finetune.ipynb #aedd6db6
 def fine_tune(
     # a classification `Learner` (e.g. `learner.get_learner`)
     # whose model holds the pretrained encoder (`load_pretrained`)
     learn,
     stages:list,           # `Stage`s (`ulmfit_schedule`)
     moms=(0.8, 0.7, 0.8),  # one-cycle momentum, ULMFiT's
-    # checkpoint every epoch of stage k in the run folder (`models/stage{k}.pth`) and go on from there:
+    # checkpoint every epoch of stage k in the run folder (`models/stage{k}.pth`)
+    # and go on from there:
     # an interrupted fine-tune resumes as if nothing had happened (needs `learn.train_checkpoint`)
     resume:bool=False,
-)->pd.DataFrame:           # per stage: groups trained, epochs, rates, validation loss and accuracy, seconds (replayed)
-    ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, then each stage "
-     "freezes, fits (one cycle, or until it stops improving) and validates.")
+# per stage: groups trained, epochs, rates, validation loss and accuracy, seconds (replayed)
+)->pd.DataFrame:
+    ("Gradual unfreezing with discriminative rates: the learner's groups become `layer_groups`, "
+     "then each stage freezes, fits (one cycle, or until it stops improving) and validates.")
     if resume and getattr(learn, 'train_checkpoint', None) is None:
-        raise ValueError("resume=True needs a learner with a TrainCheckpoint (`learner.get_learner` makes one)")
-    learn.splitter, learn.opt = layer_groups, None  # the optimiser is rebuilt with one parameter group per layer group
+        raise ValueError("resume=True needs a learner with a TrainCheckpoint "
+                         "(`learner.get_learner` makes one)")
+    # the optimiser is rebuilt with one parameter group per layer group
+    learn.splitter, learn.opt = layer_groups, None
     n = len(layer_groups(learn.model))
-    skip = [c for c in learn.cbs if type(c).__name__ == 'EarlyStoppingCallback'
-            or (c is getattr(learn, 'train_checkpoint', None) and not resume)]  # epochs restart every stage
     rows = []
-    with learn.removed_cbs(skip):
+    with learn.removed_cbs(_stage_skips(learn, resume)):
         for k, s in enumerate(stages):
             learn.freeze_to(s.freeze_to)
             st, t0 = _stage_checkpoint(learn, k, s, resume) if resume else None, time.perf_counter()
             lr = s.lr_max if s.lr_min is None else slice(s.lr_min, s.lr_max)
             start = st['epoch'] + 1 if st else 0                # the first epoch not finished yet
-            if st and st['done']:                           # a finished stage: its weights, random state and history
-                if 'model' in st: unwrap(learn.model).load_state_dict(st['model'])
-                elif not (nxt := learn.train_checkpoint.file.with_name(f'stage{k + 1}.pth')).exists():
-                    raise ValueError(f"{learn.train_checkpoint.file} holds no weights (a snapshot's finished stage) "
-                                     f"and no later stage's checkpoint does ({nxt.name} does not exist): "
-                                     "restore the run folder from a whole snapshot, or fine-tune afresh")
-                torch.set_rng_state(st['torch_rng'])          # without weights: the later stage's checkpoint has them
-                restore_history(learn, st)
-                dl = epoch_loader(learn)
-                if hasattr(dl, 'set_epoch'): dl.set_epoch(st['config']['data_epoch'] + len(st['values']))
+            # a finished stage: its weights, random state and history
+            if st and st['done']: _replay_stage(learn, k, st)
             elif s.patience is None: learn.fit_one_cycle(s.epochs, lr, moms=moms, start_epoch=start)
-            else:                                           # its best epoch's weights come back (`SaveBestCallback`)
-                with learn.added_cbs(EarlyStoppingCallback(monitor='valid_loss', patience=s.patience)):
-                    learn.fit(s.epochs, lr, start_epoch=start)
-            trained, va = len(learn.recorder.values), learn.validate()
-            replayed = sum(st['times'][:start]) if st else 0.                     # seconds read back, not trained now
-            groups = f"{n + s.freeze_to if s.freeze_to < 0 else s.freeze_to}..{n - 1} of {n}"
-            rows.append(dict(groups=groups, epochs=trained, lr_max=s.lr_max, lr_min=s.lr_min, valid_loss=float(va[0]),
-                             valid_acc=float(va[1]), seconds=round(time.perf_counter() - t0 + replayed, 1),
-                             replayed=round(replayed, 1)))
+            else:   # its best epoch's weights come back (`SaveBestCallback`)
+                stop = EarlyStoppingCallback(monitor='valid_loss', patience=s.patience)
+                with learn.added_cbs(stop): learn.fit(s.epochs, lr, start_epoch=start)
+            rows.append(_stage_row(learn, s, n, st, start, t0))
     if resume:                                              # the learner's own checkpoint again
         tcb = learn.train_checkpoint
         tcb.fname, tcb.run_config, tcb.state, tcb.epoch0 = 'checkpoint', learn.config, None, 0
     return pd.DataFrame(rows)
-
-# %% ../../nbs/14a_finetune.ipynb #c0c8362e
-KIND_NAMES = dict(ulmfit='fine-tuned', scratch='from scratch')   # a plan's classifiers, and their names in words
-CLF_KINDS = tuple(KIND_NAMES)      # fine-tuned from the plan's language model, and from scratch
-
-@dataclass(frozen=True)
-class PretrainPlan:
-    ("A declared pretraining-then-fine-tuning comparison: per arm, a language model, then classifiers "
-     "fine-tuned from it and from scratch.")
-    name:str                 # e.g. 'ulmfit-imdb': the `study` command's argument
-    arms:tuple               # variants (`models.VARIANTS`)
-    # model fields the language model and the classifiers share (each variant takes those it has)
-    model:dict
-    lm:dict                  # the pretraining run's fields (`lm.get_lm_learner`): documents, context, epochs
-    clf:dict                 # the classifiers' fields (`learner.get_learner`): max_len, bs, epochs, patience
-    seeds:tuple = (1, 2, 3)  # seeds of the classifiers (the language model is one run, seed 0)
-    n_gradual:int = 3        # ULMFiT stages that unfreeze one more group
-    # rates tried on the pass's first part, one epoch each: the lowest validation loss sets the pass's rate
-    # (empty: fastai's `lr_find` suggests it)
-    lm_lrs:tuple = ()
-    # each classifier's rate, chosen on validation as the fair protocol does: every rate of a kind trains a run at
-    # seed 0, and the seeds train at the one of highest validation accuracy (empty: `lr_find` suggests each run's rate)
-    ulmfit_lrs:tuple = ()    # the fine-tune's head rate (`ulmfit_schedule` derives the other stages' from it)
-    scratch_lrs:tuple = ()   # the classifier from scratch
-    # while a kind's best search run sits at an edge of the rates tried, one more rate past it (`past_edge`), at most
-    # this many past each edge of its grid, as the fair protocol's search does: a best rate at an edge is not a choice
-    edge_steps:int = 2
-    preset:str = 'repro'     # the `settings.ini` preset under every run
-    note:str = ''            # what the sizes are and why
-
-    def __post_init__(self):
-        for v in self.arms: check_choice(v, VARIANTS, 'variant')
-        if not self.arms or not self.seeds: raise ValueError(f"plan {self.name!r} needs arms and seeds")
-        for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs'):
-            if not all(isinstance(r, float) and r > 0 for r in getattr(self, k)):
-                raise ValueError(f"plan {self.name!r}: {k} must be rates (floats > 0), got {getattr(self, k)!r}")
-        if not isinstance(self.edge_steps, int) or self.edge_steps < 0:
-            raise ValueError(f"plan {self.name!r}: edge_steps must be a whole number >= 0, got {self.edge_steps!r}")
-        if 'shards' in self.lm and self.lm['shards'] != self.lm.get('epochs'):
-            raise ValueError(f"plan {self.name!r}: its pass reads each part of the documents once, so lm's epochs must "
-                             f"equal its shards, got epochs={self.lm.get('epochs')!r}, shards={self.lm['shards']!r}")
-
-    @property
-    def parts(self)->int:
-        "The parts of the pretraining pass, an epoch each: `lm`'s shards (else each epoch reads all the documents)."
-        return self.lm.get('shards', self.lm['epochs'])
-
-    def model_fields(self, variant:str)->dict:
-        "The shared model fields that `variant` has (TransJect has no heads, the softmax family no experts)."
-        return {k: v for k, v in self.model.items() if k in model_fields(variant)}
-
-    def clf_lrs(self, kind:str)->tuple:
-        "The rates a classifier of `kind` ('ulmfit': its head's, or 'scratch') searches; empty where `lr_find` chooses."
-        lrs = {'ulmfit': self.ulmfit_lrs, 'scratch': self.scratch_lrs}
-        return lrs[check_choice(kind, CLF_KINDS, 'classifier kind')]
-
-    def runs_per_arm(self)->int:
-        ("An arm's runs, at least: its language model, its classifiers' rate grids, and both classifiers at every "
-         "seed (a search that goes past an edge of its grid adds runs).")
-        return 1 + len(self.ulmfit_lrs) + len(self.scratch_lrs) + len(CLF_KINDS) * len(self.seeds)
-
-    def objective(self, variant:str)->str:
-        "How the arm pretrains: causal where the variant can be, masked otherwise."
-        return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
-
-# %% ../../nbs/14a_finetune.ipynb #39b2af9f
-def _clock_secs(t)->float:
-    "fastai's epoch time, 'mm:ss' or 'h:mm:ss', in seconds."
-    return float(sum(int(x) * 60 ** i for i, x in enumerate(reversed(str(t).split(':')))))
-
-def _history_of(run)->pd.DataFrame:
-    "A run folder's epochs so far (its `history.csv`), empty before its first."
-    f = Path(run)/'history.csv'
-    return pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
-
-
-
-# %% ../../nbs/14a_finetune.ipynb #39b2afa1
-def pretrain_rates(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # per arm and rate tried: validation loss and perplexity after the first part, seconds
-    "The first-part runs that choose each arm's pretraining rate (`plan.lm_lrs`), as far as they got."
-    rows = []
-    for v in plan.arms:
-        for lr in plan.lm_lrs:
-            h = _history_of(Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}')
-            rows.append(dict(arm=v, lr=lr, done=len(h) > 0, valid_loss=float(h.valid_loss.iloc[-1]) if len(h) else None,
-                             valid_ppl=float(h.perplexity.iloc[-1]) if len(h) else None,
-                             secs=_clock_secs(h.time.iloc[-1]) if len(h) else None))
-    return pd.DataFrame(rows, columns=['arm', 'lr', 'done', 'valid_loss', 'valid_ppl', 'secs'])
-
-def best_pretrain_rate(
-    rates:pd.DataFrame,     # from `pretrain_rates`
-    arm:str,                # the arm whose rate to choose
-)->float:                   # the rate of the lowest finite validation loss
-    "The arm's pretraining rate: the tried rate whose first part ended with the lowest validation loss."
-    r = rates[(rates.arm == arm) & rates.done]
-    if len(r) < (rates.arm == arm).sum():
-        raise ValueError(f"{arm}: the first part has not finished at every rate tried: {r.lr.tolist()} of "
-                         f"{rates[rates.arm == arm].lr.tolist()}")
-    r = r[np.isfinite(r.valid_loss.astype(float))]
-    if not len(r): raise ValueError(f"{arm}: the first part diverged at every rate tried")
-    return float(r.lr[r.valid_loss.astype(float).idxmin()])
-
-
-
-# %% ../../nbs/14a_finetune.ipynb #39b2afb6
-def _lm_kw(plan, v)->dict:
-    "The fields of an arm's language-model runs: its objective, preset, seed 0, model and `plan.lm`."
-    return dict(objective=plan.objective(v), preset=plan.preset, seed=0, **plan.model_fields(v), **plan.lm)
-
-def _rate_probe(plan, v, out, source, lr, progress=False):
-    "The pass's first part at rate `lr`: a one-epoch run of its own (`<arm>/lm-rates/lr<lr>`), read back if finished."
-    learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}', source=source,
-                           **(_lm_kw(plan, v) | dict(epochs=1, lr=lr)))
-    return train_learner(learn, progress=progress)
-
-def _lm_learner(plan, v, out, source, progress=False):
-    ("The arm's language model, pretrained or read back from its run folder, at the rate its first part chose "
-     "on validation (`plan.lm_lrs`) or at `lr_find`'s.")
-    kw = _lm_kw(plan, v)
-    if plan.lm_lrs:
-        tried = pretrain_rates(plan, out)                   # a finished try is read from its history, not run again
-        for lr in tried[(tried.arm == v) & ~tried.done.astype(bool)].lr: _rate_probe(plan, v, out, source, lr, progress)
-        kw['lr'] = best_pretrain_rate(pretrain_rates(plan, out), v)
-    learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm', source=source, **kw)
-    if not plan.lm_lrs: find_lr(learn)                      # a started run keeps its rate: no range test then
-    train_learner(learn, progress=progress)                 # a finished run: its best weights, loaded
-    return learn
-
-def _lm_run(plan, v, out, source, progress):
-    "The arm's language model (`_lm_learner`) and its scores."
-    learn = _lm_learner(plan, v, out, source, progress)
-    return learn, evaluate_lm(learn) | dict(lr=learn.train_cfg.lr)
-
-def _clf_data(plan, lm_learn, source, out):
-    "IMDb's classification splits, tokenized with the language model's vocabulary."
-    vocab = save_vocab(lm_learn.corpus.tokenizer, Path(out)/plan.name/'vocab'/f"{lm_learn.corpus.key}.txt")
-    max_len = plan.clf.get('max_len', 256)
-    return load_task('imdb', source=source, max_len=max_len, vocab=vocab, progress=False)
-
-# %% ../../nbs/14a_finetune.ipynb #6ec59ba5
-def _classifier(plan, v, data, path, seed, pretrained=None, lr=None):
-    ("A classifier run, resumable: pretrained (ULMFiT's schedule, its last stage until it stops improving) "
-     "or from scratch, at `lr` (the fine-tune's head rate) or at the rate `lr_find` suggests.")
-    causal = pretrained is not None and plan.objective(v) == 'causal'      # a causal encoder keeps its mask
-    given = ({'causal': True} if causal else {}) | ({'lr': lr} if lr else {})
-    learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
-                        **plan.model_fields(v), **plan.clf, **given)
-    t0 = time.perf_counter()
-    if pretrained is None:
-        f = learn.train_checkpoint.file
-        carried = sum(load_checkpoint(f)['times']) if f.exists() else 0.       # seconds of a resumed run's epochs
-        lr = lr or find_lr(learn); train_learner(learn, progress=False); stages = None
-    else:
-        load_pretrained(learn, pretrained)
-        learn.splitter, learn.opt = layer_groups, None
-        learn.train_checkpoint.fname = 'stage0'             # a started fine-tune keeps its rate: `find_lr` reads it
-        learn.freeze_to(-1); lr = lr or find_lr(learn)                          # the head's rate, the rest frozen
-        with learn.no_bar(), learn.no_logging():
-            stages = fine_tune(learn, ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,   # last: until best
-                                                      epochs_last=learn.train_cfg.epochs,
-                                                      patience_last=learn.train_cfg.patience), resume=True)
-        carried = stages.replayed.sum()
-    res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0 + carried, 1),
-                                 max_epochs=learn.train_cfg.epochs)   # the cap (the last stage's, fine-tuned)
-    return res if stages is None else res | dict(stages=stages.to_dict('records'))
-
-# %% ../../nbs/14a_finetune.ipynb #4d4c2c61
-_SNAP_CONTROLS = 'controls'   # a snapshot's folder for the plan's controls, which live beside its runs
-
-def _controls_root(plan, out)->Path:
-    "The folder of a plan's controls (`run_controls`): beside its runs, where the plan's own readers do not look."
-    return Path(out)/f'{plan.name}-controls'
-
-def _start_from(plan, out, start_from):
-    "Copy a `snapshot_pretrain` folder to `out`: its runs where the plan has none there, its controls where none are."
-    if start_from is None: return
-    snap, runs, ctl = Path(start_from), Path(out)/plan.name, _controls_root(plan, out)
-    if not (snap/'.snapshot').is_file():
-        raise FileNotFoundError(f"{start_from} is not a snapshot of a pretraining plan (`snapshot_pretrain`)")
-    copy_new(snap, runs, ignore=lambda d, names: [_SNAP_CONTROLS] if Path(d) == snap else [])   # whole or none
-    if (snap/_SNAP_CONTROLS).is_dir(): copy_new(snap/_SNAP_CONTROLS, ctl)
-
-@contextmanager
-def _arm_claim(folder:Path):
-    ("While it is held, this process trains the arm in `folder`: yields None, or the pid of the process that holds it "
-     "already (POSIX `flock`, released when its holder ends, however it ends; elsewhere always granted).")
-    try: import fcntl
-    except ImportError: yield None; return
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder/'.lock', 'a+') as f:                       # not truncated: the holder's pid stays readable
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0); yield f.read().strip() or '?'; return
-        f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
-        yield None
-
-
-
-# %% ../../nbs/14a_finetune.ipynb #8faeab17
-def _supersede(run:Path, lr:float)->Path|None:
-    ("Move a run in `run` that trained at a rate other than `lr` (its `results.json`, else the `rate.json` it started "
-     "with) to `superseded/` beside it, kept, so that `run` trains afresh at `lr`; where it went, or None.")
-    rec = next((f for f in (run/'results.json', run/'rate.json') if f.is_file()), None)
-    if rec is None or np.isclose(old := float(json.loads(rec.read_text())['lr']), lr): return None
-    dest, n = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}", 1
-    while dest.exists(): n += 1; dest = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}-{n}"
-    dest.parent.mkdir(parents=True, exist_ok=True); run.rename(dest)
-    return dest
-
-def _arm_done(plan, v, out)->bool:
-    "Whether an arm is finished: its language model, each kind's search settled, every seed at the search's choice."
-    a = Path(out)/plan.name/v
-    if not (a/'lm'/'results.json').exists(): return False
-    res = pretrain_results(plan, out)
-    for kind in CLF_KINDS:
-        if next_clf_rate(plan, res, v, kind) is not None: return False
-        lr = best_clf_rate(res, v, kind) if plan.clf_lrs(kind) else None
-        for f in (a/kind/f'seed{s}'/'results.json' for s in plan.seeds):
-            if not f.exists() or (lr is not None and not np.isclose(json.loads(f.read_text())['lr'], lr)): return False
-    return True
-
-# %% ../../nbs/14a_finetune.ipynb #819de3dd
-def _train_arm(plan, v, out, source, progress):
-    ("One arm of a pretraining plan, resumably: its language model, each kind's rate search (`next_clf_rate`), "
-     "then both kinds at every seed, at the search's choice.")
-    a = Path(out)/plan.name/v
-    lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)   # pretrained, or read back
-    if not (a/'lm'/'results.json').exists(): atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
-    data_ = None
-    def train(kind, seed, lr, f):
-        nonlocal data_
-        data_ = data_ or _clf_data(plan, lm_learn, source, out)
-        if lr is not None and _phase(f) == 'seed':                 # what a resumed seed is at (a search's folder says)
-            atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))
-        res = _classifier(plan, v, data_, f.parent, seed, lm_learn if kind == 'ulmfit' else None, lr)
-        atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
-        if progress:
-            print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} "
-                  f"at {res['lr']:.2g}: valid {100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
-                  f"{res['secs']:.0f} s", flush=True)
-    for kind in CLF_KINDS:                           # each kind's search at seed 0: its grid, then past an edge
-        while (lr := next_clf_rate(plan, pretrain_results(plan, out), v, kind)) is not None:
-            train(kind, 0, lr, a/kind/'search'/f'lr{lr:g}'/'results.json')
-    for s in plan.seeds:
-        for kind in CLF_KINDS:
-            f = a/kind/f'seed{s}'/'results.json'
-            lr = best_clf_rate(pretrain_results(plan, out), v, kind) if plan.clf_lrs(kind) else None
-            if lr is not None and (moved := _supersede(f.parent, lr)) and progress:
-                print(f"[{plan.name}] {v} {kind} seed {s}: the search now chooses {lr:g}; the run before it is kept "
-                      f"in {moved}", flush=True)
-            if not f.exists(): train(kind, s, lr, f)
-
-# %% ../../nbs/14a_finetune.ipynb #f40d2983
-def run_pretrain_plan(
-    plan:PretrainPlan,      # the plan
-    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
-    out='runs/pretrain',    # the runs' root folder
-    progress:bool=True,     # a line per finished step
-    start_from=None,        # a `snapshot_pretrain` folder: copied to `out` where the plan (controls) has no runs yet
-    arms=None,              # the arms to work on (default: all, in the plan's order)
-)->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
-    ("Run a pretraining plan, resumably: each arm's language model, its classifiers' rate searches, then per seed "
-     "its fine-tuned and from-scratch classifiers; an arm another process is training is left to it.")
-    if isinstance(arms, str): arms = [arms]
-    arms = plan.arms if arms is None else [check_choice(v, plan.arms, 'arm') for v in arms]
-    source = task_source('imdb', data)
-    if source is None:
-        raise ValueError("a pretraining plan reads the IMDb reviews: "
-                         "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
-    _start_from(plan, out, start_from)
-    for v in arms:
-        if _arm_done(plan, v, out): continue                                     # read back, nothing loaded
-        with _arm_claim(Path(out)/plan.name/v) as other:
-            if other is None: _train_arm(plan, v, out, source, progress)
-            elif progress: print(f"[{plan.name}] {v}: process {other} is training it; left to it", flush=True)
-    return pretrain_results(plan, out)
-
-# %% ../../nbs/14a_finetune.ipynb #63b83384
-_SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')   # what a run's row reports
-
-_SUPERSEDED = 'superseded'   # beside a kind's seeds: finished runs at a rate the search no longer chooses
-
-def _phase(f:Path)->str:
-    ("A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/`, `<kind>/seed<s>/`, "
-     "or `superseded/` (`_supersede`).")
-    if _SUPERSEDED in f.parts: return _SUPERSEDED
-    return 'search' if f.parent.parent.name == 'search' else 'seed'
-
-def pretrain_results(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-# one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), phase, seed, scores, the classifier's cap, secs
-)->pd.DataFrame:
-    "The finished runs of a pretraining plan, read from their `results.json`."
-    rows = []
-    for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
-        if _SUPERSEDED in f.parts: continue                          # kept, but the plan has moved on (`_supersede`)
-        r = json.loads(f.read_text())
-        kind = 'lm' if f.parent.name == 'lm' else r['kind']
-        phase = 'lm' if kind == 'lm' else _phase(f)
-        secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
-        rows.append(dict(arm=f.relative_to(Path(out, plan.name)).parts[0], kind=kind, phase=phase, seed=r.get('seed'),
-                         secs=secs, max_epochs=r.get('max_epochs')) | {k: r.get(k) for k in _SCORES})
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', *_SCORES, 'max_epochs', 'secs'])
-
-def clf_runs(
-    results:pd.DataFrame,   # `pretrain_results`, or its CSV (one written before phases were recorded: seeds all)
-    phase:str='seed',       # 'seed': the runs the table reports; 'search': those that chose the rates
-)->pd.DataFrame:            # the classifier runs of that phase
-    "A plan's classifier runs of one phase."
-    ph = results.phase if 'phase' in results else pd.Series('seed', index=results.index)
-    return results[(results.kind != 'lm') & (ph == check_choice(phase, ('seed', 'search'), 'phase'))]
-
-# %% ../../nbs/14a_finetune.ipynb #16cff412
-def best_clf_rate(
-    results:pd.DataFrame,   # `pretrain_results`
-    arm:str,                # the arm
-    kind:str,               # 'ulmfit' or 'scratch'
-)->float:                   # the searched rate of the highest validation accuracy (the lower loss among equals)
-    "The rate a classifier kind's seeds train at: its search's best on validation, as the fair protocol chooses."
-    r = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
-    if not len(r): raise ValueError(f"{arm} {kind}: no search run has finished")
-    r = r[np.isfinite(r.valid_loss.astype(float))]
-    if not len(r): raise ValueError(f"{arm} {kind}: every search run diverged")
-    return float(r.sort_values(['valid_acc', 'valid_loss'], ascending=[False, True]).lr.iloc[0])
-
-def past_edge(
-    lr:float,     # a rate
-    down:bool,    # below it (True) or above it
-)->float:         # the next rate of the half-decade ladder 1, 3, 10, 30, ... (times a power of ten) past `lr`
-    "The next rate past `lr` on the half-decade ladder the plans' grids are drawn from."
-    e = math.floor(math.log10(lr) + 1e-9); m = lr / 10 ** e                 # lr = m × 10^e, 1 <= m < 10
-    x = (max(v for v in (0.3, 1, 3) if v < m * (1 - 1e-9)) if down else min(v for v in (3, 10) if v > m * (1 + 1e-9)))
-    return float(f"{x * 10 ** e:.3g}")
-
-def next_clf_rate(
-    plan:PretrainPlan,      # the plan
-    results:pd.DataFrame,   # `pretrain_results`
-    arm:str,                # the arm
-    kind:str,               # 'ulmfit' or 'scratch'
-)->float|None:              # the rate to train at seed 0 next; None once the search has chosen (or `lr_find` chooses)
-    ("A classifier kind's next search run: a rate of its grid not run yet, else one rate past the edge its best "
-     "sits at, at most `edge_steps` past the grid's.")
-    grid = plan.clf_lrs(kind)
-    if not grid: return None
-    done = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
-    tried = sorted(float(x) for x in done.lr)
-    new = lambda x: not any(np.isclose(x, t) for t in tried)
-    if left := [x for x in grid if new(x)]: return left[0]
-    best = best_clf_rate(results, arm, kind)
-    for edge, down, past in ((tried[0], True, sum(t < min(grid) * (1 - 1e-9) for t in tried)),
-                             (tried[-1], False, sum(t > max(grid) * (1 + 1e-9) for t in tried))):
-        if np.isclose(best, edge) and past < plan.edge_steps and new(x := past_edge(edge, down)): return x
-    return None
-
-# %% ../../nbs/14a_finetune.ipynb #63b83385
-def pretrain_progress(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per arm and epoch so far: its part of the pass, validation perplexity, seconds
-    "Each arm's language model epoch by epoch, finished or still running (its `history.csv`): a long pass's progress."
-    rows, k = [], plan.parts
-    for v in plan.arms:
-        h = _history_of(Path(out)/plan.name/v/'lm')
-        rows += [dict(arm=v, epoch=int(r.epoch), part=f"{int(r.epoch) % k + 1} of {k}", valid_ppl=float(r.perplexity),
-                      secs=_clock_secs(r.time)) for r in h.itertuples()]
-    return pd.DataFrame(rows, columns=['arm', 'epoch', 'part', 'valid_ppl', 'secs'])
-
-# %% ../../nbs/14a_finetune.ipynb #321a5209
-PRETRAIN_STUDIES = {p.name: p for p in (
-    PretrainPlan('ulmfit-imdb', ('transformer-prenorm', 'transject'),
-                 model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
-                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2,
-                         warmup=100),
-                 clf=dict(max_len=256, bs=32, epochs=40, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
-                 ulmfit_lrs=(3e-3, 1e-2, 3e-2), scratch_lrs=(1e-3, 3e-3, 1e-2),
-                 note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts "
-                      "(an epoch each, checkpointed), at the rate its first part chose among the language-model "
-                      "studies' three (their warm-up too); IMDb's repro split at 256 tokens; each classifier's rate "
-                      "searched on validation, past an edge of its grid while the best sits there (the fine-tune's "
-                      "head around ULMFiT's 2e-2)"),
-)}
-
-# %% ../../nbs/14a_finetune.ipynb #ee0c71f8
-def _runs_folder(folder)->Path:
-    "A plan's runs folder (`out/plan.name`) or its snapshot, refused where it is not a folder."
-    folder = Path(folder)
-    if not folder.is_dir(): raise FileNotFoundError(f"{folder} holds no plan's runs: give out/plan.name or a snapshot")
-    return folder
-
-def fine_tune_stages(
-    folder,                 # a plan's runs (`out/plan.name`) or their snapshot (`snapshot_pretrain`)
-# one row per stage of each finished fine-tune: arm, phase, seed, head rate, stage, groups, epochs, rates, validation
-)->pd.DataFrame:
-    "Each finished fine-tune stage by stage: the head alone on the frozen encoder, then what unfreezing added."
-    folder = _runs_folder(folder)
-    rows = []
-    for f in sorted(folder.glob('*/ulmfit/**/results.json')):
-        r = json.loads(f.read_text())
-        rows += [dict(arm=f.relative_to(folder).parts[0], phase=_phase(f), seed=r.get('seed'), lr=r.get('lr'), stage=k,
-                      groups=s['groups'], epochs=s['epochs'], lr_max=s['lr_max'], lr_min=s['lr_min'],
-                      valid_acc=s['valid_acc'], valid_loss=s['valid_loss'], minutes=s['seconds'] / 60)
-                 for k, s in enumerate(r.get('stages') or [])]
-    return pd.DataFrame(rows, columns=['arm', 'phase', 'seed', 'lr', 'stage', 'groups', 'epochs', 'lr_max', 'lr_min',
-                                       'valid_acc', 'valid_loss', 'minutes'])
-
-# %% ../../nbs/14a_finetune.ipynb #7b894946
-def clf_progress(
-    folder,                 # a plan's runs (`out/plan.name`) or their snapshot (`snapshot_pretrain`)
-# one row per classifier started and not finished: arm, kind, phase, seed, a search's rate, stage, epochs, validation
-)->pd.DataFrame:
-    "The classifiers still training: a fine-tune's stage, that stage's (or run's) epochs and best validation so far."
-    folder = _runs_folder(folder)
-    rows = []
-    for run in sorted(f.parent for k in CLF_KINDS for f in folder.glob(f'*/{k}/**/history.csv')):
-        if (run/'results.json').exists() or _SUPERSEDED in run.parts: continue    # finished, or the plan moved on
-        h, (arm, kind) = _history_of(run), run.relative_to(folder).parts[:2]
-        phase = _phase(run/'results.json'); search = phase == 'search'
-        stages = sorted(int(f.stem.removeprefix('stage')) for f in (run/'models').glob('stage*.pth'))
-        rows.append(dict(arm=arm, kind=kind, phase=phase,
-                         seed=0 if search else int(run.name.removeprefix('seed')),
-                         lr=float(run.name.removeprefix('lr')) if search else np.nan,
-                         stage=(stages[-1] if stages else 0) if kind == 'ulmfit' else np.nan, epochs=len(h),
-                         valid_acc=h.accuracy.max() if len(h) else np.nan,
-                         minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', 'lr', 'stage', 'epochs', 'valid_acc', 'minutes'])
-
-# %% ../../nbs/14a_finetune.ipynb #cd972560
-def clf_capped(
-    results:pd.DataFrame,   # `pretrain_results` (or its CSV)
-    phase:str='seed',       # 'seed' or 'search' (`clf_runs`)
-)->pd.DataFrame:            # arm, kind (in words), seed, lr, epochs, max_epochs; no row where the cap ended none
-    "The classifier runs of a phase that used every epoch of their cap."
-    if 'max_epochs' not in results:
-        raise ValueError("results lack the column max_epochs (each run's cap): pass `pretrain_results`")
-    r = clf_runs(results, phase)
-    r = r[r.epochs.astype(float) >= r.max_epochs.astype(float)]      # a run of unknown cap (NaN) is not counted
-    return (r.assign(kind=r.kind.map(KIND_NAMES), lr=r.lr if 'lr' in r else np.nan)
-            [['arm', 'kind', 'seed', 'lr', 'epochs', 'max_epochs']].reset_index(drop=True))
-
-# %% ../../nbs/14a_finetune.ipynb #01238365
-def pretrain_table(
-    results:pd.DataFrame,            # `pretrain_results`: one row per finished run
-    rates:pd.DataFrame|None=None,    # `pretrain_rates`: the first-part tries, whose seconds count as pretraining
-)->pd.DataFrame:                     # per arm and kind: test accuracy mean and s.d. over seeds, seeds, rate, minutes
-    ("Per arm, fine-tuned ('ulmfit') and from scratch: test accuracy over seeds and the CPU minutes of one classifier, "
-     "its rate search included, and its language model's pass and rate tries when fine-tuned.")
-    need = {'arm', 'kind', 'seed', 'test_acc', 'secs'}
-    if missing := need - set(results.columns):
-        raise ValueError(f"results lack columns {sorted(missing)}: pass `pretrain_results`")
-    pre = results[results.kind == 'lm'].groupby('arm').secs.sum()                    # each arm's pass
-    if rates is not None and len(rates): pre = pre.add(rates.groupby('arm').secs.sum(), fill_value=0).reindex(pre.index)
-    g = clf_runs(results).groupby(['arm', 'kind'])
-    t = pd.DataFrame(dict(test_acc=g.test_acc.mean(), test_acc_std=g.test_acc.std(), seeds=g.seed.count(),
-                          lr=g.lr.first() if 'lr' in results else np.nan, clf_minutes=g.secs.mean() / 60))
-    search = clf_runs(results, 'search').groupby(['arm', 'kind']).secs.sum() / 60   # every rate tried, all of it
-    t['search_minutes'] = search.reindex(t.index).fillna(0.)
-    t['pretrain_minutes'] = [pre.get(a, np.nan) / 60 if k == 'ulmfit' else 0. for a, k in t.index]
-    return t.assign(minutes=t.clf_minutes + t.search_minutes + t.pretrain_minutes)
-
-# %% ../../nbs/14a_finetune.ipynb #01238368
-def pretrain_verdicts(
-    results:pd.DataFrame,   # `pretrain_results`: one row per finished run
-    baseline:float,         # the accuracy to beat, one deterministic fit (TF-IDF's on IMDb)
-    alpha:float=ALPHA,      # the tests' level
-)->pd.DataFrame:            # per arm and claim: the difference of accuracies, its 1-alpha interval, p, verdict, seeds
-    "Per arm: is the fine-tuned classifier better than the one from scratch, and than `baseline` (a fixed number)?"
-    if not (isinstance(baseline, (int, float)) and 0 < baseline < 1):
-        raise ValueError(f"baseline must be an accuracy in (0, 1), got {baseline!r}")
-    rows = []
-    for arm, g in clf_runs(results).groupby('arm', sort=False):
-        ft, sc = (g[g.kind == k].test_acc.astype(float).to_numpy() for k in ('ulmfit', 'scratch'))
-        if len(ft) and len(sc):
-            r = welch(ft, sc, alpha)
-            rows.append(dict(arm=arm, claim='fine-tuned > from scratch', diff=r['diff'], lo=r['lo'], hi=r['hi'],
-                             p=r['p'], verdict=r['verdict'], seeds=len(ft)))
-        if len(ft):                               # the baseline is a number without spread: the one-sample t-test
-            diff, spread = ft.mean() - baseline, len(ft) > 1 and ft.std() > 0
-            t = ttest_1samp(ft, baseline) if spread else None
-            lo, hi = ((np.array(t.confidence_interval(1 - alpha)) - baseline) if spread
-                      else (diff, diff) if len(ft) > 1 else (np.nan, np.nan))
-            p = np.nan if len(ft) < 2 else t.pvalue if spread else float(diff == 0)
-            rows.append(dict(arm=arm, claim='fine-tuned > baseline', diff=diff, lo=lo, hi=hi, p=p, seeds=len(ft),
-                             verdict='not tested' if len(ft) < 2                # only the network's seeds have a spread
-                             else verdict_of(p, diff, n_a=len(ft), n_b=len(ft), alpha=alpha)))
-    return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'lo', 'hi', 'p', 'verdict', 'seeds'])
-
-# %% ../../nbs/14a_finetune.ipynb #0123836d
-def lengths_table(
-    lengths:pd.DataFrame,   # the baseline per reading length (`max_len`, `test_acc`, `test_cut`), the tables' first
-)->pd.DataFrame:            # per length read: test accuracy (%) and its gain over the first length (points)
-    "The baseline's test accuracy at each reading length, and its gain over the first ('whole reviews': nothing cut)."
-    if missing := sorted({'max_len', 'test_acc', 'test_cut'} - set(lengths.columns)):
-        raise ValueError(f"lengths lack columns {missing}")
-    if len(lengths) < 2:
-        raise ValueError(f"lengths needs the tables' length and a longer one: got {len(lengths)} row(s)")
-    read = ['whole reviews' if r.test_cut == 0 else f"{r.max_len} tokens" for r in lengths.itertuples()]
-    acc = 100 * lengths.test_acc.to_numpy(float)
-    return pd.DataFrame({'test accuracy %': acc, 'gain (points)': acc - acc[0]}, index=pd.Index(read, name='read'))
-
-# %% ../../nbs/14a_finetune.ipynb #09bd9a8d
-def pass_table(
-    plan:PretrainPlan,          # the plan
-    rates:pd.DataFrame,         # `pretrain_rates` (empty: the plan takes `lr_find`'s rate)
-    progress:pd.DataFrame,      # `pretrain_progress`
-)->pd.DataFrame:                # per arm with a part trained: parts, rate, rates tried, best perplexity, its part, pace
-    "Each arm's pretraining pass: parts trained, its rate among those tried, best validation perplexity, pace."
-    rows = []
-    for a, g in progress.groupby('arm', sort=False):
-        tried = rates[rates.arm == a]
-        chosen = len(tried) and tried.done.astype(bool).all()                 # every rate's first part finished
-        ppl, m = g.valid_ppl.to_numpy(float), g.secs.mean() / 60
-        ok = np.isfinite(ppl).any()
-        rows.append(dict(arm=a, parts=len(g), of=plan.parts, lr=best_pretrain_rate(tried, a) if chosen else np.nan,
-                         tried=', '.join(f'{x:g}' for x in tried.lr), best_valid_ppl=np.nanmin(ppl) if ok else np.nan,
-                         best_part=int(np.nanargmin(ppl)) + 1 if ok else np.nan, minutes_a_part=m,
-                         pass_hours=m * plan.parts / 60))
-    return pd.DataFrame(rows, columns=['arm', 'parts', 'of', 'lr', 'tried', 'best_valid_ppl', 'best_part',
-                                       'minutes_a_part', 'pass_hours']).set_index('arm')
-
-# %% ../../nbs/14a_finetune.ipynb #01238371
-def _check_pretrained(plan, variant, out):
-    "Refuse an arm that is not the plan's, or whose language model has not finished."
-    check_choice(variant, plan.arms, f"arm of plan {plan.name!r}")
-    if not (Path(out)/plan.name/variant/'lm'/'results.json').is_file():
-        raise FileNotFoundError(f"the language model of {variant!r} in plan {plan.name!r} has not finished under "
-                                f"{out}: run_pretrain_plan (`transject-nb study {plan.name}`) pretrains it first")
-
-def pretrained_lm(
-    plan:PretrainPlan,      # the plan
-    variant:str,            # one of `plan.arms`
-    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA): its corpus and tokenizer
-    out='runs/pretrain',    # the runs' root folder
-):                          # a language-model Learner with its best weights; `.corpus` holds the tokenizer
-    "An arm's finished language model, read back from its run folder, to sample from (`lm.generate`) or score."
-    _check_pretrained(plan, variant, out)
-    source = task_source('imdb', data)
-    if source is None:
-        raise ValueError("reading a pretrained model back needs its corpus: give data= a root holding imdb/ "
-                         "(or $TRANSJECT_DATA)")
-    return _lm_learner(plan, variant, out, source)
-
-
-
-# %% ../../nbs/14a_finetune.ipynb #91add2b1
-# control -> whether it starts from the language model
-PRETRAIN_CONTROLS = {'causal from scratch': False, 'pretrained, one stage': True}
-
-def control_learner(
-    plan:PretrainPlan,      # the plan
-    variant:str,            # a causal arm of the plan
-    control:str,            # one of `PRETRAIN_CONTROLS`
-    data,                   # IMDb tokenized with the language model's vocabulary (`TaskData`)
-    lm,                     # the arm's language model (`pretrained_lm`)
-    path,                   # the run folder
-    lr:float,               # the rate
-    seed:int,               # the seed
-):                          # a `TaskLearner`, causal, its encoder the language model's where the control says so
-    "One control of a causal arm's fine-tune: the plan's classifier with the causal mask, to train as from scratch."
-    check_choice(control, PRETRAIN_CONTROLS, 'control')
-    if plan.objective(variant) != 'causal':
-        raise ValueError(f"{variant!r} pretrains as a masked model and reads both ways fine-tuned: "
-                         "it has no causal control")
-    learn = get_learner('imdb', variant, preset=plan.preset, data=data, path=path, seed=seed,
-                        **plan.model_fields(variant), **plan.clf, causal=True, lr=lr)
-    if PRETRAIN_CONTROLS[control]: load_pretrained(learn, lm)      # a resumed run loads its checkpoint over it
-    return learn
-
-# %% ../../nbs/14a_finetune.ipynb #9c26f30a
-def _control_dir(plan, out, v:str, c:str)->Path:
-    "The folder of control `c` of arm `v`, one `seed<n>` run folder a seed: beside the plan's runs, not in them."
-    return _controls_root(plan, out)/v/c.replace(', ', '-').replace(' ', '-')
-
-def _control_file(plan, out, v:str, c:str, seed:int)->Path:
-    "Where control `c` of arm `v` at `seed` keeps its `results.json`."
-    return _control_dir(plan, out, v, c)/f'seed{seed}'/'results.json'
-
-def control_results(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per finished control and seed: arm, control, its scores, rate and cap
-    "The finished controls of a plan's causal arms, read from their `results.json`, seeds in order."
-    rows = [dict(arm=v, control=c) | json.loads(f.read_text()) for v in plan.arms for c in PRETRAIN_CONTROLS
-            for f in sorted(_control_dir(plan, out, v, c).glob('seed*/results.json'),
-                            key=lambda f: int(f.parent.name.removeprefix('seed')))]
-    return pd.DataFrame(rows, columns=None if rows else ['arm', 'control', 'seed', 'valid_acc', 'test_acc', 'lr'])
-
-def control_progress(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per control started, not finished: arm, control, seed, epochs, validation, minutes
-    "The controls still training: the epochs each has trained so far and its best validation accuracy."
-    rows, seed_of = [], lambda run: int(run.name.removeprefix('seed'))
-    for v in plan.arms:
-        for c in PRETRAIN_CONTROLS:
-            for run in sorted(_control_dir(plan, out, v, c).glob('seed*'), key=seed_of):
-                if (run/'results.json').is_file() or not (run/'history.csv').is_file(): continue   # finished, or none
-                h = _history_of(run)
-                rows.append(dict(arm=v, control=c, seed=seed_of(run), epochs=len(h),
-                                 valid_acc=h.accuracy.max() if len(h) else np.nan,
-                                 minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
-    return pd.DataFrame(rows, columns=['arm', 'control', 'seed', 'epochs', 'valid_acc', 'minutes'])
-
-def control_seeds(
-    plan:PretrainPlan,      # the plan
-)->tuple:                   # the searches' seed (0; the plan's first where it does not search), then the plan's seeds
-    "The seeds the controls run at: the one the rate was chosen at, then those of the runs a verdict compares."
-    return tuple(dict.fromkeys(((0,) if plan.clf_lrs('scratch') else ()) + tuple(plan.seeds)))
-
-# %% ../../nbs/14a_finetune.ipynb #8d5402b4
-def run_controls(
-    plan:PretrainPlan,      # the plan: its causal arms' language models and classifiers from scratch finished
-    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
-    out='runs/pretrain',    # the runs' root folder
-    seeds=None,             # the seeds to train (default `control_seeds`: all, the searches' first)
-    start_from=None,        # a `snapshot_pretrain` folder, copied to `out` as `run_pretrain_plan` copies it
-)->pd.DataFrame:            # `control_results`: one row per causal arm, control and seed finished
-    "Take causal fine-tunes apart: the classifier with the causal mask, from scratch and from the language model."
-    source = task_source('imdb', data)
-    if source is None:
-        raise ValueError("the controls read the IMDb reviews: give data= a root holding imdb/ (or $TRANSJECT_DATA)")
-    _start_from(plan, out, start_from)
-    res = pretrain_results(plan, out)
-    seeds = control_seeds(plan) if seeds is None else tuple(seeds)
-    if not seeds or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in seeds):
-        raise ValueError(f"seeds must be whole numbers, at least 0 (e.g. {control_seeds(plan)}), got {seeds!r}")
-    searches = bool(plan.clf_lrs('scratch'))
-    seed = 0 if searches else plan.seeds[0]                       # the rate's
-    for v in (v for v in plan.arms if plan.objective(v) == 'causal'):
-        _check_pretrained(plan, v, out)
-        if searches:                                              # the rate is the whole search's choice
-            if (nxt := next_clf_rate(plan, res, v, 'scratch')) is not None:
-                raise ValueError(f"{v}: the rate of its classifier from scratch is not settled (its search has yet to "
-                                 f"try {nxt:g}): run the plan first")
-            lr = best_clf_rate(res, v, 'scratch')
-        else:
-            scr = clf_runs(res, 'seed').query("arm == @v and kind == 'scratch' and seed == @seed")
-            if not len(scr):
-                raise ValueError(f"{v}: the rate of its classifier from scratch is not settled (its run at seed "
-                                 f"{seed} has not finished): run the plan first")
-            lr = float(scr.lr.iloc[0])
-        for s, c in ((s, c) for s in seeds for c in PRETRAIN_CONTROLS):   # a control at another rate: kept aside
-            _supersede(_control_file(plan, out, v, c, s).parent, lr)
-        todo = [(s, c) for s in seeds for c in PRETRAIN_CONTROLS if not _control_file(plan, out, v, c, s).is_file()]
-        if not todo: continue                                     # read back, nothing loaded
-        lm = pretrained_lm(plan, v, data, out)
-        clf_data = _clf_data(plan, lm, source, out)
-        for s, c in todo:                                         # seed by seed: a finished seed is a whole comparison
-            f = _control_file(plan, out, v, c, s)
-            atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))            # what a resumed control is at
-            learn = control_learner(plan, v, c, clf_data, lm, f.parent, lr, s)
-            train_learner(learn, progress=False)
-            res_c = evaluate(learn) | dict(lr=lr, max_epochs=learn.train_cfg.epochs)
-            atomic_write(f, json.dumps(res_c, indent=1, default=str))
-    return control_results(plan, out)
-
-# %% ../../nbs/14a_finetune.ipynb #ce6c407e
-CONTROL_STEPS = ('the mask', 'the pretraining', "ULMFiT's stages")   # scratch -> causal -> pretrained -> fine-tuned
-_SIDES = ('from scratch', *PRETRAIN_CONTROLS, "fine-tuned, ULMFiT's stages")
-
-def _four(a, g, results, on=None):
-    "The arm's four classifiers' test accuracies: at the seeds `on`, or one run each at the controls' first seed."
-    sd = clf_runs(results).query("arm == @a")                                # the plan's seeds
-    four = [sd[sd.kind == 'scratch'], *(g[g.control == k] for k in PRETRAIN_CONTROLS), sd[sd.kind == 'ulmfit']]
-    if on is not None: return [d[d.seed.isin(on)].sort_values('seed').test_acc.to_numpy(float) for d in four]
-    seed = int(g.seed.iloc[0])
-    runs = pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a and seed == @seed")
-    def best(k):                                     # test accuracy of the kind's run of highest validation accuracy
-        r = runs[runs.kind == k]
-        return r.sort_values('valid_acc').test_acc.to_numpy(float)[-1:]
-    got = g[g.seed == seed]
-    return [best('scratch'), *(got[got.control == k].test_acc.to_numpy(float)[:1] for k in PRETRAIN_CONTROLS),
-            best('ulmfit')]
-
-# %% ../../nbs/14a_finetune.ipynb #2ab37666
-def controls_table(
-    controls:pd.DataFrame,  # `run_controls`
-    results:pd.DataFrame,   # `pretrain_results`
-    alpha:float=ALPHA,      # the level of the interval and test across seeds
-# per causal arm and step: the seeds, the two sides' mean test accuracy (%), the change (points), its interval, p
-)->pd.DataFrame:
-    "What the mask, the pretraining and ULMFiT's stages each change in test accuracy, with Welch's interval."
-    rows, nan = [], np.nan
-    for a, g in controls.groupby('arm', sort=False):
-        sd = clf_runs(results).query("arm == @a")
-        kinds = [set(sd[sd.kind == 'scratch'].seed), *(set(g[g.control == k].seed) for k in PRETRAIN_CONTROLS),
-                 set(sd[sd.kind == 'ulmfit'].seed)]
-        on = sorted(set.intersection(*kinds))              # the plan's seeds all four have run at
-        tested = len(on) >= 2
-        acc = _four(a, g, results, on if tested else None)
-        seeds = ', '.join(map(str, on)) if tested else f"{int(g.seed.iloc[0])} (one run each)"
-        for i, step in enumerate(CONTROL_STEPS):
-            x, y = acc[i], acc[i + 1]
-            w = welch(y, x, alpha) if tested else None
-            diff = 100 * (y.mean() - x.mean()) if len(x) and len(y) else nan
-            rows.append({'arm': a, 'step': step, 'from': _SIDES[i], 'to': _SIDES[i + 1], 'seeds': seeds,
-                         'from %': 100 * x.mean() if len(x) else nan, 'to %': 100 * y.mean() if len(y) else nan,
-                         'change (points)': diff + 0, 'lo': 100 * w['lo'] if w else nan,
-                         'hi': 100 * w['hi'] if w else nan, 'p': w['p'] if w else nan})
-    return pd.DataFrame(rows, columns=['arm', 'step', 'from', 'to', 'seeds', 'from %', 'to %', 'change (points)',
-                                       'lo', 'hi', 'p']).set_index(['arm', 'step'])
-
-
-
-# %% ../../nbs/14a_finetune.ipynb #48b62c93
-def superseded_runs(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-)->pd.DataFrame:            # one row per run kept aside: arm, kind (a classifier's or a control's), seed, rate, scores
-    "The finished runs kept in `superseded/`: trained at a rate their search no longer chooses, then trained again."
-    where = ([(v, k, Path(out, plan.name)/v/k) for v in plan.arms for k in CLF_KINDS]
-             + [(v, c, _control_dir(plan, out, v, c)) for v in plan.arms for c in PRETRAIN_CONTROLS])
-    rows = []
-    for v, k, d in where:
-        for f in sorted(d.glob(f'{_SUPERSEDED}/*/results.json')):          # lr<old>-seed<s>, then -<n> if kept before
-            r = json.loads(f.read_text())
-            rows.append(dict(arm=v, kind=k, seed=int(re.search(r'-seed(\d+)', f.parent.name)[1]), lr=r['lr'],
-                             valid_acc=r.get('valid_acc'), test_acc=r.get('test_acc'),
-                             secs=r.get('secs', r.get('train_secs'))))      # a control's seconds: `train_secs`
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'lr', 'valid_acc', 'test_acc', 'secs'])
-
-def superseded_table(
-    superseded:pd.DataFrame,   # `superseded_runs`
-    results:pd.DataFrame,      # `pretrain_results`: the searches whose choice moved
-)->pd.DataFrame:               # per arm and kind: seeds trained again, old rate, new rate, test accuracy at the old
-    "Which seeds trained again because a step past an edge moved their search's choice: from which rate to which."
-    rows = [dict(arm=a, kind=KIND_NAMES.get(k, f'the control {k!r}'), seeds=', '.join(map(str, g.seed)),
-                 old_lr=', '.join(f'{x:g}' for x in g.lr.unique()),
-                 new_lr=best_clf_rate(results, a, k if k in CLF_KINDS else 'scratch'),   # a control: the scratch choice
-                 old_test_acc=', '.join(f'{100 * x:.1f}%' for x in g.test_acc))
-            for (a, k), g in superseded.groupby(['arm', 'kind'], sort=False)]
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'seeds', 'old_lr', 'new_lr', 'old_test_acc'])
-
-# %% ../../nbs/14a_finetune.ipynb #5f5250c1
-def _slim(st:dict)->dict:
-    "A finished run's checkpoint without its last weights and optimiser: its best weights are `best.pth`."
-    return {k: v for k, v in st.items() if k not in ('model', 'opt')}
-
-def _running_classifier(run:Path)->dict:
-    ("A classifier still training: its history, best weights and newest checkpoint whole, its finished stages' "
-     "checkpoints slimmed (`fine_tune` takes their weights from the newest); file -> None (copied) or what to write.")
-    files = dict.fromkeys(f for f in (run/'history.csv', run/'rate.json', run/'models'/'best.pth',
-                                      run/'models'/'checkpoint.pth') if f.is_file())
-    *done, last = sorted((run/'models').glob('stage*.pth'), key=lambda f: int(f.stem[5:])) or [None]
-    for f in done: st = load_checkpoint(f); files[f] = _slim(st) if st['done'] else None
-    return files | ({last: None} if last else {})
-
-# %% ../../nbs/14a_finetune.ipynb #d7f941c7
-def snapshot_pretrain(
-    plan:PretrainPlan,      # the plan
-    out,                    # the runs' root folder
-    dest,                   # the snapshot's folder (replaced)
-)->pd.DataFrame:            # one row per file carried (its `.snapshot` mark aside): its path in it, bytes
-    "The part of a pretraining plan's runs another machine needs to go on, small enough to commit."
-    src, dest = Path(out)/plan.name, Path(dest)
-    if not src.is_dir(): raise FileNotFoundError(f"plan {plan.name!r} has no runs under {out}")
-    ctl = _controls_root(plan, out)
-    for d in (src, ctl):
-        if dest.resolve().is_relative_to(d.resolve()): raise ValueError(f"the snapshot {dest} would be inside {d}")
-    clf = lambda run: {run/'results.json': None} if (run/'results.json').is_file() else _running_classifier(run)
-    files = {}                                                   # file -> None (copied) or the checkpoint to write
-    for a in (src/v for v in plan.arms):
-        files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv') if len(_history_of(f.parent)))
-        for run in (r for g in ('*/seed*', '*/search/*', f'*/{_SUPERSEDED}/*') for r in sorted(a.glob(g))
-                    if r.is_dir()):
-            files |= clf(run)
-        files |= dict.fromkeys(f for f in (a/'lm'/n for n in ('results.json', 'history.csv', 'models/best.pth'))
-                               if f.is_file())
-        if (ck := a/'lm'/'models'/'checkpoint.pth').is_file():
-            st = load_checkpoint(ck); files[ck] = _slim(st) if st['done'] else None  # a running pass: all of it
-    for run in (r for g in ('*/*/seed*', f'*/*/{_SUPERSEDED}/*') for r in sorted(ctl.glob(g)) if r.is_dir()):
-        files |= clf(run)                                                        # the controls alike
-    tmp = dest.with_name(dest.name + '.tmp'); shutil.rmtree(tmp, ignore_errors=True)
-    for f, st in files.items():
-        rel = f.relative_to(src) if f.is_relative_to(src) else _SNAP_CONTROLS/f.relative_to(ctl)
-        (t := tmp/rel).parent.mkdir(parents=True, exist_ok=True)
-        if st is None: shutil.copy2(f, t)
-        else: torch.save(st, t)
-    atomic_write(tmp/'.snapshot', json.dumps(dict(plan=plan.name, files=len(files)), indent=1))
-    shutil.rmtree(dest, ignore_errors=True); tmp.rename(dest)                        # whole, or the old one kept
-    return pd.DataFrame([(str(f.relative_to(dest)), f.stat().st_size) for f in sorted(dest.rglob('*'))
-                         if f.is_file() and f.name != '.snapshot'],
-                        columns=['file', 'bytes'])
-
-# %% ../../nbs/14a_finetune.ipynb #021dbcbb
-def export_pretrain(
-    plan:PretrainPlan,      # the plan
-    out,                    # the runs' root folder
-    dest,                   # the folder a page reads (made if missing)
-)->dict:                    # file name -> rows written
-    "Write the tables a page renders from a pretraining plan's runs, small CSV files in one folder."
-    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
-    tables = dict(runs=pretrain_results, progress=pretrain_progress, rates=pretrain_rates, controls=control_results,
-                  superseded=superseded_runs)
-    wrote = {}
-    for n, read in tables.items():
-        t = read(plan, out)
-        if len(t) or n not in ('controls', 'superseded'):        # those two only where a run exists
-            t.to_csv(dest/f'{n}.csv', index=False); wrote[f'{n}.csv'] = len(t)
-    return wrote
-
-# %% ../../nbs/14a_finetune.ipynb #01238391
-def plot_pretrain_progress(
-    passes:dict,                   # label -> a `pretrain_progress` table: each arm's pass, part by part
-    rates:pd.DataFrame|None=None,  # `pretrain_rates`: each finished try drawn at part 1
-    title:str='',                  # over the plot
-):
-    "Validation perplexity part by part, one line per pass and arm; the rates tried on the first part as points."
-    import matplotlib.pyplot as plt
-    if not any(len(p) for p in passes.values()) and (rates is None or not rates.done.any()):
-        raise ValueError("nothing to draw: no pass has finished a part and no rate has been tried")
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for label, p in passes.items():
-        for arm, g in p.groupby('arm', sort=False):
-            ax.plot(g.epoch + 1, g.valid_ppl, marker='o', ms=3, label=f"{arm}, {label}")
-    if rates is not None and rates.done.any():
-        r = rates[rates.done.astype(bool)]
-        ax.scatter([1] * len(r), r.valid_ppl, marker='x', color='k', zorder=3, label='first part, each rate tried')
-        for x in r.itertuples(): ax.annotate(f" {x.lr:g}", (1, x.valid_ppl), fontsize=7, va='center')
-    ax.set(yscale='log', xlabel='parts of the pass trained', ylabel='validation perplexity', title=title)
-    ax.legend(fontsize=7); fig.tight_layout()
-    return fig
-
-
