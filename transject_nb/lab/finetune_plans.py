@@ -61,7 +61,7 @@ class PretrainPlan:
     arms:tuple               # variants (`models.VARIANTS`)
     # model fields the language model and the classifiers share (each variant takes those it has)
     model:dict
-    lm:dict   # the pretraining run's fields (`lm.get_lm_learner`): documents, context, epochs
+    lm:dict   # the pretraining run's fields (`lm_runs.get_lm_learner`): documents, context, epochs
     clf:dict  # the classifiers' fields (`learner.get_learner`): max_len, bs, epochs, patience
     seeds:tuple = (1, 2, 3)  # seeds of the classifiers (the language model is one run, seed 0)
     n_gradual:int = 3        # ULMFiT stages that unfreeze one more group

@@ -449,7 +449,7 @@ def plot_rate_depth(
 
 # %% ../../nbs/25_lm_studies.ipynb #76048ce4
 def similarity_link(
-    # `experiments.similarity_data` of a depth study's models: variant, layer, similarity
+    # `figures.similarity_data` of a depth study's models: variant, layer, similarity
     sim:pd.DataFrame,
     runs:pd.DataFrame,   # the study's finished seed runs (`protocol.LM_RESULT_COLUMNS`)
     seed:int=1,          # the seed whose models `sim` measured
@@ -459,7 +459,7 @@ def similarity_link(
      "and the largest share seen.")
     if missing := {'variant', 'layer', 'similarity'} - set(sim.columns):
         raise ValueError(f"sim lacks columns {sorted(missing)}: "
-                         "pass `experiments.similarity_data`'s table")
+                         "pass `figures.similarity_data`'s table")
     s = with_arm_depth(sim)
     top = s[s.layer == s.L]                                          # each model's last layer
     ppl = runs[runs.seed == seed].set_index('variant').test_ppl

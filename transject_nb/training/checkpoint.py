@@ -122,7 +122,7 @@ def restore_state(
 def epoch_loader(
     learn:Learner,   # a learner
 ):                   # its training loader that takes `set_epoch`, or the plain one
-    ("The training loader whose order (`BucketDL`) or part (`lm.ShardedLoader`) "
+    ("The training loader whose order (`BucketDL`) or part (`lm_runs.ShardedLoader`) "
      "follows the epoch, unwrapped.")
     dl = learn.dls.train
     return dl if hasattr(dl, 'set_epoch') else getattr(dl, 'dl', dl)

@@ -56,7 +56,7 @@ class LMCorpus:
     train:list                  # training documents: 1-d `LongTensor`s of token ids, no padding
     valid:list                  # validation documents, held-out reviews
     test:list                   # test documents, other held-out reviews
-    tokenizer:object            # the `data.WordPieceTokenizer` trained on the training documents
+    tokenizer:object            # the `tokenizers.WordPieceTokenizer` trained on the training documents
     source:str                  # the folder the texts came from
     key:str                     # a hash of everything the corpus depends on (its cache file's name)
     # held-out reviews left out because their text is also a training document
@@ -95,7 +95,7 @@ class LMCorpus:
 
 # %% ../../nbs/14b_lm_runs.ipynb #d02088d3
 def save_vocab(
-    tokenizer,   # a `data.WordPieceTokenizer`
+    tokenizer,   # a `tokenizers.WordPieceTokenizer`
     path,        # where the `vocab.txt` goes
 # `path`: one token per line, line n is id n, as `WordPieceTokenizer.from_vocab`
 # and `load_task(vocab=...)` read it
@@ -206,7 +206,7 @@ def _write_corpus(c:LMCorpus, cfile:Path):
 
 # %% ../../nbs/14b_lm_runs.ipynb #698ab450
 def _corpus_file(cache_dir, key:str)->Path|None:
-    "The corpus's cache file: in `cache_dir` (None: `data.default_cache_dir()`; False: no cache)."
+    "The corpus's cache file: in `cache_dir` (None: `tasks.default_cache_dir()`; False: no cache)."
     cdir = (None if cache_dir is False
             else Path(cache_dir) if cache_dir is not None else default_cache_dir())
     return cdir/f"lm-imdb-{key}.pt" if cdir else None
@@ -222,9 +222,9 @@ def load_lm_corpus(
     # test documents, other reviews of the test split (None: the other half)
     n_test:int|None=None,
     seed:int=42,             # seed of the shuffles
-    cache_dir=None,          # cache folder (default `data.default_cache_dir()`); False: no cache
+    cache_dir=None,          # cache folder (default `tasks.default_cache_dir()`); False: no cache
     refresh:bool=False,      # rebuild even if cached
-    # the vocab.txt the vocabulary is derived from (default: `data.find_vocab(source)`, bert's
+    # the vocab.txt the vocabulary is derived from (default: `tokenizers.find_vocab(source)`, bert's
     # beside the data); where there is none, one is trained on the documents: not reproducible,
     # so a warning says so
     base=None,
