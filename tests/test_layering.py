@@ -1,7 +1,7 @@
 """The three parts: the lesson (`transject_nb`), training (`transject_nb.training`) and the lab (`transject_nb.lab`).
 The lesson imports neither of the others and stays light (no fastai, Optuna, pandas or matplotlib); the lab uses the
 lesson through its public names; `core` is the encoder contract alone; every old path names its new home."""
-import ast, importlib, subprocess, sys
+import ast, importlib, json, re, statistics, subprocess, sys
 from pathlib import Path
 import pytest
 import transject_nb
@@ -40,6 +40,12 @@ def test_the_three_parts_are_there():
 def test_the_lesson_imports_neither_training_nor_the_lab(mod):
     bad = [m for m, _ in _imports(PKG/f'{mod}.py') if m.startswith(('transject_nb.training', 'transject_nb.lab'))]
     assert bad == [], f"transject_nb.{mod} imports {bad}"
+
+
+@pytest.mark.parametrize('mod', [m for m in TRAINING if m != 'cli'])
+def test_training_imports_the_lab_only_in_the_cli(mod):
+    bad = [m for m, _ in _imports(PKG/'training'/f'{mod}.py') if m.startswith('transject_nb.lab')]
+    assert bad == [], f"transject_nb.training.{mod} imports {bad}"
 
 
 @pytest.mark.parametrize('mod', [f'lab/{m}' for m in LAB] + [f'training/{m}' for m in TRAINING])
@@ -94,3 +100,37 @@ def test_an_old_module_path_names_the_new_home(old):
 def test_an_unknown_module_is_the_usual_error():
     with pytest.raises(ModuleNotFoundError, match="No module named 'transject_nb.nothing'"):
         importlib.import_module('transject_nb.nothing')
+
+
+# --- sizes at the anchors' (issue 59): miniai, nbdev's own notebooks, nanoGPT ------------------------------------
+
+def _export_cells()->list:
+    "`(notebook, first line, non-blank lines without `#|` directives)` of every export cell."
+    out = []
+    for nb in sorted((ROOT/'nbs').glob('*.ipynb')):
+        for c in json.loads(nb.read_text())['cells']:
+            src = ''.join(c['source'])
+            if c['cell_type'] != 'code' or not re.search(r'^#\|\s*export', src, re.M): continue
+            lines = [l for l in src.splitlines() if l.strip() and not l.startswith('#|')]
+            out.append((nb.name, lines[0][:60] if lines else '', len(lines)))
+    return out
+
+
+def _modules()->list: return [p for p in PKG.rglob('*.py') if p.name != '_modidx.py']
+
+
+def test_no_module_over_600_lines():
+    big = {str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > 600}
+    assert big == {}
+
+
+def test_export_cells_are_small():
+    cells = _export_cells()
+    assert [c for c in cells if c[2] > 40] == []
+    assert statistics.median(c[2] for c in cells) <= 12
+
+
+def test_few_code_lines_over_100_characters():
+    code = [l for p in _modules() for l in p.read_text().splitlines() if l.strip()]
+    long = sum(len(l) > 100 for l in code)
+    assert long <= 0.05*len(code), f"{long} of {len(code)} lines ({long/len(code):.1%}) are over 100 characters"
