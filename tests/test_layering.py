@@ -55,7 +55,7 @@ def test_the_lesson_is_used_through_its_public_names(mod):
     assert private == [], f"{mod} imports private names of the lesson: {private}"
 
 
-@pytest.mark.parametrize('mod', ['core', 'presets', 'models', 'training.utils'])
+@pytest.mark.parametrize('mod', LESSON + ['training.utils'])
 def test_the_lesson_imports_nothing_heavy(mod):
     probe = f"import sys, transject_nb.{mod}\nprint([m for m in {HEAVY!r} if m in sys.modules])"
     r = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True, text=True, check=True)
