@@ -16,7 +16,8 @@ from .experiments import load_figure_data, results_table, RESULT_COLUMNS
 from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger,
                                  level_effect, ratio_effect, spread_effect, untested)
 from ..training.lm import with_arm_depth, lm_depth_trend
-from .protocol import STUDIES, settled_budget, settled_runs
+from .protocol_results import settled_runs
+from .studies import STUDIES, settled_budget
 from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, grid_summary, load_grid
 
 # %% auto #0

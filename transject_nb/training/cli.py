@@ -35,7 +35,7 @@ from ..lab.experiments import RESULT_COLUMNS, results_table
 from ..models import VARIANTS
 import transject_nb
 from ..lab.bench import BENCH_HELP, add_bench_args, bench_command, machine_info
-from ..lab.protocol import STUDY_HELP, add_study_args, study_command
+from ..lab.studies import STUDY_HELP, add_study_args, study_command
 
 # %% ../../nbs/15_cli.ipynb #7921553b
 DEMO = dict(
