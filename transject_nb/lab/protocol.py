@@ -26,7 +26,8 @@ METRICS = dict(accuracy='maximize', perplexity='minimize')
 
 # %% ../../nbs/24_protocol.ipynb #3722bf2b
 def _rates(xs, what:str)->tuple:
-    "`xs` as floats, checked: positive, finite, distinct learning rates; `what` names them in an error."
+    ("`xs` as floats, checked: positive, finite, distinct learning rates; `what` names them in an "
+     "error.")
     xs = tuple(float(x) for x in xs)
     if any(not x > 0 or not math.isfinite(x) for x in xs):
         raise ValueError(f"{what} must be positive, finite learning rates, got {xs}")
@@ -35,7 +36,8 @@ def _rates(xs, what:str)->tuple:
 
 # %% ../../nbs/24_protocol.ipynb #3279da28
 def _grid_and_seeds(p)->tuple:
-    ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, nearest first), "
+    ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, "
+     "nearest first), "
      "and its seeds, checked fresh: `(lrs, seeds)`.")
     lrs, lo, hi = _rates(p.lrs, 'lrs'), _rates(p.below, 'below'), _rates(p.above, 'above')
     if not lrs: raise ValueError("lrs is empty: give at least one learning rate to search")
@@ -44,18 +46,21 @@ def _grid_and_seeds(p)->tuple:
     if bad := [x for x in hi if x <= max(lrs)]:
         raise ValueError(f"above holds {bad}, not above the grid's highest rate {max(lrs):g}")
     if list(lo) != sorted(lo, reverse=True) or list(hi) != sorted(hi):
-        raise ValueError(f"below must run downwards and above upwards (nearest first), got below={lo}, above={hi}")
+        raise ValueError("below must run downwards and above upwards (nearest first), got "
+                         f"below={lo}, above={hi}")
     seeds = tuple(p.seeds)
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
         raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
     if p.search_seed in seeds:
-        raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
+        raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's "
+                         "seeds must be fresh")
     return lrs, seeds
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-2
 @dataclass(frozen=True)
 class Protocol:
-    ("The rules every arm of a fair comparison follows: the rates searched on validation, the seeds, the epoch budget, "
+    ("The rules every arm of a fair comparison follows: the rates searched on validation, the "
+     "seeds, the epoch budget, "
      "early stopping, pruning.")
     lrs:tuple = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # the log-spaced search grid, the same for every arm
     # rates tried one at a time, nearest first, while the best rate is the lowest tried
@@ -70,10 +75,13 @@ class Protocol:
     # a search run is never pruned before this many epochs have finished
     prune_warmup:int = 1
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    # None: the median rule alone; k: a run is pruned only once it has gone k + 1 epochs without a better
-    # validation value (Optuna's `PatientPruner`), so that a slow rate still improving is never stopped
+    # None: the median rule alone; k: a run is pruned only once it has gone k + 1 epochs without a
+    # better
+    # validation value (Optuna's `PatientPruner`), so that a slow rate still improving is never
+    # stopped
     prune_patience:int|None = None
-    # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
+    # what the search and the pruner read on validation: 'accuracy' (higher is better) or
+    # 'perplexity' (lower)
     metric:str = 'accuracy'
     # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
     warmup:int = 0
@@ -93,7 +101,8 @@ class Protocol:
                 | (dict(warmup=self.warmup) if self.warmup else {}))
 
     def pruner(self)->optuna.pruners.BasePruner:
-        "The pruner of every search run: the median rule, made patient where `prune_patience` is set."
+        ("The pruner of every search run: the median rule, made patient where `prune_patience` is "
+         "set.")
         rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup, n_warmup_steps=self.prune_warmup)
         if self.prune_patience is None: return rule
         # Optuna marks it experimental
@@ -135,24 +144,29 @@ def _check_lm_plan(plan, arms):
         raise ValueError(f"plan {plan.name!r}: language models read the IMDb reviews; "
                          f"its task must be 'imdb', got {plan.task!r}")
     if plan.protocol.metric != 'perplexity':
-        raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be 'perplexity'")
+        raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be "
+                         "'perplexity'")
     if plan.objective == 'causal' and (bad := [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]):
         raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; "
                          f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
 # %% ../../nbs/24_protocol.ipynb #61326c92
 def _check_extends(plan):
-    "A plan that extends another differs from it only in its name, its arms, its note and a larger epoch budget."
+    ("A plan that extends another differs from it only in its name, its arms, its note and a "
+     "larger "
+     "epoch budget.")
     b = plan.extends
     if not isinstance(b, StudyPlan):
         raise TypeError(f"plan {plan.name!r}: extends must be a StudyPlan, got {type(b).__name__}")
     if b.name == plan.name: raise ValueError(f"plan {plan.name!r} extends a plan of its own name")
     diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device') if getattr(plan, k) != getattr(b, k)]
     diff += ['protocol beyond epochs'] * (replace(b.protocol, epochs=plan.protocol.epochs) != plan.protocol)
-    if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in {', '.join(diff)}: "
+    if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in "
+                              f"{', '.join(diff)}: "
                               "an extension changes only the epoch budget")
     if plan.protocol.epochs <= b.protocol.epochs:
-        raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs ({plan.protocol.epochs}) must be more "
+        raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs "
+                         f"({plan.protocol.epochs}) must be more "
                          f"than {b.name!r}'s ({b.protocol.epochs})")
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-4
@@ -162,23 +176,30 @@ _ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-4-1
 @dataclass(frozen=True)
 class StudyPlan:
-    "A declared comparison: one task, its arms, the preset under them and the protocol; one Optuna study per arm."
+    ("A declared comparison: one task, its arms, the preset under them and the protocol; one "
+     "Optuna "
+     "study per arm.")
     # e.g. 'fair-imdb': the command's argument and the studies' prefix
     name:str
     task:str                                    # one of `TASKS`
     arms:tuple                                  # `Arm`s: the table's rows
     preset:str = 'repro'                        # the `settings.ini` preset under every run
-    # fields every run shares on top of the preset (what was shrunk, say); a model field a variant lacks
+    # fields every run shares on top of the preset (what was shrunk, say); a model field a variant
+    # lacks
     # (TransJect has no d_ff) is left out of that variant's runs
     fixed:dict = field(default_factory=dict)
     protocol:Protocol = Protocol()              # the rules
     note:str = ''                               # what differs from the preset and why
-    # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
+    # None: classify the task; 'causal' or 'masked': language models on its reviews
+    # (`lm.get_lm_learner`)
     objective:str|None = None
-    # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU, refused without one
+    # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU,
+    # refused without one
     device:str|None = None
-    # a plan whose runs this one's continue: the same runs but for a larger epoch budget (`_check_extends`); a run
-    # this plan has not begun starts from that plan's run of the same arm, phase, rate and seed, where there is one
+    # a plan whose runs this one's continue: the same runs but for a larger epoch budget
+    # (`_check_extends`); a run
+    # this plan has not begun starts from that plan's run of the same arm, phase, rate and seed,
+    # where there is one
     extends:StudyPlan|None = None
 
     def __post_init__(self):
@@ -186,18 +207,22 @@ class StudyPlan:
         arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in self.arms)
         if not arms: raise ValueError(f"plan {self.name!r} has no arms")
         if len({a.label for a in arms}) < len(arms):
-            raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
+            raise ValueError(f"plan {self.name!r} has repeated arm labels: "
+                             f"{[a.label for a in arms]}")
         if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
             raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
         held = set().union(*(model_fields(a.variant) for a in arms))
         if idle := sorted(k for k in self.fixed if k in _ANY_MODEL_FIELD and k not in held):
-            raise ValueError(f"plan {self.name!r} fixes {idle}, a model field none of its arms' variants has")
+            raise ValueError(f"plan {self.name!r} fixes {idle}, a model field none of its arms' "
+                             "variants has")
         if self.device not in (None, 'cuda'):
-            raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else CPU) or 'cuda', "
+            raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else "
+                             "CPU) or 'cuda', "
                              f"got {self.device!r}")
         if self.objective is not None: _check_lm_plan(self, arms)
         elif self.protocol.metric != 'accuracy':
-            raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', "
+            raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be "
+                             "'accuracy', "
                              f"got {self.protocol.metric!r}")
         object.__setattr__(self, 'arms', arms)
         if self.extends is not None: _check_extends(self)
@@ -207,7 +232,8 @@ class StudyPlan:
         return {a.label: a for a in self.arms}[check_choice(label, [a.label for a in self.arms], 'arm')]
 
     def snapshot_name(self)->str:
-        "The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, `studies-gpu.db`."
+        ("The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, "
+         "`studies-gpu.db`.")
         return 'studies.db' if self.device is None else 'studies-gpu.db'
 
     def study_name(self, arm:Arm)->str:
@@ -215,11 +241,14 @@ class StudyPlan:
         return f"{self.name}/{arm.label}"
 
     def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
-        "The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a retried trial resume."
+        ("The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a "
+         "retried trial resume.")
         return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
 
     def fixed_for(self, variant:str)->dict:
-        "`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's d_ff) left out."
+        ("`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's "
+         "d_ff) "
+         "left out.")
         own = model_fields(variant)
         return {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
 
@@ -233,13 +262,16 @@ SEARCH_PHASES = ('search', 'recheck')
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-5-1
 def next_trials(
-    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and value
+    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and
+    # value
     rows:list,
     protocol:Protocol, # the rules
 # the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
 )->list:
-    ("The protocol's next step for one arm: the grid, one rate past an edge while the best search run sits there, "
-     "a pruned neighbour of the best rate again without the pruner, then the seeds at the chosen rate.")
+    ("The protocol's next step for one arm: the grid, one rate past an edge while the best search "
+     "run sits there, "
+     "a pruned neighbour of the best rate again without the pruner, then the seeds at the chosen "
+     "rate.")
     search = [r for r in rows if r['phase'] in SEARCH_PHASES]
     if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
@@ -266,8 +298,10 @@ def chosen_rate(
     maximize:bool=True,
     # the fresh seeds a rate's table needs (`len(Protocol.seeds)`); None: search runs only
     seeds:int|None=None,
-# the search rate with the best validation value among completed search runs and rechecks; where a recheck moved the
-# choice after the seeds had run, so that two or more rates have all their seeds, the one of those with the best mean
+# the search rate with the best validation value among completed search runs and rechecks; where a
+# recheck moved the
+# choice after the seeds had run, so that two or more rates have all their seeds, the one of those
+# with the best mean
 # validation over its seeds (ties: the lower rate); None if none completed
 )->float|None:
     "The learning rate the search chose, on the validation metric only."

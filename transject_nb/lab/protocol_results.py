@@ -29,23 +29,27 @@ __all__ = ['TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CUR
            'load_study_run', 'snapshot_storage', 'export_study']
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14
-# `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it extends
+# `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it
+# extends
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
                  'train_secs', 'params', 'data_key', 'number', 'retry_of', 'reused_secs')
-# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy; `train_loss` is its kept
+# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy;
+# `train_loss` is its kept
 # weights' loss on training text (`lm.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-1
 def _own_secs(t:pd.DataFrame)->pd.Series:
-    "Each trial's seconds of its own training: `train_secs` less those its run took over from the plan it extends."
+    ("Each trial's seconds of its own training: `train_secs` less those its run took over from the "
+     "plan it extends.")
     return t.train_secs.astype(float) - (t.reused_secs.astype(float).fillna(0) if 'reused_secs' in t else 0.)
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-2
 def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
-# one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language models);
+# one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language
+# models);
 # `value` is the validation metric
 )->pd.DataFrame:
     "Every queued trial of a plan's studies, finished or not, as one table."
@@ -62,7 +66,8 @@ def study_trials(
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
-# per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good, the chosen rate
+# per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good,
+# the chosen rate
 # and whether it is the last allowed, seeds done and those the epoch cap stopped, epochs, hours
 )->pd.DataFrame:
     "Where each arm of a plan stands."
@@ -95,7 +100,8 @@ def arm_status(
 def settled_arms(
     status:pd.DataFrame,   # from `arm_status`
 )->list:                   # the arm labels
-    ("The arms a table may show: done, with no failed run (a failed search run would leave the rate choice "
+    ("The arms a table may show: done, with no failed run (a failed search run would leave the "
+     "rate choice "
      "unchecked), and not at the last rate allowed with every seed stopped by the epoch cap.")
     seeds = status.seeds.str.split('/').str[1].astype(int)
     # neither the rate nor the budget explored
@@ -106,9 +112,11 @@ def settled_arms(
 def study_runs(
     trials:pd.DataFrame,   # from `study_trials`
     plan:StudyPlan,        # the plan
-# the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
+# the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's
+# label
 )->pd.DataFrame:
-    "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
+    ("The table's runs: each arm's seeds at its chosen rate, in the shape "
+     "`experiments.results_table` reads.")
     p = plan.protocol
     chosen = {a: chosen_rate(g.to_dict('records'), p.maximize, len(p.seeds)) for a, g in trials.groupby('arm')}
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
@@ -154,7 +162,8 @@ def seed_agreement(
     plan:StudyPlan,        # the plan
 # per settled arm: lr, search, seeds (their mean), ratio, lo, hi, apart (hi / lo)
 )->pd.DataFrame:
-    "Each settled arm's runs at its chosen rate, the search run's and the seeds': how far apart their metrics ended."
+    ("Each settled arm's runs at its chosen rate, the search run's and the seeds': how far apart "
+     "their metrics ended.")
     st, rows = arm_status(trials, plan), []
     for a in settled_arms(st):
         g = trials[(trials.arm == a) & (trials.lr == st.lr[a]) & (trials.state == 'COMPLETE')]
@@ -171,7 +180,8 @@ SEARCH_CURVE_COLUMNS = ('arm', 'lr', 'seed', 'number', 'state', 'epoch', 'value'
 
 # %% ../../nbs/24c_protocol_results.ipynb #8543ff01-1
 def _reports(plan, arm, trial, storage, names)->dict:
-    ("A finished search trial's reports, epoch -> value; a run copied already finished from the plan this one extends "
+    ("A finished search trial's reports, epoch -> value; a run copied already finished from the "
+     "plan this one extends "
      "reported nothing here (it did not train), so that plan's trial of the same run.")
     q, found = plan, trial.intermediate_values
     while not found and (q := q.extends) is not None and q.study_name(arm) in names:
@@ -187,7 +197,8 @@ def search_curves(
     storage,          # `open_storage`'s URL or path, or a storage (a committed snapshot will do)
 # one row per epoch of each finished search run, columns `SEARCH_CURVE_COLUMNS`
 )->pd.DataFrame:
-    "The validation metric of every finished search run of a plan, epoch by epoch, as its trial received it."
+    ("The validation metric of every finished search run of a plan, epoch by epoch, as its trial "
+     "received it.")
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     names, m = {s.study_name for s in storage.get_all_studies()}, plan.protocol.metric
     rows = []
@@ -212,12 +223,14 @@ def plot_search_curves(
     title:str='',           # over the panels
     ncols:int=4,            # panels a row, at most
 ):                          # the figure
-    ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at `rates`, a panel per "
+    ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at "
+     "`rates`, a panel per "
      "depth; or every rate, a panel per arm.")
     import matplotlib.pyplot as plt
     if missing := set(SEARCH_CURVE_COLUMNS) - set(curves.columns):
         raise ValueError(f"curves lacks columns {sorted(missing)}: pass `search_curves`'s table")
-    if not len(curves): raise ValueError("curves has no search run to draw: search_curves found none")
+    if not len(curves): raise ValueError("curves has no search run to draw: search_curves found "
+                                         "none")
     c, metric = curves, curves.metric.iloc[0]
     # a panel per arm, a colour per rate
     if rates is None:
@@ -230,7 +243,8 @@ def plot_search_curves(
         if miss := [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]:
             raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
         c = c[c.arm.map(rates).eq(c.lr)]
-        if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's (`arm_status(...).lr`), or None")
+        if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's "
+                                        "(`arm_status(...).lr`), or None")
         deep = c.arm.str.contains('+n_layers=', regex=False).all()
         L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
         c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
@@ -272,14 +286,17 @@ def load_study_run(
     "A finished run of a plan back as its Learner, at its kept epoch, without training."
     # numpy's scalars too (a row of `study_runs`)
     try: lr, seed = float(lr), operator.index(seed)
-    except TypeError: raise TypeError(f"lr must be a number and seed an int, got lr={lr!r}, seed={seed!r}") from None
+    except TypeError: raise TypeError(f"lr must be a number and seed an int, got lr={lr!r}, "
+                                      f"seed={seed!r}") from None
     a = next((x for x in plan.arms if x.label == arm), None)
-    if a is None: raise ValueError(f"{plan.name} has no arm {arm!r}; its arms: {', '.join(x.label for x in plan.arms)}")
+    if a is None: raise ValueError(f"{plan.name} has no arm {arm!r}; its arms: "
+                                   f"{', '.join(x.label for x in plan.arms)}")
     path = plan.run_dir(out, a, lr, seed)
     if not (ck := path/'models'/'checkpoint.pth').exists():
         raise FileNotFoundError(f"no run of {arm} at lr={lr:g}, seed {seed}: {ck} does not exist")
     if not (st := load_checkpoint(ck))['done']:
-        raise ValueError(f"the run in {path} has not finished (its checkpoint is at epoch {st['epoch']})")
+        raise ValueError(f"the run in {path} has not finished (its checkpoint is at epoch "
+                         f"{st['epoch']})")
     data = data if data is not None else plan_data(plan, source)
     # a classifier's splits, or an LM's documents
     given = {'data' if plan.objective is None else 'corpus': data}
@@ -293,7 +310,8 @@ def snapshot_storage(
     src,    # a SQLite storage file (or `sqlite:///` URL) that workers may be writing
     dest,   # where the consistent copy goes (replaced atomically)
 )->Path:    # `dest`
-    "A consistent copy of a live SQLite storage, by SQLite's own backup, to commit or to start a later sitting from."
+    ("A consistent copy of a live SQLite storage, by SQLite's own backup, to commit or to start a "
+     "later sitting from.")
     src, dest = (Path(str(p).removeprefix('sqlite:///')) for p in (src, dest))
     if not src.is_file(): raise FileNotFoundError(f"no SQLite storage at {src}")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -31,13 +31,15 @@ def _no_driver(url:str, e:ImportError)->ValueError:
 
 # %% ../../nbs/24a_protocol_store.ipynb #553ccc0e-6
 def open_storage(
-    # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
+    # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite);
+    # default `runs/studies.db`
     url=None,
     heartbeat:int=60,    # seconds between a running trial's heartbeats
     # seconds without a heartbeat after which a trial is stale (default 2 × heartbeat)
     grace:int|None=None,
     max_retry:int=3,     # times a stale trial is queued again
-# a storage several worker processes share, on one machine (SQLite) or across machines (a database server)
+# a storage several worker processes share, on one machine (SQLite) or across machines (a database
+# server)
 )->RDBStorage:
     ("An Optuna storage whose trials beat a heartbeat, "
      "so that the trial of a killed worker is queued again with the same rate and seed.")
@@ -54,7 +56,8 @@ def open_storage(
                 retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
                 st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
                                 grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
-            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a file)
+            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a
+            # file)
             if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
             return st
         except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
@@ -69,7 +72,8 @@ def arm_study(
     arm:Arm,           # one of its arms
     storage,           # from `open_storage`
 )->optuna.Study:       # created on first use, loaded after
-    "The Optuna study of one arm: the best validation metric; `Protocol.pruner` stops hopeless search runs."
+    ("The Optuna study of one arm: the best validation metric; `Protocol.pruner` stops hopeless "
+     "search runs.")
     p = plan.protocol
     return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric],
                                load_if_exists=True,
@@ -107,7 +111,8 @@ def _file_lock(path):
 
 # %% ../../nbs/24a_protocol_store.ipynb #c61a0003-2
 def _row_lock(engine, name:str):
-    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till closed."
+    ("A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till "
+     "closed.")
     c = engine.connect()
     row = sa.select(_QUEUE_LOCKS).where(_QUEUE_LOCKS.c.study_name == name).with_for_update()
     try:
@@ -157,7 +162,8 @@ def queue_next(
     with QueueLock(storage, study.study_name):
         new = next_trials(trial_rows(study), plan.protocol)
         for t in new:
-            # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a second copy of it
+            # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a
+            # second copy of it
             study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']),
                                 skip_if_exists=t['phase'] != 'recheck')
     return new
@@ -166,7 +172,8 @@ def queue_next(
 def failed_runs(
     rows,        # a study's trial rows (`trial_rows`, or `study_trials`' rows as dicts)
 )->list:         # `(phase, lr, seed)` of each run whose every trial failed
-    ("The runs that failed for good: a run is its trials of one phase, rate and seed (a killed run's retries "
+    ("The runs that failed for good: a run is its trials of one phase, rate and seed (a killed "
+     "run's retries "
      "share them); a trial the protocol never queued, with no phase, is no run.")
     runs = {}
     for r in rows:
@@ -179,7 +186,8 @@ def requeue_failed(
     storage,         # from `open_storage`
 # arm label -> the runs queued again (dicts with phase, lr, seed); arms with none left out
 )->dict:
-    "Queue once more every run of the plan whose trials all failed, for when the cause of the failure has been fixed."
+    ("Queue once more every run of the plan whose trials all failed, for when the cause of the "
+     "failure has been fixed.")
     out = {}
     for arm in plan.arms:
         study = arm_study(plan, arm, storage)
@@ -196,7 +204,8 @@ def check_storage(
     url,         # `open_storage`'s URL or path
     name=None,   # how an error names it (default: its path)
 ):
-    "Refuse a SQLite storage that SQLite cannot read whole, or that is no Optuna storage, before Optuna opens it."
+    ("Refuse a SQLite storage that SQLite cannot read whole, or that is no Optuna storage, before "
+     "Optuna opens it.")
     u = str(url)
     # a database server: its own errors
     if '://' in u and not u.startswith('sqlite:///'): return
@@ -209,10 +218,12 @@ def check_storage(
             tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as e: ok, tables = str(e), set()
     if ok != 'ok':
-        raise ValueError(f"storage {name or p} is damaged ({ok}): restore it from a snapshot (--start-from), "
+        raise ValueError(f"storage {name or p} is damaged ({ok}): restore it from a snapshot "
+                         "(--start-from), "
                          "or move it aside to start a new one")
     if tables and not {'studies', 'trials'} <= tables:
-        raise ValueError(f"{name or p} is a SQLite database but no Optuna storage: give another --storage")
+        raise ValueError(f"{name or p} is a SQLite database but no Optuna storage: give another "
+                         "--storage")
 
 
 # %% ../../nbs/24a_protocol_store.ipynb #5813a52a
@@ -221,7 +232,8 @@ _RUNNING = {}
 
 # %% ../../nbs/24a_protocol_store.ipynb #5813a52a-1
 def _started(pid:int)->str|None:
-    "When process `pid` started (clock ticks after boot, Linux's /proc); None: no such process, a zombie, or no /proc."
+    ("When process `pid` started (clock ticks after boot, Linux's /proc); None: no such process, a "
+     "zombie, or no /proc.")
     try: stat = Path(f'/proc/{pid}/stat').read_text()
     except OSError: return None
     # the fields after the command's name
@@ -231,18 +243,21 @@ def _started(pid:int)->str|None:
 
 # %% ../../nbs/24a_protocol_store.ipynb #5813a52a-2
 def _process()->dict:
-    "This process as a trial's owner: its host, pid and start time (a pid the system reuses is another process)."
+    ("This process as a trial's owner: its host, pid and start time (a pid the system reuses is "
+     "another process).")
     return dict(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()))
 
 # %% ../../nbs/24a_protocol_store.ipynb #5813a52a-3
 def _own(trial):
-    "Record this process as `trial`'s owner, and remember the trial here: a stop or a restart queues it again."
+    ("Record this process as `trial`'s owner, and remember the trial here: a stop or a restart "
+     "queues it again.")
     trial.storage.set_trial_system_attr(trial._trial_id, 'owner', _process())
     _RUNNING['trial'] = (trial.study, trial._trial_id)
 
 # %% ../../nbs/24a_protocol_store.ipynb #7299a728
 def _alive(owner:dict)->bool:
-    "Whether a trial's owner (`_process`) still runs; one on another machine is taken to run (its heartbeat tells)."
+    ("Whether a trial's owner (`_process`) still runs; one on another machine is taken to run (its "
+     "heartbeat tells).")
     if owner.get('host') != socket.gethostname(): return True
     if Path('/proc/self/stat').is_file():
         now = _started(owner['pid'])
@@ -256,7 +271,8 @@ def _alive(owner:dict)->bool:
 
 # %% ../../nbs/24a_protocol_store.ipynb #7299a728-1
 def _requeue(study, trial_id:int)->bool:
-    "Fail a running trial and queue its retry, as a stale one is; False if another process ended it first."
+    ("Fail a running trial and queue its retry, as a stale one is; False if another process ended "
+     "it first.")
     storage = study._storage
     try:
         if storage.get_trial(trial_id).state != TrialState.RUNNING: return False
@@ -280,7 +296,9 @@ def requeue_orphans(
     storage,              # `open_storage`'s URL or path, or a storage
     progress:bool=True,   # a line per trial queued again
 )->list:                  # `(study name, trial number)` of each trial queued again
-    "Queue again, at once, every running trial of the plan whose worker process on this machine is gone."
+    ("Queue again, at once, every running trial of the plan whose worker process on this machine "
+     "is "
+     "gone.")
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
     names, out = {s.study_name for s in storage.get_all_studies()}, []
     for name in [plan.study_name(a) for a in plan.arms if plan.study_name(a) in names]:
@@ -289,7 +307,8 @@ def requeue_orphans(
             if (owner := t.system_attrs.get('owner')) is None or _alive(owner): continue
             if not _requeue(study, t._trial_id): continue
             out.append((name, t.number))
-            if progress: print(f"{name} trial {t.number} was left running by a worker that is gone (pid "
+            if progress: print(f"{name} trial {t.number} was left running by a worker that is gone "
+                               "(pid "
                                f"{owner['pid']}): queued again, its retry resumes the run", flush=True)
     return out
 

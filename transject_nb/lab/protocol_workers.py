@@ -37,15 +37,19 @@ def plan_data(
     cache_dir=None,   # `load_task`'s cache
     # a classifier plan's examples cut at this many tokens, not at its runs' length
     max_len:int|None=None,
-# the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
+# the splits every run of the plan trains, validates and is tested on (a language-model plan: its
+# documents)
 )->TaskData|LMCorpus:
-    "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
+    ("A plan's data as its runs load them: the baselines beside its table are fitted on the same "
+     "splits.")
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer))
                                 or max_len < 1):
         raise ValueError(f"max_len must be a whole number of tokens, 1 or more, got {max_len!r}")
     if max_len is not None and plan.objective is not None:
-        raise ValueError(f"max_len cuts a classifier plan's examples; {plan.name} is a language-model plan, "
-                         "whose documents are kept whole (its contexts are set by its `fixed` max_len)")
+        raise ValueError(f"max_len cuts a classifier plan's examples; {plan.name} is a "
+                         "language-model plan, "
+                         "whose documents are kept whole (its contexts are set by its `fixed` "
+                         "max_len)")
     src = task_source(plan.task, data)
     if plan.objective is not None:
         f = plan.fixed
@@ -62,7 +66,8 @@ class NotQueued(Exception):
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-1
 class TrialTakenOver(Exception):
-    "Another worker found this trial's heartbeat stale, failed it and queued its retry: this worker leaves the run."
+    ("Another worker found this trial's heartbeat stale, failed it and queued its retry: this "
+     "worker leaves the run.")
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-2
 def _taken_over(trial)->bool:
@@ -72,13 +77,15 @@ def _taken_over(trial)->bool:
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-3
 class TrialGuard(Callback):
-    "Stop a run whose trial was taken over, at its epoch's end and before anything of that epoch is saved."
+    ("Stop a run whose trial was taken over, at its epoch's end and before anything of that epoch "
+     "is saved.")
     # after Recorder (50); before the pruner and progress (60), SaveBest (61), TrainCheckpoint (65)
     order = 55
     def __init__(self, trial): self.trial = trial
     def after_epoch(self):
         if _taken_over(self.trial):
-            raise TrialTakenOver(f"trial {self.trial.number} was taken over by another worker (its heartbeat went "
+            raise TrialTakenOver(f"trial {self.trial.number} was taken over by another worker (its "
+                                 "heartbeat went "
                                  "stale); its retry resumes the run from the last saved epoch")
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-4
@@ -93,7 +100,8 @@ def _duplicate(study, trial, lr, seed):
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-5
 def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
-    "The Learner of one run of a plan, in its folder, not trained: a classifier, or a language model."
+    ("The Learner of one run of a plan, in its folder, not trained: a classifier, or a language "
+     "model.")
     # a GPU plan's runs
     if kw.get('device') is None and plan.device is not None: kw['device'] = plan.device
     kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase), **plan.overrides(arm, lr, seed), **kw)
@@ -102,8 +110,10 @@ def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
 
 # %% ../../nbs/24b_protocol_workers.ipynb #39f01d2e
 def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
-    ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same arm, phase, rate "
-     "and seed, if it has one, marked with `started_from.json` (what it reused); its folder, else None.")
+    ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same "
+     "arm, phase, rate "
+     "and seed, if it has one, marked with `started_from.json` (what it reused); its folder, else "
+     "None.")
     dest, base = plan.run_dir(out, arm, lr, seed, phase), plan.extends
     if base is None or (dest/'models'/'checkpoint.pth').exists() or arm.label not in {a.label for a in base.arms}:
         return None
@@ -128,14 +138,16 @@ def make_objective(
     cache_dir=None,        # `load_task`'s cache
     source=None,           # the task's data folder (`task_source`)
     progress=False,        # `train_learner`'s progress
-# `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
+# `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for
+# `study.optimize`
 ):
     ("Train one queued run (resuming its folder), with the pruner on search runs only; "
      "record what it did as the trial's user attributes.")
     def objective(trial:optuna.Trial)->float:
         phase = trial.user_attrs.get('phase')
         if phase is None:
-            raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the protocol")
+            raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the "
+                            "protocol")
         # a stop or a restart queues it again
         _own(trial)
         lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
@@ -166,7 +178,8 @@ def make_objective(
 
 # %% ../../nbs/24b_protocol_workers.ipynb #4a93cdfb
 def _record(trial, learn):
-    "What a run did, kept on its trial (unless another worker has taken it over): epochs, kept epoch, seconds, data."
+    ("What a run did, kept on its trial (unless another worker has taken it over): epochs, kept "
+     "epoch, seconds, data.")
     h = history(learn) if learn.recorder.values else None
     if h is None or not len(h) or _taken_over(trial): return
     trial.set_user_attr('epochs', len(h)); trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
@@ -177,7 +190,8 @@ def _record(trial, learn):
 def _check_device(plan):
     "A plan sized for a GPU trains only where CUDA is: on a CPU it would run for days."
     if plan.device == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"plan {plan.name!r} is sized for a GPU (device='cuda') and CUDA is not available here; "
+        raise ValueError(f"plan {plan.name!r} is sized for a GPU (device='cuda') and CUDA is not "
+                         "available here; "
                          "run it on a machine with one (its committed results need none to read)")
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-13-1
@@ -194,7 +208,8 @@ def work(
     name:str='worker',     # how the progress lines name this worker
     progress:bool=True,    # a line per finished trial
 )->int:                    # trials this worker ran
-    ("One worker: queue each arm's next step and run one queued trial at a time, until every arm is done; "
+    ("One worker: queue each arm's next step and run one queued trial at a time, until every arm "
+     "is done; "
      "any number may share a storage.")
     _check_device(plan)
     storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
@@ -216,7 +231,8 @@ STORAGE_RETRIES = 5
 
 # %% ../../nbs/24b_protocol_workers.ipynb #5d5ba762-1
 def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
-    "`work`'s loop: passes over the arms until every one is done, riding out a few storage errors in a row."
+    ("`work`'s loop: passes over the arms until every one is done, riding out a few storage errors "
+     "in a row.")
     # cut: trials a storage error failed mid-run, to be queued again
     ran, errors, cut = 0, 0, []
     while max_trials is None or ran < max_trials:
@@ -227,7 +243,8 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
             if (t := getattr(e, 'cut_trial', None)) is not None: cut.append(t)
             if (errors := errors + 1) > STORAGE_RETRIES: raise
             wait = min(60., poll * 2 ** errors)
-            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:200]}); "
                                f"trying again in {wait:g} s ({errors} of {STORAGE_RETRIES})", flush=True)
             time.sleep(wait); continue
         ran, errors = ran + took, 0
@@ -239,7 +256,8 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
 
 # %% ../../nbs/24b_protocol_workers.ipynb #5d5ba762-2
 def _retry_cut(storage, study, trial_id, name, progress):
-    "Queue again, as a stale trial is, a run that a storage error failed mid-run: its retry resumes it."
+    ("Queue again, as a stale trial is, a run that a storage error failed mid-run: its retry "
+     "resumes it.")
     t = storage.get_trial(trial_id)
     # its failure was never told: it goes stale, and the heartbeat retries it
     if t.state != TrialState.FAIL: return
@@ -248,13 +266,15 @@ def _retry_cut(storage, study, trial_id, name, progress):
     n = len(study.get_trials(deepcopy=False))
     # the same rate, seed and phase; max_retry
     retry(study, t)
-    if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's error; "
+    if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's "
+                       "error; "
                        + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
                           else "retried too often already: `--retry-failed` queues it again"), flush=True)
 
 # %% ../../nbs/24b_protocol_workers.ipynb #c01e7705
 def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
-    "Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a trial runs elsewhere)."
+    ("Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a "
+     "trial runs elsewhere).")
     busy = False
     for arm in arms:
         queue_next(plan, arm, storage)
@@ -285,9 +305,11 @@ def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=l
         # `_work` queues it again when the storage is back
         if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:
             e.cut_trial = (study, taken['trial']._trial_id); raise
-        # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed trial)
+        # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed
+        # trial)
         if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
-        if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was taken over by another "
+        if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was "
+                           "taken over by another "
                            "worker (its heartbeat went stale); its retry resumes the run", flush=True)
         return
     if progress and done and 'phase' in done[0].user_attrs:
@@ -296,11 +318,13 @@ def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=l
 
 # %% ../../nbs/24b_protocol_workers.ipynb #81c039d2
 def _say_trial(t, secs, metric='accuracy')->str:
-    "One progress line for a finished trial: phase, rate, seed, validation (and test) score, epochs, seconds."
+    ("One progress line for a finished trial: phase, rate, seed, validation (and test) score, "
+     "epochs, seconds.")
     u, p, acc = t.user_attrs, t.params, metric == 'accuracy'
     val = (f"valid {100 * t.value:.1f}%" if acc else f"valid perplexity {t.value:.1f}") if t.value is not None else ''
     val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
     test = ('' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc
             else f", test perplexity {math.exp(u['test_loss']):.1f}")
-    return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, "
+    return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: "
+            f"{val}{test}, "
             f"{u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s")

@@ -55,7 +55,8 @@ _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a
 
 MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED,
                       protocol=LM_PROTOCOL2, objective='masked',
-                      note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
+                      note="every variant, TransJect's four included, as a masked language model "
+                           "(15% of the tokens) "
                            f"at L = {' and '.join(map(str, MLM_DEPTHS))}")
 
 # %% ../../nbs/24d_studies.ipynb #e2fee2fd
@@ -65,19 +66,23 @@ LM_STUDIES = (
                    "the repro preset's width (d 64)"),
     StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
               fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
-              note="λ around lm-neutreno's 0.4, on the reviews (NeuTRENO's own ablation, its Table 13, "
+              note="λ around lm-neutreno's 0.4, on the reviews (NeuTRENO's own ablation, its Table "
+                   "13, "
                    "is on ADE20K segmentation)"),
     StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
               objective='causal',
-              note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
+              note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is "
+                   "lm-neutreno's"),
     MLM_DEPTH,
     StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=100),
               objective='masked', extends=MLM_DEPTH,
               note="mlm-depth's runs trained on to 100 epochs: at 30, most were still improving"),
-    # its masked runs stopped at the first small rise while still falling: the same cells, a patience of 10
+    # its masked runs stopped at the first small rise while still falling: the same cells, a
+    # patience of 10
     StudyPlan('mlm-patience', 'imdb', _at((Arm('transject'), Arm('transformer')), 2), fixed=LM_FIXED,
               protocol=replace(LM_PROTOCOL2, epochs=150, patience=10), objective='masked',
-              note="mlm-depth-100's TransJect and post-norm cells at L = 2, trained afresh with a patience of 10 "
+              note="mlm-depth-100's TransJect and post-norm cells at L = 2, trained afresh with a "
+                   "patience of 10 "
                    "epochs, not 2: at 2, one arm's runs at one rate ended up to 3 times apart"),
     StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
               protocol=LM_PROTOCOL2, objective='causal', device='cuda',
@@ -96,9 +101,11 @@ STUDIES = {p.name: p for p in (
               note="the repro preset; 5 seeds, the task being cheap"),
     StudyPlan('fair-listops', 'listops', _ALL + (GATE,),
               note="the repro preset; the input gate as an ablation of transject"),
-    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
+    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an "
+                                                        "ablation of transject"),
     StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), protocol=Protocol(epochs=40),
-              note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since byte-level "
+              note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since "
+                   "byte-level "
                    "runs were still improving at 10 of 20"),
     *LM_STUDIES,
 )}
@@ -127,7 +134,8 @@ def settled_budget(
     plans=None,       # the plans that may extend it (default: the declared ones, `STUDIES`)
 # `plan`, or the plan with the largest budget among those extending it whose every arm has settled
 )->StudyPlan:
-    "The plan whose verdicts a page reads: the largest budget, among `plan` and those extending it, that has settled."
+    ("The plan whose verdicts a page reads: the largest budget, among `plan` and those extending "
+     "it, that has settled.")
     def settled(q):
         t = trials.get(q.name)
         return t is not None and len(t) > 0 and len(settled_arms(arm_status(t, q))) == len(q.arms)
@@ -138,18 +146,24 @@ def settled_budget(
 def plan_cost(
     plan:StudyPlan,             # the plan
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
-    # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished
+    # arm label or variant -> seconds per training epoch on this task where no run of the arm has
+    # finished
     # (e.g. from the fixed-rate runs)
     secs_per_epoch:dict|None=None,
-    # (search, seed): epochs per run where the plan has no finished run of that phase, e.g. those of a like plan
+    # (search, seed): epochs per run where the plan has no finished run of that phase, e.g. those of
+    # a like plan
     # (None: the fewest the protocol allows, patience + 2 and patience + 3)
     epochs:tuple|None=None,
 # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
-# (a lower bound: steps past an edge are not foreseen; an extending plan's hours left are not foreseen at all)
+# (a lower bound: steps past an edge are not foreseen; an extending plan's hours left are not
+# foreseen at all)
 )->pd.DataFrame:
-    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the "
-     "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, else "
-     "`secs_per_epoch`'s, else those of its family's finished runs; epochs per run the plan's own, else `epochs`.")
+    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per "
+     "epoch are the "
+     "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, "
+     "else "
+     "`secs_per_epoch`'s, else those of its family's finished runs; epochs per run the plan's own, "
+     "else `epochs`.")
     p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
@@ -191,7 +205,8 @@ def plan_cost(
 def cost_stand_in(
     variant:str,   # a registered variant
 )->str:            # the variant whose epoch costs what `variant`'s does
-    ("The variant timed for `variant`'s cost: `transformer` for the softmax family, `random-transject` for random Σ, "
+    ("The variant timed for `variant`'s cost: `transformer` for the softmax family, "
+     "`random-transject` for random Σ, "
      "else `transject`.")
     spec = variant_spec(variant)
     if spec.family != 'transject': return 'transformer'
@@ -207,7 +222,8 @@ def epoch_secs(
     # each stand-in timed once a round, the fastest kept: the first round also pays the warm-up
     rounds:int=2,
 )->pd.DataFrame:      # per arm: its stand-in's label and the seconds of one training epoch
-    "One training epoch of each cost stand-in of a plan's arms, timed in turn, round after round, in this process."
+    ("One training epoch of each cost stand-in of a plan's arms, timed in turn, round after round, "
+     "in this process.")
     if not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ValueError(f"rounds must be a whole number, 1 or more, got {rounds!r}")
     given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
@@ -232,7 +248,8 @@ _PR_SET_PDEATHSIG = 1   # Linux's prctl option: the signal this process gets whe
 
 # %% ../../nbs/24d_studies.ipynb #f29194ab-1
 def _die_with(parent:int):
-    "Have the kernel send this process SIGTERM when `parent` dies (Linux's prctl); stop now if it already has."
+    ("Have the kernel send this process SIGTERM when `parent` dies (Linux's prctl); stop now if it "
+     "already has.")
     try: ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     # no prctl here (not Linux): the parent stops its workers
     except (OSError, AttributeError): pass
@@ -241,7 +258,8 @@ def _die_with(parent:int):
 
 # %% ../../nbs/24d_studies.ipynb #f29194ab-2
 def _stop_on_signals():
-    "In a worker: SIGTERM and SIGINT raise `Stopped`, once; a second signal while it stops is ignored."
+    ("In a worker: SIGTERM and SIGINT raise `Stopped`, once; a second signal while it stops is "
+     "ignored.")
     def stop(signum, frame):
         for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)
         raise Stopped(signum)
@@ -250,7 +268,8 @@ def _stop_on_signals():
 # %% ../../nbs/24d_studies.ipynb #f29194ab-3
 @contextmanager
 def _stopping_on_sigterm():
-    "In the main thread, within the block: SIGTERM raises `Stopped` (once). Elsewhere signals are left alone."
+    ("In the main thread, within the block: SIGTERM raises `Stopped` (once). Elsewhere signals are "
+     "left alone.")
     if threading.current_thread() is not threading.main_thread(): yield; return
     def stop(signum, frame): signal.signal(signal.SIGTERM, signal.SIG_IGN); raise Stopped(signum)
     old = signal.signal(signal.SIGTERM, stop)
@@ -265,7 +284,8 @@ def _one_line_logs(record)->bool:
 
 # %% ../../nbs/24d_studies.ipynb #17c204e9-2-1
 def _stop_workers(ps:list, wait:float=300.):
-    "Send each live worker SIGTERM, wait for it to queue its trial again and exit; kill one still there after `wait` s."
+    ("Send each live worker SIGTERM, wait for it to queue its trial again and exit; kill one still "
+     "there after `wait` s.")
     for p in ps:
         if p.is_alive(): p.terminate()
     for p in (p for p in ps if p.pid is not None):                    # those started
@@ -274,7 +294,8 @@ def _stop_workers(ps:list, wait:float=300.):
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-20
 def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, heartbeat, parent):
-    "A worker process: it dies with `parent`, stops on SIGTERM with its trial queued again, and fails in one line."
+    ("A worker process: it dies with `parent`, stops on SIGTERM with its trial queued again, and "
+     "fails in one line.")
     import warnings; warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
     _stop_on_signals()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -312,7 +333,8 @@ def run_workers(
      "Ctrl-C or SIGTERM stops them, and the same call resumes.")
     import multiprocessing as mp
     if plan.name not in STUDIES or STUDIES[plan.name] != plan:
-        raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
+        raise ValueError("run_workers runs declared plans only (STUDIES); use `work` for "
+                         f"{plan.name!r}")
     _check_device(plan)
     for k, v in dict(workers=workers, threads=threads).items():
         if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
@@ -330,61 +352,81 @@ def run_workers(
             for p in ps: p.join()
         except (KeyboardInterrupt, Stopped) as e:
             _stop_workers(ps)
-            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued again, and the '
+            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued '
+                                                               'again, and the '
                                                                 'same command resumes') from None
     if bad := {f'w{i + 1}': p.exitcode for i, p in enumerate(ps) if p.exitcode}:
-        raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) {', '.join(map(str, bad.values()))} "
-                           "(each said why above); the storage keeps every finished trial, and the same command "
+        raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) "
+                           f"{', '.join(map(str, bad.values()))} "
+                           "(each said why above); the storage keeps every finished trial, and the "
+                           "same command "
                            "resumes")
     return arm_status(study_trials(plan, url), plan)
 
 # %% ../../nbs/24d_studies.ipynb #10ac5ba5
-STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, "
+STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned "
+              "on validation, "
               "early stopping, fresh seeds, on Optuna")
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-21
 def add_study_args(p):
     "The `study` command's options."
     p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
-                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, fine-tune)')
+                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, '
+                        'fine-tune)')
     p.add_argument('--storage', default='runs/studies.db',
-                   help='Optuna storage every worker shares: a SQLite file, or a database URL for workers on several '
+                   help='Optuna storage every worker shares: a SQLite file, or a database URL for '
+                        'workers on several '
                         'machines (default runs/studies.db)')
     p.add_argument('--start-from', default=None, metavar='FILE',
-                   help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage "
-                        "when that does not exist yet; for a pretraining plan, a --snapshot folder copied to --out "
+                   help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to "
+                        "--storage "
+                        "when that does not exist yet; for a pretraining plan, a --snapshot folder "
+                        "copied to --out "
                         "(its controls beside the plan's runs)")
     p.add_argument('--out', default='runs/studies',
                    help='folder of the runs (checkpoints, so that a retried trial resumes)')
     p.add_argument('--workers', type=int, default=1,
-                   help='worker processes on this machine (start more on others with the same --storage URL)')
+                   help='worker processes on this machine (start more on others with the same '
+                        '--storage URL)')
     p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
     p.add_argument('--arms', default=None,
-                   help='comma-separated arm labels to work on (default: all); for a pretraining plan, its variants, '
+                   help='comma-separated arm labels to work on (default: all); for a pretraining '
+                        'plan, its variants, '
                         'and a worker leaves an arm that another process is training to it')
     p.add_argument('--data', default=None,
-                   help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
+                   help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: '
+                        'fastai downloads them)')
     p.add_argument('--cache-dir', default=None,
-                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
+                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; "
+                        "'none' disables it)")
     p.add_argument('--retry-failed', action='store_true',
-                   help='queue again every run whose trials all failed (once their cause is fixed), then go on')
-    p.add_argument('--status', action='store_true', help='print where each arm stands and what it cost; train nothing')
+                   help='queue again every run whose trials all failed (once their cause is '
+                        'fixed), then go on')
+    p.add_argument('--status', action='store_true', help='print where each arm stands and what it '
+                                                         'cost; train nothing')
     p.add_argument('--export', default=None, metavar='DIR',
                    help='write trials.csv and runs.csv into DIR; train nothing')
     p.add_argument('--snapshot', default=None, metavar='FILE',
-                   help='write a consistent copy of a SQLite --storage to FILE; for a pretraining plan, what another '
+                   help='write a consistent copy of a SQLite --storage to FILE; for a pretraining '
+                        'plan, what another '
                         'machine needs to go on, into the folder FILE; train nothing')
     p.add_argument('--controls', action='store_true',
-                   help="for a pretraining plan: train its controls once its classifiers from scratch have finished "
-                        "(finetune.run_controls: each causal arm's classifier with the causal mask, from scratch and "
-                        "from the language model in one stage, at the search's seed, then at each of the plan's)")
+                   help="for a pretraining plan: train its controls once its classifiers from "
+                        "scratch have finished "
+                        "(finetune.run_controls: each causal arm's classifier with the causal "
+                        "mask, from scratch and "
+                        "from the language model in one stage, at the search's seed, then at each "
+                        "of the plan's)")
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
 # %% ../../nbs/24d_studies.ipynb #eab688f8
 def _pretrain_command(plan, a):
-    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them, "
-     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that, "
+    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and "
+     "`--export` read them, "
+     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from "
+     "that, "
      "`--controls` trains its controls; `--arms` picks the arms a worker trains.")
     if a.snapshot:
         files = snapshot_pretrain(plan, a.out, a.snapshot)
@@ -392,7 +434,8 @@ def _pretrain_command(plan, a):
                      f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
     arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
     if a.controls and not a.status and not a.export:
-        if arms: raise ValueError("--controls trains every causal arm's controls: it takes no --arms")
+        if arms: raise ValueError("--controls trains every causal arm's controls: it takes no "
+                                  "--arms")
         ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
         print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
         return ctl
@@ -410,7 +453,8 @@ def _pretrain_command(plan, a):
     # the classifiers started, not finished
     running = clf_progress(folder) if folder.is_dir() else []
     ctl_running = control_progress(plan, a.out)
-    print(f"{plan.name}: {len(res)} of at least {want} runs finished; {plan.note}\n{res.to_string()}\n"
+    print(f"{plan.name}: {len(res)} of at least {want} runs finished; "
+          f"{plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}"
           + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
@@ -440,7 +484,8 @@ def study_command(a, words):
     if a.dashboard is not None:
         try: from optuna_dashboard import run_server
         except ImportError:
-            raise ValueError("--dashboard needs the optuna-dashboard package: pip install optuna-dashboard") from None
+            raise ValueError("--dashboard needs the optuna-dashboard package: pip install "
+                             "optuna-dashboard") from None
         return run_server(open_storage(url), host='127.0.0.1', port=a.dashboard)
     if a.snapshot: return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
     if a.export:
