@@ -37,8 +37,7 @@ def _rates(xs, what:str)->tuple:
 # %% ../../nbs/24_protocol.ipynb #3279da28
 def _grid_and_seeds(p)->tuple:
     ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, "
-     "nearest first), "
-     "and its seeds, checked fresh: `(lrs, seeds)`.")
+     "nearest first), and its seeds, checked fresh: `(lrs, seeds)`.")
     lrs, lo, hi = _rates(p.lrs, 'lrs'), _rates(p.below, 'below'), _rates(p.above, 'above')
     if not lrs: raise ValueError("lrs is empty: give at least one learning rate to search")
     if bad := [x for x in lo if x >= min(lrs)]:
@@ -49,51 +48,58 @@ def _grid_and_seeds(p)->tuple:
         raise ValueError("below must run downwards and above upwards (nearest first), got "
                          f"below={lo}, above={hi}")
     seeds = tuple(p.seeds)
-    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+    if (not seeds or any(not isinstance(s, int) or s < 0 for s in seeds)
+            or len(set(seeds)) < len(seeds)):
         raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
     if p.search_seed in seeds:
         raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's "
                          "seeds must be fresh")
     return lrs, seeds
 
+# %% ../../nbs/24_protocol.ipynb #3279da28-b
+def _check_budget(p):
+    "A `Protocol`'s counts and metric, checked, with its patience below its epoch budget."
+    check_fields(p, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
+                 counts=('search_seed', 'prune_warmup', 'prune_startup', 'prune_patience',
+                         'warmup'))
+    if not p.patience < p.epochs:
+        raise ValueError(f"need ints 1 <= patience < epochs, "
+                         f"got patience={p.patience!r}, epochs={p.epochs!r}")
+
+# %% ../../nbs/24_protocol.ipynb #3279da28-c
+def _patient(rule, patience:int):
+    "`rule`, made patient: Optuna's `PatientPruner`, without its warning that it is experimental."
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.PatientPruner(rule, patience)
+
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-2
 @dataclass(frozen=True)
 class Protocol:
     ("The rules every arm of a fair comparison follows: the rates searched on validation, the "
-     "seeds, the epoch budget, "
-     "early stopping, pruning.")
+     "seeds, the epoch budget, early stopping, pruning.")
     lrs:tuple = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # the log-spaced search grid, the same for every arm
     # rates tried one at a time, nearest first, while the best rate is the lowest tried
     below:tuple = (1e-4, 3e-5, 1e-5)
     above:tuple = (1e-1, 3e-1, 1.0)             # ... while the best rate is the highest tried
     search_seed:int = 0                         # the seed of every search run; never one of `seeds`
-    # fresh seeds trained at the chosen rate: the table's runs
-    seeds:tuple = (1, 2, 3)
+    seeds:tuple = (1, 2, 3)                     # fresh seeds at the chosen rate: the table's runs
     epochs:int = 20                             # the budget of every run, search or seed
-    # early stopping: epochs without a lower validation loss
-    patience:int = 3
-    # a search run is never pruned before this many epochs have finished
-    prune_warmup:int = 1
+    patience:int = 3                            # early stopping: epochs without a lower valid loss
+    prune_warmup:int = 1                        # a search run is never pruned before these epochs
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    # None: the median rule alone; k: a run is pruned only once it has gone k + 1 epochs without a
-    # better
-    # validation value (Optuna's `PatientPruner`), so that a slow rate still improving is never
-    # stopped
+    # None: the median rule alone; k: a run is pruned only after k + 1 epochs without a better
+    # validation value (Optuna's `PatientPruner`): a slow rate still improving is never stopped
     prune_patience:int|None = None
-    # what the search and the pruner read on validation: 'accuracy' (higher is better) or
-    # 'perplexity' (lower)
+    # what search and pruner read on validation: 'accuracy' (higher is better) or 'perplexity'
     metric:str = 'accuracy'
-    # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
-    warmup:int = 0
+    warmup:int = 0                              # language models: steps of linear warm-up (0: none)
 
     def __post_init__(self):
         lrs, seeds = _grid_and_seeds(self)
-        check_fields(self, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
-                     counts=('search_seed', 'prune_warmup', 'prune_startup', 'prune_patience', 'warmup'))
-        if not self.patience < self.epochs:
-            raise ValueError(f"need ints 1 <= patience < epochs, "
-                             f"got patience={self.patience!r}, epochs={self.epochs!r}")
-        object.__setattr__(self, 'lrs', tuple(sorted(lrs))); object.__setattr__(self, 'seeds', seeds)
+        _check_budget(self)
+        object.__setattr__(self, 'lrs', tuple(sorted(lrs)))
+        object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
@@ -103,16 +109,14 @@ class Protocol:
     def pruner(self)->optuna.pruners.BasePruner:
         ("The pruner of every search run: the median rule, made patient where `prune_patience` is "
          "set.")
-        rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup, n_warmup_steps=self.prune_warmup)
-        if self.prune_patience is None: return rule
-        # Optuna marks it experimental
-        with warnings.catch_warnings():
-            warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-            return optuna.pruners.PatientPruner(rule, self.prune_patience)
+        rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup,
+                                           n_warmup_steps=self.prune_warmup)
+        return rule if self.prune_patience is None else _patient(rule, self.prune_patience)
 
     @property
-    # whether a higher validation value is better
-    def maximize(self)->bool: return METRICS[self.metric] == 'maximize'
+    def maximize(self)->bool:
+        "Whether a higher validation value is better."
+        return METRICS[self.metric] == 'maximize'
 
     def search_order(self)->list:
         "The grid from its middle outwards, so that the runs a pruner compares against come first."
@@ -146,90 +150,82 @@ def _check_lm_plan(plan, arms):
     if plan.protocol.metric != 'perplexity':
         raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be "
                          "'perplexity'")
-    if plan.objective == 'causal' and (bad := [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]):
+    bad = [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]
+    if plan.objective == 'causal' and bad:
         raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; "
                          f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
 # %% ../../nbs/24_protocol.ipynb #61326c92
 def _check_extends(plan):
     ("A plan that extends another differs from it only in its name, its arms, its note and a "
-     "larger "
-     "epoch budget.")
+     "larger epoch budget.")
     b = plan.extends
     if not isinstance(b, StudyPlan):
         raise TypeError(f"plan {plan.name!r}: extends must be a StudyPlan, got {type(b).__name__}")
     if b.name == plan.name: raise ValueError(f"plan {plan.name!r} extends a plan of its own name")
-    diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device') if getattr(plan, k) != getattr(b, k)]
-    diff += ['protocol beyond epochs'] * (replace(b.protocol, epochs=plan.protocol.epochs) != plan.protocol)
+    diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device')
+            if getattr(plan, k) != getattr(b, k)]
+    longer = replace(b.protocol, epochs=plan.protocol.epochs)
+    diff += ['protocol beyond epochs'] * (longer != plan.protocol)
     if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in "
-                              f"{', '.join(diff)}: "
-                              "an extension changes only the epoch budget")
+                              f"{', '.join(diff)}: an extension changes only the epoch budget")
     if plan.protocol.epochs <= b.protocol.epochs:
         raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs "
-                         f"({plan.protocol.epochs}) must be more "
-                         f"than {b.name!r}'s ({b.protocol.epochs})")
+                         f"({plan.protocol.epochs}) must be more than {b.name!r}'s "
+                         f"({b.protocol.epochs})")
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-4
 # a field some variant's model has
 _ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))
 
+# %% ../../nbs/24_protocol.ipynb #553ccc0e-4-c
+def _check_plan(plan)->tuple:
+    "A plan's task, arms, fields, device, metric and extension, checked: its arms, as `Arm`s."
+    check_choice(plan.task, TASKS, 'task')
+    arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in plan.arms)
+    if not arms: raise ValueError(f"plan {plan.name!r} has no arms")
+    if len({a.label for a in arms}) < len(arms):
+        raise ValueError(f"plan {plan.name!r} has repeated arm labels: {[a.label for a in arms]}")
+    fixed = set(plan.fixed)
+    if clash := sorted(fixed & set(plan.protocol.train_fields()) | fixed & {'lr', 'seed'}):
+        raise ValueError(f"plan {plan.name!r} fixes {clash}, which the protocol sets")
+    held = set().union(*(model_fields(a.variant) for a in arms))
+    if idle := sorted(k for k in plan.fixed if k in _ANY_MODEL_FIELD and k not in held):
+        raise ValueError(f"plan {plan.name!r} fixes {idle}, a model field none of its arms' "
+                         "variants has")
+    if plan.device not in (None, 'cuda'):
+        raise ValueError(f"plan {plan.name!r}: device must be None (CUDA if available, else "
+                         f"CPU) or 'cuda', got {plan.device!r}")
+    if plan.objective is not None: _check_lm_plan(plan, arms)
+    elif plan.protocol.metric != 'accuracy':
+        raise ValueError(f"plan {plan.name!r} classifies: its protocol's metric must be "
+                         f"'accuracy', got {plan.protocol.metric!r}")
+    if plan.extends is not None: _check_extends(plan)
+    return arms
+
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-4-1
 @dataclass(frozen=True)
 class StudyPlan:
     ("A declared comparison: one task, its arms, the preset under them and the protocol; one "
-     "Optuna "
-     "study per arm.")
-    # e.g. 'fair-imdb': the command's argument and the studies' prefix
-    name:str
-    task:str                                    # one of `TASKS`
-    arms:tuple                                  # `Arm`s: the table's rows
-    preset:str = 'repro'                        # the `settings.ini` preset under every run
-    # fields every run shares on top of the preset (what was shrunk, say); a model field a variant
-    # lacks
-    # (TransJect has no d_ff) is left out of that variant's runs
-    fixed:dict = field(default_factory=dict)
-    protocol:Protocol = Protocol()              # the rules
-    note:str = ''                               # what differs from the preset and why
-    # None: classify the task; 'causal' or 'masked': language models on its reviews
-    # (`lm.get_lm_learner`)
-    objective:str|None = None
-    # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU,
-    # refused without one
-    device:str|None = None
-    # a plan whose runs this one's continue: the same runs but for a larger epoch budget
-    # (`_check_extends`); a run
-    # this plan has not begun starts from that plan's run of the same arm, phase, rate and seed,
-    # where there is one
-    extends:StudyPlan|None = None
+     "Optuna study per arm.")
+    name:str                            # e.g. 'fair-imdb': the command's argument, studies' prefix
+    task:str                            # one of `TASKS`
+    arms:tuple                          # `Arm`s: the table's rows
+    preset:str = 'repro'                # the `settings.ini` preset under every run
+    fixed:dict = field(default_factory=dict)  # fields every run sets over the preset (`fixed_for`)
+    protocol:Protocol = Protocol()      # the rules
+    note:str = ''                       # what differs from the preset and why
+    objective:str|None = None           # None: classify; 'causal' or 'masked': language models
+    device:str|None = None              # None: CUDA if available, else CPU; 'cuda': a GPU plan only
+    extends:StudyPlan|None = None       # a plan whose runs this one continues, for more epochs
 
     def __post_init__(self):
-        check_choice(self.task, TASKS, 'task')
-        arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in self.arms)
-        if not arms: raise ValueError(f"plan {self.name!r} has no arms")
-        if len({a.label for a in arms}) < len(arms):
-            raise ValueError(f"plan {self.name!r} has repeated arm labels: "
-                             f"{[a.label for a in arms]}")
-        if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
-            raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
-        held = set().union(*(model_fields(a.variant) for a in arms))
-        if idle := sorted(k for k in self.fixed if k in _ANY_MODEL_FIELD and k not in held):
-            raise ValueError(f"plan {self.name!r} fixes {idle}, a model field none of its arms' "
-                             "variants has")
-        if self.device not in (None, 'cuda'):
-            raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else "
-                             "CPU) or 'cuda', "
-                             f"got {self.device!r}")
-        if self.objective is not None: _check_lm_plan(self, arms)
-        elif self.protocol.metric != 'accuracy':
-            raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be "
-                             "'accuracy', "
-                             f"got {self.protocol.metric!r}")
-        object.__setattr__(self, 'arms', arms)
-        if self.extends is not None: _check_extends(self)
+        object.__setattr__(self, 'arms', _check_plan(self))
 
     def arm(self, label:str)->Arm:
         "The arm of that label."
-        return {a.label: a for a in self.arms}[check_choice(label, [a.label for a in self.arms], 'arm')]
+        labels = [a.label for a in self.arms]
+        return self.arms[labels.index(check_choice(label, labels, 'arm'))]
 
     def snapshot_name(self)->str:
         ("The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, "
@@ -243,18 +239,19 @@ class StudyPlan:
     def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
         ("The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a "
          "retried trial resume.")
-        return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
+        run = f"seed{seed}" + ('-recheck' if phase == 'recheck' else '')
+        return Path(out)/self.name/arm.label/f"lr={lr:g}"/run
 
     def fixed_for(self, variant:str)->dict:
         ("`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's "
-         "d_ff) "
-         "left out.")
+         "d_ff) left out.")
         own = model_fields(variant)
         return {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
 
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
         "Every field one run sets over the preset."
-        return self.fixed_for(arm.variant) | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
+        return (self.fixed_for(arm.variant) | arm.overrides | self.protocol.train_fields()
+                | dict(lr=lr, seed=seed))
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-5
 # the runs that choose an arm's rate; 'seed' runs make its table
@@ -262,32 +259,33 @@ SEARCH_PHASES = ('search', 'recheck')
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-5-1
 def next_trials(
-    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and
-    # value
+    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name), value
     rows:list,
     protocol:Protocol, # the rules
 # the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
 )->list:
     ("The protocol's next step for one arm: the grid, one rate past an edge while the best search "
-     "run sits there, "
-     "a pruned neighbour of the best rate again without the pruner, then the seeds at the chosen "
-     "rate.")
+     "run sits there, a pruned neighbour of the best rate again without the pruner, then the seeds "
+     "at the chosen rate.")
     search = [r for r in rows if r['phase'] in SEARCH_PHASES]
-    if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
+    seed = protocol.search_seed
+    if not search: return [dict(phase='search', lr=x, seed=seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
     best = chosen_rate(rows, protocol.maximize, len(protocol.seeds))
-    # no search run completed: nothing to choose from (see `arm_status`)
-    if best is None: return []
+    if best is None: return []     # no search run completed: nothing to choose from (`arm_status`)
     tried = sorted({r['lr'] for r in search})
     step = []
-    if best == tried[-1] and (up := [x for x in protocol.above if x > tried[-1]]): step.append(up[0])
-    if best == tried[0] and (dn := [x for x in protocol.below if x < tried[0]]): step.append(dn[0])
-    if step: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in step]
-    i, settled = tried.index(best), {r['lr'] for r in search if r['state'] == 'COMPLETE' or r['phase'] == 'recheck'}
+    up = [x for x in protocol.above if x > tried[-1]]
+    dn = [x for x in protocol.below if x < tried[0]]
+    if best == tried[-1] and up: step.append(up[0])
+    if best == tried[0] and dn: step.append(dn[0])
+    if step: return [dict(phase='search', lr=x, seed=seed) for x in step]
+    i = tried.index(best)
+    settled = {r['lr'] for r in search if r['state'] == 'COMPLETE' or r['phase'] == 'recheck'}
     pruned = {r['lr'] for r in search if r['state'] == 'PRUNED'}
-    # the best rate's neighbours
+    # the best's neighbours
     again = [x for x in tried[max(i - 1, 0):i + 2] if x in pruned - settled]
-    if again: return [dict(phase='recheck', lr=x, seed=protocol.search_seed) for x in again]
+    if again: return [dict(phase='recheck', lr=x, seed=seed) for x in again]
     have = {r['seed'] for r in rows if r['phase'] == 'seed' and r['lr'] == best}
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
@@ -299,10 +297,9 @@ def chosen_rate(
     # the fresh seeds a rate's table needs (`len(Protocol.seeds)`); None: search runs only
     seeds:int|None=None,
 # the search rate with the best validation value among completed search runs and rechecks; where a
-# recheck moved the
-# choice after the seeds had run, so that two or more rates have all their seeds, the one of those
-# with the best mean
-# validation over its seeds (ties: the lower rate); None if none completed
+# recheck moved the choice after the seeds had run, so that two or more rates have all their seeds,
+# the one of those with the best mean validation over its seeds (ties: the lower rate); None if none
+# completed
 )->float|None:
     "The learning rate the search chose, on the validation metric only."
     best = max if maximize else min

@@ -31,44 +31,44 @@ __all__ = ['TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CUR
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14
 # `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it
 # extends
-TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
-                 'train_secs', 'params', 'data_key', 'number', 'retry_of', 'reused_secs')
+TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc',
+                 'best_epoch', 'epochs', 'train_secs', 'params', 'data_key', 'number', 'retry_of',
+                 'reused_secs')
 # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy;
-# `train_loss` is its kept
-# weights' loss on training text (`lm.evaluate_lm`)
+# `train_loss` is its kept weights' loss on training text (`lm.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-1
 def _own_secs(t:pd.DataFrame)->pd.Series:
     ("Each trial's seconds of its own training: `train_secs` less those its run took over from the "
      "plan it extends.")
-    return t.train_secs.astype(float) - (t.reused_secs.astype(float).fillna(0) if 'reused_secs' in t else 0.)
+    took = t.reused_secs.astype(float).fillna(0) if 'reused_secs' in t else 0.
+    return t.train_secs.astype(float) - took
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-2
 def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
 # one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language
-# models);
-# `value` is the validation metric
+# models); `value` is the validation metric
 )->pd.DataFrame:
     "Every queued trial of a plan's studies, finished or not, as one table."
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
     names = {s.study_name for s in storage.get_all_studies()}
-    rows = [dict(task=plan.task, arm=a.label, variant=a.variant) | r for a in plan.arms if plan.study_name(a) in names
+    rows = [dict(task=plan.task, arm=a.label, variant=a.variant) | r
+            for a in plan.arms if plan.study_name(a) in names
             for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
     cols = TRIAL_COLUMNS if plan.objective is None else LM_TRIAL_COLUMNS
     t = pd.DataFrame([{k: r.get(k) for k in cols} for r in rows], columns=list(cols))
-    # a column no trial fills yet: NaN, as in its CSV
-    return t.astype({c: float for c in t if t[c].isna().all()})
+    return t.astype({c: float for c in t if t[c].isna().all()})   # unfilled yet: NaN, as in its CSV
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-15
 def arm_status(
     trials:pd.DataFrame,   # from `study_trials` (or its CSV)
     plan:StudyPlan,        # the plan
 # per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good,
-# the chosen rate
-# and whether it is the last allowed, seeds done and those the epoch cap stopped, epochs, hours
+# the chosen rate and whether it is the last allowed, seeds done and those the epoch cap stopped,
+# epochs, hours
 )->pd.DataFrame:
     "Where each arm of a plan stands."
     out = {}
@@ -77,7 +77,8 @@ def arm_status(
         rows = t.to_dict('records')
         p = plan.protocol
         lr = chosen_rate(rows, p.maximize, len(p.seeds))
-        s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]
+        s = t[t.phase == 'search']
+        d = t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]
         nxt = next_trials(rows, p) if len(t) else None
         todo = {x['phase'] for x in nxt or []} | set(t.phase[t.state.isin(['WAITING', 'RUNNING'])])
         state = ('not started' if not len(t)
@@ -118,21 +119,23 @@ def study_runs(
     ("The table's runs: each arm's seeds at its chosen rate, in the shape "
      "`experiments.results_table` reads.")
     p = plan.protocol
-    chosen = {a: chosen_rate(g.to_dict('records'), p.maximize, len(p.seeds)) for a, g in trials.groupby('arm')}
+    chosen = {a: chosen_rate(g.to_dict('records'), p.maximize, len(p.seeds))
+              for a, g in trials.groupby('arm')}
     d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
     # seeds at a rate a later recheck overturned are not the table's
     d = d[d.lr == d.arm.map(chosen)]
     if plan.objective is not None: return _lm_runs(d, plan)
-    df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value,
-                           best_epoch=d.best_epoch, epochs=d.epochs, params=d.params, train_secs=d.train_secs,
-                           data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
+    df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc,
+                           valid_acc=d.value, best_epoch=d.best_epoch, epochs=d.epochs,
+                           params=d.params, train_secs=d.train_secs, data_key=d.data_key,
+                           preset=preset_section(plan.task, plan.preset), lr=d.lr))
     return df[[*RESULT_COLUMNS, 'lr']].astype({'seed': int}).reset_index(drop=True)
 
 # %% ../../nbs/24c_protocol_results.ipynb #a139e7a9
 # a language-model table's runs: `variant` holds the arm's label
 LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'train_ppl',
-                     'test_loss', 'train_loss', 'test_acc', 'best_epoch', 'epochs', 'params', 'train_secs', 'data_key',
-                     'preset', 'lr')
+                     'test_loss', 'train_loss', 'test_acc', 'best_epoch', 'epochs', 'params',
+                     'train_secs', 'data_key', 'preset', 'lr')
 
 # %% ../../nbs/24c_protocol_results.ipynb #a139e7a9-1
 def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
@@ -141,9 +144,9 @@ def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
                            test_ppl=np.exp(d.test_loss.astype(float)), valid_ppl=d.value,
                            train_ppl=np.exp(d.train_loss.astype(float)), test_loss=d.test_loss,
                            train_loss=d.train_loss,
-                           test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
-                           train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
-                           lr=d.lr))
+                           test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs,
+                           params=d.params, train_secs=d.train_secs, data_key=d.data_key,
+                           preset=preset_section(plan.task, plan.preset), lr=d.lr))
     return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
 
 # %% ../../nbs/24c_protocol_results.ipynb #31fbbb08
@@ -171,9 +174,11 @@ def seed_agreement(
         if len(s) and len(d):
             # every run at that rate: one per seed
             v = pd.concat([s.iloc[-1:], d])
-            rows.append(dict(arm=a, lr=st.lr[a], search=s.iloc[-1], seeds=d.mean(), ratio=s.iloc[-1] / d.mean(),
-                             lo=v.min(), hi=v.max(), apart=v.max() / v.min()))
-    return pd.DataFrame(rows, columns=['arm', 'lr', 'search', 'seeds', 'ratio', 'lo', 'hi', 'apart']).set_index('arm')
+            rows.append(dict(arm=a, lr=st.lr[a], search=s.iloc[-1], seeds=d.mean(),
+                             ratio=s.iloc[-1] / d.mean(), lo=v.min(), hi=v.max(),
+                             apart=v.max() / v.min()))
+    cols = ['arm', 'lr', 'search', 'seeds', 'ratio', 'lo', 'hi', 'apart']
+    return pd.DataFrame(rows, columns=cols).set_index('arm')
 
 # %% ../../nbs/24c_protocol_results.ipynb #8543ff01
 SEARCH_CURVE_COLUMNS = ('arm', 'lr', 'seed', 'number', 'state', 'epoch', 'value', 'kept', 'metric')
@@ -181,12 +186,13 @@ SEARCH_CURVE_COLUMNS = ('arm', 'lr', 'seed', 'number', 'state', 'epoch', 'value'
 # %% ../../nbs/24c_protocol_results.ipynb #8543ff01-1
 def _reports(plan, arm, trial, storage, names)->dict:
     ("A finished search trial's reports, epoch -> value; a run copied already finished from the "
-     "plan this one extends "
-     "reported nothing here (it did not train), so that plan's trial of the same run.")
+     "plan this one extends reported nothing here (it did not train), so that plan's trial of the "
+     "same run.")
     q, found = plan, trial.intermediate_values
     while not found and (q := q.extends) is not None and q.study_name(arm) in names:
-        same = [u for u in optuna.load_study(study_name=q.study_name(arm), storage=storage).get_trials(
-                    deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        base = optuna.load_study(study_name=q.study_name(arm), storage=storage)
+        done = base.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        same = [u for u in done
                 if u.user_attrs.get('phase') == 'search' and u.params == trial.params]
         found = same[-1].intermediate_values if same else {}
     return found
@@ -199,21 +205,49 @@ def search_curves(
 )->pd.DataFrame:
     ("The validation metric of every finished search run of a plan, epoch by epoch, as its trial "
      "received it.")
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
     names, m = {s.study_name for s in storage.get_all_studies()}, plan.protocol.metric
     rows = []
     for a in plan.arms:
         if plan.study_name(a) not in names: continue
         study = optuna.load_study(study_name=plan.study_name(a), storage=storage)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            # seeds and rechecks run without the pruner
+            # seeds, rechecks: no pruner, no reports
             if t.user_attrs.get('phase') != 'search': continue
-            rows += [dict(arm=a.label, lr=t.params['lr'], seed=t.params['seed'], number=t.number, state=t.state.name,
-                          epoch=e, value=v, kept=e == t.user_attrs.get('best_epoch'), metric=m)
+            rows += [dict(arm=a.label, lr=t.params['lr'], seed=t.params['seed'], number=t.number,
+                          state=t.state.name, epoch=e, value=v,
+                          kept=e == t.user_attrs.get('best_epoch'), metric=m)
                      for e, v in sorted(_reports(plan, a, t, storage, names).items())]
     return pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
 
 # %% ../../nbs/24c_protocol_results.ipynb #7521183c
+def _by_rate(c:pd.DataFrame)->tuple:
+    "Every rate each arm tried: a panel per arm, a colour per rate; `(curves, lines, colours)`."
+    import matplotlib.pyplot as plt
+    c = c.assign(panel=c.arm, order=0, line=c.lr.map(lambda r: f"lr={r:g}"))
+    keys = [f"lr={r:g}" for r in sorted(c.lr.unique())]
+    return c, keys, dict(zip(keys, plt.cm.viridis(np.linspace(0, 0.9, len(keys)))))
+
+# %% ../../nbs/24c_protocol_results.ipynb #7521183c-at
+def _at_rates(c:pd.DataFrame, rates)->tuple:
+    "Each arm's run at its rate: a panel per depth, a colour per arm; `(curves, lines, colours)`."
+    import matplotlib.pyplot as plt
+    rates = {a: r for a, r in dict(rates).items() if r is not None and not pd.isna(r)}
+    miss = [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]
+    if miss: raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
+    c = c[c.arm.map(rates).eq(c.lr)]
+    if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's "
+                                    "(`arm_status(...).lr`), or None")
+    deep = c.arm.str.contains('+n_layers=', regex=False).all()
+    L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
+    c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
+                 line=c.arm.map(lambda a: arm_depth(a)[0]) if deep else c.arm)
+    keys = list(dict.fromkeys(c.line))
+    # an arm's, in every panel
+    colour = dict(zip(keys, plt.cm.tab10.colors * (len(keys) // 10 + 1)))
+    return c, keys, colour
+
+# %% ../../nbs/24c_protocol_results.ipynb #7521183c-plot
 def plot_search_curves(
     curves:pd.DataFrame,    # from `search_curves`
     # arm label -> the rate of its run to draw (`arm_status(...).lr`); None: every rate
@@ -224,34 +258,14 @@ def plot_search_curves(
     ncols:int=4,            # panels a row, at most
 ):                          # the figure
     ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at "
-     "`rates`, a panel per "
-     "depth; or every rate, a panel per arm.")
+     "`rates`, a panel per depth; or every rate, a panel per arm.")
     import matplotlib.pyplot as plt
     if missing := set(SEARCH_CURVE_COLUMNS) - set(curves.columns):
         raise ValueError(f"curves lacks columns {sorted(missing)}: pass `search_curves`'s table")
-    if not len(curves): raise ValueError("curves has no search run to draw: search_curves found "
-                                         "none")
-    c, metric = curves, curves.metric.iloc[0]
-    # a panel per arm, a colour per rate
-    if rates is None:
-        c = c.assign(panel=c.arm, order=0, line=c.lr.map(lambda r: f"lr={r:g}"))
-        keys = [f"lr={r:g}" for r in sorted(c.lr.unique())]
-        colour = dict(zip(keys, plt.cm.viridis(np.linspace(0, 0.9, len(keys)))))
-    # a panel per depth, a colour per arm
-    else:
-        rates = {a: r for a, r in dict(rates).items() if r is not None and not pd.isna(r)}
-        if miss := [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]:
-            raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
-        c = c[c.arm.map(rates).eq(c.lr)]
-        if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's "
-                                        "(`arm_status(...).lr`), or None")
-        deep = c.arm.str.contains('+n_layers=', regex=False).all()
-        L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
-        c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
-                     line=c.arm.map(lambda a: arm_depth(a)[0]) if deep else c.arm)
-        keys = list(dict.fromkeys(c.line))
-        # an arm's colour in every panel
-        colour = dict(zip(keys, plt.cm.tab10.colors * (len(keys) // 10 + 1)))
+    if not len(curves):
+        raise ValueError("curves has no search run to draw: search_curves found none")
+    metric = curves.metric.iloc[0]
+    c, keys, colour = _by_rate(curves) if rates is None else _at_rates(curves, rates)
     # the plan's order, or by depth
     panels = c.sort_values('order', kind='stable').panel.unique()
     nc = min(len(panels), ncols); nr = -(-len(panels) // nc)
@@ -259,10 +273,10 @@ def plot_search_curves(
     # the last row's empty places
     for ax in axs.flat[len(panels):]: ax.set_visible(False)
     for ax, panel in zip(axs.flat, panels):
-        here = c[c.panel == panel]
-        for (line, _), g in sorted(here.groupby(['line', 'number']), key=lambda x: keys.index(x[0][0])):
-            ax.plot(g.epoch, g.value, color=colour[line], lw=1, ls='--' if g.state.iloc[0] == 'PRUNED' else '-',
-                    label=line)
+        runs = c[c.panel == panel].groupby(['line', 'number'])
+        for (line, _), g in sorted(runs, key=lambda x: keys.index(x[0][0])):   # in the keys' order
+            ax.plot(g.epoch, g.value, color=colour[line], lw=1,
+                    ls='--' if g.state.iloc[0] == 'PRUNED' else '-', label=line)
             ax.plot(g.epoch[g.kept], g.value[g.kept], 'o', color=colour[line], ms=3)
         if cap is not None: ax.axvline(cap - 1, color='grey', ls=':', lw=1, label=f'{cap} epochs')
         if metric == 'perplexity': ax.set_yscale('log')

@@ -23,7 +23,8 @@ __all__ = ['open_storage', 'arm_study', 'trial_rows', 'QueueLock', 'queue_next',
 def _no_driver(url:str, e:ImportError)->ValueError:
     "The error for a database URL whose driver does not import: one line that says what to install."
     scheme = url.split('://')[0]
-    fix = ('pip install "transject_nb[postgres]" (psycopg)' if scheme in ('postgresql', 'postgresql+psycopg')
+    fix = ('pip install "transject_nb[postgres]" (psycopg)'
+           if scheme in ('postgresql', 'postgresql+psycopg')
            else f"install the driver that SQLAlchemy's {scheme} dialect imports")
     # Optuna's ImportError wraps SQLAlchemy's
     why = e.__cause__ or e
@@ -53,11 +54,12 @@ def open_storage(
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-                retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
+                retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry,
+                                                         inherit_intermediate_values=True)
                 st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
-                                grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
-            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a
-            # file)
+                                grace_period=grace or 2 * heartbeat,
+                                heartbeat_stale_trial_callback=retry)
+            # a server's table of `QueueLock`'s rows (a SQLite file, committed as is, locks a file)
             if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
             return st
         except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
@@ -75,9 +77,9 @@ def arm_study(
     ("The Optuna study of one arm: the best validation metric; `Protocol.pruner` stops hopeless "
      "search runs.")
     p = plan.protocol
-    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric],
-                               load_if_exists=True,
-                               # never used: every trial is queued
+    return optuna.create_study(study_name=plan.study_name(arm), storage=storage,
+                               direction=METRICS[p.metric], load_if_exists=True,
+                               # never used: all queued
                                sampler=optuna.samplers.RandomSampler(seed=0),
                                pruner=p.pruner())
 
@@ -91,8 +93,9 @@ def trial_rows(
     for t in study.get_trials(deepcopy=False):
         if 'phase' not in t.user_attrs: continue
         fixed = t.params or t.system_attrs.get('fixed_params', {})
-        rows.append(dict(t.user_attrs, number=t.number, state=t.state.name, value=t.value, lr=fixed.get('lr'),
-                         seed=fixed.get('seed'), retry_of=t.system_attrs.get('failed_trial')))
+        rows.append(dict(t.user_attrs, number=t.number, state=t.state.name, value=t.value,
+                         lr=fixed.get('lr'), seed=fixed.get('seed'),
+                         retry_of=t.system_attrs.get('failed_trial')))
     return rows
 
 # %% ../../nbs/24a_protocol_store.ipynb #c61a0003
@@ -173,11 +176,11 @@ def failed_runs(
     rows,        # a study's trial rows (`trial_rows`, or `study_trials`' rows as dicts)
 )->list:         # `(phase, lr, seed)` of each run whose every trial failed
     ("The runs that failed for good: a run is its trials of one phase, rate and seed (a killed "
-     "run's retries "
-     "share them); a trial the protocol never queued, with no phase, is no run.")
+     "run's retries share them); a trial the protocol never queued, with no phase, is no run.")
     runs = {}
     for r in rows:
-        if isinstance(r.get('phase'), str): runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
+        if isinstance(r.get('phase'), str):
+            runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
     return [k for k, states in runs.items() if all(x == 'FAIL' for x in states)]
 
 # %% ../../nbs/24a_protocol_store.ipynb #7f3c2a11-1
@@ -195,7 +198,8 @@ def requeue_failed(
             again = [dict(phase=ph, lr=lr, seed=s) for ph, lr, s in failed_runs(trial_rows(study))]
             # the failed trials hold this rate and seed: no `skip_if_exists`
             for t in again:
-                study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
+                study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']),
+                                    user_attrs=dict(phase=t['phase']))
         if again: out[arm.label] = again
     return out
 
@@ -215,16 +219,15 @@ def check_storage(
     try:
         with contextlib.closing(sqlite3.connect(p)) as c:
             ok = c.execute('PRAGMA quick_check').fetchone()[0]
-            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            rows = c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            tables = {r[0] for r in rows}
     except sqlite3.DatabaseError as e: ok, tables = str(e), set()
     if ok != 'ok':
         raise ValueError(f"storage {name or p} is damaged ({ok}): restore it from a snapshot "
-                         "(--start-from), "
-                         "or move it aside to start a new one")
+                         "(--start-from), or move it aside to start a new one")
     if tables and not {'studies', 'trials'} <= tables:
         raise ValueError(f"{name or p} is a SQLite database but no Optuna storage: give another "
                          "--storage")
-
 
 # %% ../../nbs/24a_protocol_store.ipynb #5813a52a
 # this worker process's trial: 'trial' -> (study, trial id), queued again if the worker is stopped
@@ -297,9 +300,8 @@ def requeue_orphans(
     progress:bool=True,   # a line per trial queued again
 )->list:                  # `(study name, trial number)` of each trial queued again
     ("Queue again, at once, every running trial of the plan whose worker process on this machine "
-     "is "
-     "gone.")
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+     "is gone.")
+    if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
     names, out = {s.study_name for s in storage.get_all_studies()}, []
     for name in [plan.study_name(a) for a in plan.arms if plan.study_name(a) in names]:
         study = optuna.load_study(study_name=name, storage=storage)
@@ -308,7 +310,6 @@ def requeue_orphans(
             if not _requeue(study, t._trial_id): continue
             out.append((name, t.number))
             if progress: print(f"{name} trial {t.number} was left running by a worker that is gone "
-                               "(pid "
-                               f"{owner['pid']}): queued again, its retry resumes the run", flush=True)
+                               f"(pid {owner['pid']}): queued again, its retry resumes the run",
+                               flush=True)
     return out
-

@@ -42,23 +42,24 @@ def plan_data(
 )->TaskData|LMCorpus:
     ("A plan's data as its runs load them: the baselines beside its table are fitted on the same "
      "splits.")
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer))
-                                or max_len < 1):
+    if max_len is not None and (isinstance(max_len, bool)
+                                or not isinstance(max_len, (int, np.integer)) or max_len < 1):
         raise ValueError(f"max_len must be a whole number of tokens, 1 or more, got {max_len!r}")
     if max_len is not None and plan.objective is not None:
         raise ValueError(f"max_len cuts a classifier plan's examples; {plan.name} is a "
-                         "language-model plan, "
-                         "whose documents are kept whole (its contexts are set by its `fixed` "
-                         "max_len)")
+                         "language-model plan, whose documents are kept whole (its contexts are "
+                         "set by its `fixed` max_len)")
     src = task_source(plan.task, data)
     if plan.objective is not None:
         f = plan.fixed
         c = load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir)
         return c.take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
-    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed_for(plan.arms[0].variant),
+    v = plan.arms[0].variant
+    rc = resolve_config(plan.task, v, plan.preset, **plan.fixed_for(v),
                         **({} if src is None else dict(source=src)))
-    max_len = max_len or rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
-    return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
+    max_len = max_len or rc['model'].get('max_len', variant_spec(v).config_cls.max_len)
+    return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False,
+                     **rc['data'].load_kwargs())
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11
 class NotQueued(Exception):
@@ -93,42 +94,75 @@ def _duplicate(study, trial, lr, seed):
     ("An earlier trial of the same phase, rate and seed that is running or finished well: "
      "this one must not train it again.")
     phase = trial.user_attrs.get('phase')
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)):
-        if (t.number < trial.number and t.user_attrs.get('phase') == phase and t.params.get('lr') == lr
-                and t.params.get('seed') == seed): return t.number
+    states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+    for t in study.get_trials(deepcopy=False, states=states):
+        if (t.number < trial.number and t.user_attrs.get('phase') == phase
+                and t.params.get('lr') == lr and t.params.get('seed') == seed): return t.number
     return None
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-11-5
 def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
     ("The Learner of one run of a plan, in its folder, not trained: a classifier, or a language "
      "model.")
-    # a GPU plan's runs
+    # a GPU plan's
     if kw.get('device') is None and plan.device is not None: kw['device'] = plan.device
-    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase), **plan.overrides(arm, lr, seed), **kw)
+    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase),
+              **plan.overrides(arm, lr, seed), **kw)
     return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
             else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
 
 # %% ../../nbs/24b_protocol_workers.ipynb #39f01d2e
 def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
     ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same "
-     "arm, phase, rate "
-     "and seed, if it has one, marked with `started_from.json` (what it reused); its folder, else "
-     "None.")
+     "arm, phase, rate and seed, if it has one, marked with `started_from.json` (what it reused); "
+     "its folder, else None.")
     dest, base = plan.run_dir(out, arm, lr, seed, phase), plan.extends
-    if base is None or (dest/'models'/'checkpoint.pth').exists() or arm.label not in {a.label for a in base.arms}:
-        return None
+    if (base is None or (dest/'models'/'checkpoint.pth').exists()
+            or arm.label not in {a.label for a in base.arms}): return None
     src = base.run_dir(out, arm, lr, seed, phase)
     if not (src/'models'/'checkpoint.pth').is_file(): return None
     st = load_checkpoint(src/'models'/'checkpoint.pth')
     # copied whole, then renamed: never half a run
     tmp = dest.with_name(dest.name + '.copying')
     shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(src, tmp)
-    (tmp/'started_from.json').write_text(json.dumps(dict(plan=base.name, run=str(src), epochs=st['epoch'] + 1,
-                                                         secs=round(sum(st['times']), 1))))
+    took = dict(plan=base.name, run=str(src), epochs=st['epoch'] + 1,
+                secs=round(sum(st['times']), 1))
+    (tmp/'started_from.json').write_text(json.dumps(took))
     # a folder without a checkpoint: nothing trained
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     return src
+
+# %% ../../nbs/24b_protocol_workers.ipynb #39f01d2e-claim
+def _claim(trial, plan, arm)->tuple:
+    ("A queued trial made this process's: its `(phase, lr, seed)`; `NotQueued` if the protocol did "
+     "not queue it, or another trial runs it already.")
+    phase = trial.user_attrs.get('phase')
+    if phase is None:
+        raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the "
+                        "protocol")
+    # a stop or a restart queues it again
+    _own(trial)
+    lr = trial.suggest_float('lr', 1e-8, 100.0, log=True)
+    seed = trial.suggest_int('seed', 0, 2 ** 31 - 1)
+    if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
+        raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
+    return phase, lr, seed
+
+# %% ../../nbs/24b_protocol_workers.ipynb #39f01d2e-cbs
+def _trial_cbs(trial, phase:str, metric:str)->list:
+    "A run's callbacks for its trial: `TrialGuard`, and on a search run the pruner's."
+    prune = [FastAIV2PruningCallback(trial, monitor=metric)] if phase == 'search' else []
+    return [TrialGuard(trial)] + prune
+
+# %% ../../nbs/24b_protocol_workers.ipynb #39f01d2e-seed
+def _seed_score(plan, trial, learn)->float:
+    "A seed run's test scores, kept on its trial; its validation metric, the trial's value."
+    res = evaluate(learn) if plan.objective is None else evaluate_lm(learn)
+    keys = ('test_acc', 'test_loss', 'valid_loss', 'params')
+    keys += ('train_loss',) if plan.objective else ()
+    for k in keys: trial.set_user_attr(k, res[k])
+    return res['valid_acc' if plan.objective is None else 'valid_ppl']
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-12
 def make_objective(
@@ -144,36 +178,23 @@ def make_objective(
     ("Train one queued run (resuming its folder), with the pruner on search runs only; "
      "record what it did as the trial's user attributes.")
     def objective(trial:optuna.Trial)->float:
-        phase = trial.user_attrs.get('phase')
-        if phase is None:
-            raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the "
-                            "protocol")
-        # a stop or a restart queues it again
-        _own(trial)
-        lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
-        if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
-            raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
+        phase, lr, seed = _claim(trial, plan, arm)
         path = plan.run_dir(out, arm, lr, seed, phase)
         _start_from_base(plan, arm, lr, seed, phase, out)
         # its first epochs are the extended plan's
         if (m := path/'started_from.json').is_file():
             trial.set_user_attr('reused_secs', json.loads(m.read_text())['secs'])
-        cbs = [TrialGuard(trial)] + ([FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)]
-                                     if phase == 'search' else [])
-        learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
+        learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir,
+                             cbs=_trial_cbs(trial, phase, plan.protocol.metric),
                              **({} if source is None else dict(source=source)))
         trial.set_user_attr('run_dir', str(path))
-        if (ck := path/'models'/'checkpoint.pth').exists():
-            # epochs already done
+        if (ck := path/'models'/'checkpoint.pth').exists():  # epochs already done
             trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)
         try: train_learner(learn, resume=True, progress=progress)
         finally: _record(trial, learn)
-        if phase == 'seed':
-            res = evaluate(learn) if plan.objective is None else evaluate_lm(learn)
-            keys = ('test_acc', 'test_loss', 'valid_loss', 'params') + (('train_loss',) if plan.objective else ())
-            for k in keys: trial.set_user_attr(k, res[k])
-            return res['valid_acc' if plan.objective is None else 'valid_ppl']
-        with learn.no_bar(): return float(learn.validate(ds_idx=1)[1 if plan.objective is None else 2])
+        if phase == 'seed': return _seed_score(plan, trial, learn)
+        with learn.no_bar(): vals = learn.validate(ds_idx=1)     # loss, then accuracy or perplexity
+        return float(vals[1 if plan.objective is None else 2])
     return objective
 
 # %% ../../nbs/24b_protocol_workers.ipynb #4a93cdfb
@@ -182,8 +203,10 @@ def _record(trial, learn):
      "epoch, seconds, data.")
     h = history(learn) if learn.recorder.values else None
     if h is None or not len(h) or _taken_over(trial): return
-    trial.set_user_attr('epochs', len(h)); trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
-    trial.set_user_attr('train_secs', round(float(h['seconds'].sum()), 1) if 'seconds' in h else None)
+    trial.set_user_attr('epochs', len(h))
+    trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
+    secs = round(float(h['seconds'].sum()), 1) if 'seconds' in h else None
+    trial.set_user_attr('train_secs', secs)
     trial.set_user_attr('data_key', learn.config['data_key'])
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-13
@@ -209,10 +232,9 @@ def work(
     progress:bool=True,    # a line per finished trial
 )->int:                    # trials this worker ran
     ("One worker: queue each arm's next step and run one queued trial at a time, until every arm "
-     "is done; "
-     "any number may share a storage.")
+     "is done; any number may share a storage.")
     _check_device(plan)
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
+    if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
     arms = [plan.arm(a) for a in arms] if arms else list(plan.arms)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
@@ -220,8 +242,8 @@ def work(
         warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
         # a resumed run replays its checkpoint's epochs
         warnings.filterwarnings('ignore', message='The reported value is ignored')
-        return _work(plan, storage, out, arms, cache_dir, task_source(plan.task, data), poll, max_trials, name,
-                     progress)
+        return _work(plan, storage, out, arms, cache_dir, task_source(plan.task, data), poll,
+                     max_trials, name, progress)
 
 # %% ../../nbs/24b_protocol_workers.ipynb #5d5ba762
 # what a failing storage raises
@@ -233,7 +255,7 @@ STORAGE_RETRIES = 5
 def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
     ("`work`'s loop: passes over the arms until every one is done, riding out a few storage errors "
      "in a row.")
-    # cut: trials a storage error failed mid-run, to be queued again
+    # cut: trials a storage error failed mid-run, to queue again
     ran, errors, cut = 0, 0, []
     while max_trials is None or ran < max_trials:
         try:
@@ -244,8 +266,8 @@ def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, p
             if (errors := errors + 1) > STORAGE_RETRIES: raise
             wait = min(60., poll * 2 ** errors)
             if progress: print(f"[{name}] the storage failed ({type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:200]}); "
-                               f"trying again in {wait:g} s ({errors} of {STORAGE_RETRIES})", flush=True)
+                               f"{' '.join(str(e).split())[:200]}); trying again in {wait:g} s "
+                               f"({errors} of {STORAGE_RETRIES})", flush=True)
             time.sleep(wait); continue
         ran, errors = ran + took, 0
         if not took:
@@ -259,17 +281,18 @@ def _retry_cut(storage, study, trial_id, name, progress):
     ("Queue again, as a stale trial is, a run that a storage error failed mid-run: its retry "
      "resumes it.")
     t = storage.get_trial(trial_id)
-    # its failure was never told: it goes stale, and the heartbeat retries it
+    # never told failed: it goes stale, the heartbeat retries it
     if t.state != TrialState.FAIL: return
-    retry = (storage.get_heartbeat_stale_trial_callback() if isinstance(storage, RDBStorage) else None
-             ) or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)
+    own = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, RDBStorage) else None
+    retry = own or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)
     n = len(study.get_trials(deepcopy=False))
     # the same rate, seed and phase; max_retry
     retry(study, t)
+    again = len(study.get_trials(deepcopy=False)) > n
+    said = ("queued again, its retry resumes the run" if again
+            else "retried too often already: `--retry-failed` queues it again")
     if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's "
-                       "error; "
-                       + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
-                          else "retried too often already: `--retry-failed` queues it again"), flush=True)
+                       f"error; {said}", flush=True)
 
 # %% ../../nbs/24b_protocol_workers.ipynb #c01e7705
 def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
@@ -291,26 +314,25 @@ def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tupl
 def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=lambda: None):
     ("Run one waiting trial of an arm, calling `claimed()` once it is this worker's; "
      "a trial another worker took over (stale heartbeat) is left to its retry.")
-    t0, done, taken, obj = time.perf_counter(), [], {}, make_objective(plan, arm, out, cache_dir, source)
+    t0, done, taken = time.perf_counter(), [], {}
+    obj = make_objective(plan, arm, out, cache_dir, source)
     def run(trial):
         claimed(); taken['trial'] = trial
         try: return obj(trial)
         except Exception as e:
-            # its own error, not a takeover
+            # its own error
             taken['raised'] = isinstance(e, STORAGE_ERRORS) or not _taken_over(trial)
             raise
     try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
                         callbacks=[lambda s, t: done.append(t)])
     except Exception as e:
-        # `_work` queues it again when the storage is back
-        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:
+        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:   # `_work` queues it again later
             e.cut_trial = (study, taken['trial']._trial_id); raise
-        # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed
-        # trial)
+        # taken over mid-run (TrialGuard) or after its last epoch (Optuna won't tell a failed trial)
         if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
         if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was "
-                           "taken over by another "
-                           "worker (its heartbeat went stale); its retry resumes the run", flush=True)
+                           "taken over by another worker (its heartbeat went stale); its retry "
+                           "resumes the run", flush=True)
         return
     if progress and done and 'phase' in done[0].user_attrs:
         said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
@@ -321,10 +343,11 @@ def _say_trial(t, secs, metric='accuracy')->str:
     ("One progress line for a finished trial: phase, rate, seed, validation (and test) score, "
      "epochs, seconds.")
     u, p, acc = t.user_attrs, t.params, metric == 'accuracy'
-    val = (f"valid {100 * t.value:.1f}%" if acc else f"valid perplexity {t.value:.1f}") if t.value is not None else ''
+    val = ('' if t.value is None else f"valid {100 * t.value:.1f}%" if acc
+           else f"valid perplexity {t.value:.1f}")
     val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
     test = ('' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc
             else f", test perplexity {math.exp(u['test_loss']):.1f}")
     return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: "
-            f"{val}{test}, "
-            f"{u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s")
+            f"{val}{test}, {u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), "
+            f"{secs:.0f} s")

@@ -19,14 +19,16 @@ from ..training.utils import Stopped, copy_new, debug_mode, error_line
 from ..models import VARIANTS
 from ..training.learner import train_learner
 from ..training.lm import CAUSAL_VARIANTS
-from ..training.finetune import (PRETRAIN_STUDIES, clf_progress, control_progress, control_results,
-                                            export_pretrain, pretrain_progress, pretrain_rates, pretrain_results,
-                                            run_controls, run_pretrain_plan, snapshot_pretrain, superseded_runs)
+from ..training.finetune import (PRETRAIN_STUDIES, clf_progress, control_progress,
+                                            control_results, export_pretrain, pretrain_progress,
+                                            pretrain_rates, pretrain_results, run_controls,
+                                            run_pretrain_plan, snapshot_pretrain, superseded_runs)
 from .protocol import Arm, Protocol, StudyPlan, chosen_rate, next_trials
-from .protocol_store import _release, check_storage, open_storage, requeue_failed, requeue_orphans
+from .protocol_store import (_release, check_storage, open_storage, requeue_failed,
+                                             requeue_orphans)
 from .protocol_workers import _check_device, _run_learner, plan_data, work
-from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, export_study, settled_arms,
-                                               snapshot_storage, study_trials)
+from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, export_study,
+                                               settled_arms, snapshot_storage, study_trials)
 
 # %% auto #0
 __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM',
@@ -38,62 +40,64 @@ __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTH
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
 # every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
 LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
-LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2,
-                       metric='perplexity', warmup=100, prune_patience=0)
-# the ablations and the depth grids: two seeds a cell (the budget)
-LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))
+LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30,
+                       patience=2, metric='perplexity', warmup=100, prune_patience=0)
+LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and depth grids: 2 seeds a cell
 # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 LM_DEPTHS = (2, 8, 16)
-LM_GPU_DEPTHS = (2, 4, 8, 16, 32)                # the GPU depth table's L
-MLM_DEPTHS = (2, 8)                              # the masked grids' L, on the CPU and on a GPU
+LM_GPU_DEPTHS = (2, 4, 8, 16, 32)     # the GPU depth table's L
+MLM_DEPTHS = (2, 8)                   # the masked grids' L, on the CPU and on a GPU
 # its width: 4 × the repro preset's d, its 4 heads and d_ff = 2 d kept
 LM_WIDE = dict(d_model=256, d_ff=512)
-# λ = 0.4, the authors' language-model value (their wikitext103 code)
+# λ = 0.4, the authors' language-model value (wikitext103)
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
 _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
 
-MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED,
-                      protocol=LM_PROTOCOL2, objective='masked',
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-mlm
+MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()),
+                      fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='masked',
                       note="every variant, TransJect's four included, as a masked language model "
-                           "(15% of the tokens) "
-                           f"at L = {' and '.join(map(str, MLM_DEPTHS))}")
+                           f"(15% of the tokens) at L = {' and '.join(map(str, MLM_DEPTHS))}")
 
 # %% ../../nbs/24d_studies.ipynb #e2fee2fd
 LM_STUDIES = (
-    StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
+    StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL,
+              objective='causal',
               note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
                    "the repro preset's width (d 64)"),
-    StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
+    StudyPlan('lm-lambda', 'imdb',
+              _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
               fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
-              note="λ around lm-neutreno's 0.4, on the reviews (NeuTRENO's own ablation, its Table "
-                   "13, "
-                   "is on ADE20K segmentation)"),
-    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
-              objective='causal',
+              note="λ around lm-neutreno's 0.4, on the reviews (NeuTRENO's own ablation, its "
+                   "Table 13, is on ADE20K segmentation)"),
+    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED,
+              protocol=LM_PROTOCOL2, objective='causal',
               note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is "
                    "lm-neutreno's"),
     MLM_DEPTH,
-    StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=100),
-              objective='masked', extends=MLM_DEPTH,
+    StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED,
+              protocol=replace(LM_PROTOCOL2, epochs=100), objective='masked', extends=MLM_DEPTH,
               note="mlm-depth's runs trained on to 100 epochs: at 30, most were still improving"),
     # its masked runs stopped at the first small rise while still falling: the same cells, a
     # patience of 10
-    StudyPlan('mlm-patience', 'imdb', _at((Arm('transject'), Arm('transformer')), 2), fixed=LM_FIXED,
-              protocol=replace(LM_PROTOCOL2, epochs=150, patience=10), objective='masked',
+    StudyPlan('mlm-patience', 'imdb', _at((Arm('transject'), Arm('transformer')), 2),
+              fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=150, patience=10),
+              objective='masked',
               note="mlm-depth-100's TransJect and post-norm cells at L = 2, trained afresh with a "
-                   "patience of 10 "
-                   "epochs, not 2: at 2, one arm's runs at one rate ended up to 3 times apart"),
-    StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
-              protocol=LM_PROTOCOL2, objective='causal', device='cuda',
-              note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
-    StudyPlan('mlm-depth-gpu', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
-              protocol=LM_PROTOCOL2, objective='masked', device='cuda',
+                   "patience of 10 epochs, not 2: at 2, one arm's runs at one rate ended up to 3 "
+                   "times apart"),
+    StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()),
+              fixed=LM_FIXED | LM_WIDE, protocol=LM_PROTOCOL2, objective='causal', device='cuda',
+              note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its "
+                   "own"),
+    StudyPlan('mlm-depth-gpu', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()),
+              fixed=LM_FIXED | LM_WIDE, protocol=LM_PROTOCOL2, objective='masked', device='cuda',
               note="mlm-depth at lm-depth-gpu's width (d 256), on a GPU: a table of its own"),
 )
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-17
-# the ablation: the authors' input-dependent expert gate (02_transject)
+# the ablation: the authors' input-dependent expert gate
 GATE = Arm('transject', dict(gate='input'))
 
 STUDIES = {p.name: p for p in (
@@ -101,12 +105,12 @@ STUDIES = {p.name: p for p in (
               note="the repro preset; 5 seeds, the task being cheap"),
     StudyPlan('fair-listops', 'listops', _ALL + (GATE,),
               note="the repro preset; the input gate as an ablation of transject"),
-    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an "
-                                                        "ablation of transject"),
-    StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), protocol=Protocol(epochs=40),
+    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,),
+              note="the repro preset; the input gate as an ablation of transject"),
+    StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512),
+              protocol=Protocol(epochs=40),
               note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since "
-                   "byte-level "
-                   "runs were still improving at 10 of 20"),
+                   "byte-level runs were still improving at 10 of 20"),
     *LM_STUDIES,
 )}
 # the fair tables of the TransJect paper, one per task
@@ -139,66 +143,74 @@ def settled_budget(
     def settled(q):
         t = trials.get(q.name)
         return t is not None and len(t) > 0 and len(settled_arms(arm_status(t, q))) == len(q.arms)
-    ext = [q for q in (STUDIES.values() if plans is None else plans) if _extends(q, plan) and settled(q)]
+    plans = STUDIES.values() if plans is None else plans
+    ext = [q for q in plans if _extends(q, plan) and settled(q)]
     return max(ext, key=lambda q: q.protocol.epochs, default=plan)
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-18
+def _paces(plan, fin:pd.DataFrame, secs_per_epoch:dict)->dict:
+    ("Each arm's seconds per epoch: its own, else a measured arm's of the same stand-in scaled by "
+     "the two's `secs_per_epoch`, else `secs_per_epoch`'s, else its family's finished runs'.")
+    fam = lambda a: variant_spec(a.variant).family
+    per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
+    measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
+    family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f])
+              for f in {fam(a) for a in plan.arms}}
+    given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan))
+             for a in plan.arms}
+    # a measured arm's pace times the ratio of the two's timings (side by side)
+    def scaled(a):
+        if np.isnan(given[a.label]): return np.nan
+        bs = [b for b in plan.arms
+              if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
+              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]
+        near = lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label])))
+        b = min(bs, key=near, default=None)              # the same variant first, then the closest
+        return np.nan if b is None else measured[b.label] * given[a.label] / given[b.label]
+    return {a.label: next((r for r in (measured[a.label], scaled(a), given[a.label], family[fam(a)])
+                           if not np.isnan(r)), np.nan) for a in plan.arms}
+
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-18-cost
 def plan_cost(
     plan:StudyPlan,             # the plan
     trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
     # arm label or variant -> seconds per training epoch on this task where no run of the arm has
-    # finished
-    # (e.g. from the fixed-rate runs)
+    # finished (e.g. from the fixed-rate runs)
     secs_per_epoch:dict|None=None,
     # (search, seed): epochs per run where the plan has no finished run of that phase, e.g. those of
-    # a like plan
-    # (None: the fewest the protocol allows, patience + 2 and patience + 3)
+    # a like plan (None: the fewest the protocol allows, patience + 2 and patience + 3)
     epochs:tuple|None=None,
-# per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
-# (a lower bound: steps past an edge are not foreseen; an extending plan's hours left are not
-# foreseen at all)
+# per arm: runs done and left, epochs per run, seconds per epoch, hours done and left (a lower
+# bound: steps past an edge are not foreseen; an extending plan's hours left are not foreseen at
+# all)
 )->pd.DataFrame:
     ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per "
-     "epoch are the "
-     "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, "
-     "else "
-     "`secs_per_epoch`'s, else those of its family's finished runs; epochs per run the plan's own, "
-     "else `epochs`.")
-    p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
+     "epoch are the arm's own, else a measured arm's of the same stand-in scaled by the two's "
+     "`secs_per_epoch`, else `secs_per_epoch`'s, else those of its family's finished runs; epochs "
+     "per run the plan's own, else `epochs`.")
+    p = plan.protocol
     t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
     fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
-    ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
-    e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'), epochs or (p.patience + 2, p.patience + 3)))
-    fam = lambda a: variant_spec(a.variant).family
-    per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
-    measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
-    family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
-    given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan)) for a in plan.arms}
-    # a measured arm's pace times the ratio of the two's timings (side by side)
-    def scaled(a):
-        if np.isnan(given[a.label]): return np.nan
-        bs = [b for b in plan.arms if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
-              # the same variant first, then the closest
-              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]
-        b = min(bs, key=lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label]))), default=None)
-        return np.nan if b is None else measured[b.label] * given[a.label] / given[b.label]
-    rows = {}
-    # seconds per epoch: the arm's own, else scaled, else given, else its family's
+    ep = lambda ph, dflt: (float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any()
+                           else dflt)
+    e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'),
+                                                    epochs or (p.patience + 2, p.patience + 3)))
+    rates, rows = _paces(plan, fin, secs_per_epoch or {}), {}
     for a in plan.arms:
-        g = fin[fin.arm == a.label]
-        rate = next((r for r in (measured[a.label], scaled(a), given[a.label], family[fam(a)]) if not np.isnan(r)),
-                    np.nan)
+        g, rate = fin[fin.arm == a.label], rates[a.label]
         arm_rows = t[t.arm == a.label].to_dict('records')
         lr = chosen_rate(arm_rows, p.maximize, len(p.seeds))
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
-        # run to their end
+        # rechecks, run to their end
         r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0
-        d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
-        rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
+        seeded = (g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)
+        d_left = len(p.seeds) - int(seeded.sum())
+        left = (s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600
+        rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left,
+                             secs_per_epoch=round(float(rate), 1),
                              hours_done=round(float(_own_secs(g).sum()) / 3600, 2),
-                             # its runs go on while they improve
-                             hours_left=np.nan if plan.extends is not None
-                             else round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
+                             # an extending plan's runs go on while they improve
+                             hours_left=np.nan if plan.extends is not None else round(left, 2))
     return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
 
 # %% ../../nbs/24d_studies.ipynb #5fd7e0ce
@@ -226,7 +238,8 @@ def epoch_secs(
      "in this process.")
     if not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ValueError(f"rounds must be a whole number, 1 or more, got {rounds!r}")
-    given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
+    data = data if data is not None else plan_data(plan, source)
+    given = {'data' if plan.objective is None else 'corpus': data}
     # arm label -> its stand-in arm
     stand_ins = {}
     for a in plan.arms:
@@ -250,10 +263,12 @@ _PR_SET_PDEATHSIG = 1   # Linux's prctl option: the signal this process gets whe
 def _die_with(parent:int):
     ("Have the kernel send this process SIGTERM when `parent` dies (Linux's prctl); stop now if it "
      "already has.")
-    try: ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     # no prctl here (not Linux): the parent stops its workers
     except (OSError, AttributeError): pass
-    # it died before the request took effect
+    # it died before the request took
     if os.getppid() != parent: os.kill(os.getpid(), signal.SIGTERM)
 
 # %% ../../nbs/24d_studies.ipynb #f29194ab-2
@@ -308,13 +323,28 @@ def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, h
     # SIGTERM or SIGINT, or its parent gone
     except Stopped as e:
         try: said = '; its trial is queued again' if _release() else ''
-        except Exception as x: said = f"; its trial is left to the heartbeat's retry ({error_line(x)[:200]})"
+        except Exception as x:
+            said = f"; its trial is left to the heartbeat's retry ({error_line(x)[:200]})"
         print(f"[{name}] {e}{said}", flush=True)
         sys.exit(e.status)
     except Exception as e:
         if debug_mode(): raise
-        print(f"[{name}] failed: {error_line(e, with_type=True)[:500]}", file=sys.stderr, flush=True)
+        print(f"[{name}] failed: {error_line(e, with_type=True)[:500]}", file=sys.stderr,
+              flush=True)
         sys.exit(1)
+
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-20-join
+def _join_workers(ps:list):
+    ("Start the worker processes and wait for them; Ctrl-C or SIGTERM stops them, their running "
+     "trials queued again.")
+    with _stopping_on_sigterm():
+        try:
+            for p in ps: p.start()
+            for p in ps: p.join()
+        except (KeyboardInterrupt, Stopped) as e:
+            _stop_workers(ps)
+            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued '
+                          'again, and the same command resumes') from None
 
 # %% ../../nbs/24d_studies.ipynb #b1aca1b6
 def run_workers(
@@ -326,7 +356,7 @@ def run_workers(
     cache_dir=None,        # `load_task`'s cache
     data=None,             # the data root (see `task_source`)
     threads:int=1,         # torch threads per worker
-    # seconds between heartbeats (a killed worker's trial is retried after twice this)
+    # seconds between heartbeats (a killed worker's is retried after twice this)
     heartbeat:int=60,
 ):                         # the plan's `arm_status` once every worker has stopped
     ("Run a declared plan with several worker processes sharing one storage; "
@@ -338,29 +368,19 @@ def run_workers(
     _check_device(plan)
     for k, v in dict(workers=workers, threads=threads).items():
         if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    # an unknown arm: refused here, not in a worker
-    arms = [plan.arm(a).label for a in arms] if arms else None
+    arms = [plan.arm(a).label for a in arms] if arms else None   # an unknown arm: refused here
     url = str(storage or 'runs/studies.db')
     # also creates the tables, before the workers race to
     requeue_orphans(plan, open_storage(url))
     ctx = mp.get_context('spawn')
-    ps = [ctx.Process(target=_worker, args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}',
-                                            heartbeat, os.getpid())) for i in range(workers)]
-    with _stopping_on_sigterm():
-        try:
-            for p in ps: p.start()
-            for p in ps: p.join()
-        except (KeyboardInterrupt, Stopped) as e:
-            _stop_workers(ps)
-            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued '
-                                                               'again, and the '
-                                                                'same command resumes') from None
+    ps = [ctx.Process(target=_worker, args=(plan.name, url, str(out), arms, cache_dir, data,
+                                            threads, f'w{i + 1}', heartbeat, os.getpid()))
+          for i in range(workers)]
+    _join_workers(ps)
     if bad := {f'w{i + 1}': p.exitcode for i, p in enumerate(ps) if p.exitcode}:
         raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) "
-                           f"{', '.join(map(str, bad.values()))} "
-                           "(each said why above); the storage keeps every finished trial, and the "
-                           "same command "
-                           "resumes")
+                           f"{', '.join(map(str, bad.values()))} (each said why above); the "
+                           "storage keeps every finished trial, and the same command resumes")
     return arm_status(study_trials(plan, url), plan)
 
 # %% ../../nbs/24d_studies.ipynb #10ac5ba5
@@ -369,21 +389,15 @@ STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): eac
               "early stopping, fresh seeds, on Optuna")
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-21
-def add_study_args(p):
-    "The `study` command's options."
-    p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
-                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, '
-                        'fine-tune)')
+def _add_run_args(p):
+    "The `study` command's options for running a plan: where, with how many workers, on what data."
     p.add_argument('--storage', default='runs/studies.db',
                    help='Optuna storage every worker shares: a SQLite file, or a database URL for '
-                        'workers on several '
-                        'machines (default runs/studies.db)')
+                        'workers on several machines (default runs/studies.db)')
     p.add_argument('--start-from', default=None, metavar='FILE',
                    help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to "
-                        "--storage "
-                        "when that does not exist yet; for a pretraining plan, a --snapshot folder "
-                        "copied to --out "
-                        "(its controls beside the plan's runs)")
+                        "--storage when that does not exist yet; for a pretraining plan, a "
+                        "--snapshot folder copied to --out (its controls beside the plan's runs)")
     p.add_argument('--out', default='runs/studies',
                    help='folder of the runs (checkpoints, so that a retried trial resumes)')
     p.add_argument('--workers', type=int, default=1,
@@ -392,8 +406,8 @@ def add_study_args(p):
     p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
     p.add_argument('--arms', default=None,
                    help='comma-separated arm labels to work on (default: all); for a pretraining '
-                        'plan, its variants, '
-                        'and a worker leaves an arm that another process is training to it')
+                        'plan, its variants, and a worker leaves an arm that another process is '
+                        'training to it')
     p.add_argument('--data', default=None,
                    help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: '
                         'fastai downloads them)')
@@ -403,52 +417,41 @@ def add_study_args(p):
     p.add_argument('--retry-failed', action='store_true',
                    help='queue again every run whose trials all failed (once their cause is '
                         'fixed), then go on')
-    p.add_argument('--status', action='store_true', help='print where each arm stands and what it '
-                                                         'cost; train nothing')
+
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-21-read
+def _add_read_args(p):
+    "The `study` command's options that train nothing, and its pretraining plans' controls."
+    p.add_argument('--status', action='store_true',
+                   help='print where each arm stands and what it cost; train nothing')
     p.add_argument('--export', default=None, metavar='DIR',
                    help='write trials.csv and runs.csv into DIR; train nothing')
     p.add_argument('--snapshot', default=None, metavar='FILE',
                    help='write a consistent copy of a SQLite --storage to FILE; for a pretraining '
-                        'plan, what another '
-                        'machine needs to go on, into the folder FILE; train nothing')
+                        'plan, what another machine needs to go on, into the folder FILE; train '
+                        'nothing')
     p.add_argument('--controls', action='store_true',
                    help="for a pretraining plan: train its controls once its classifiers from "
-                        "scratch have finished "
-                        "(finetune.run_controls: each causal arm's classifier with the causal "
-                        "mask, from scratch and "
-                        "from the language model in one stage, at the search's seed, then at each "
-                        "of the plan's)")
+                        "scratch have finished (finetune.run_controls: each causal arm's "
+                        "classifier with the causal mask, from scratch and from the language model "
+                        "in one stage, at the search's seed, then at each of the plan's)")
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
                    help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
 
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-21-add
+def add_study_args(p):
+    "The `study` command's options."
+    p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
+                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, '
+                        'fine-tune)')
+    _add_run_args(p)
+    _add_read_args(p)
+
 # %% ../../nbs/24d_studies.ipynb #eab688f8
-def _pretrain_command(plan, a):
-    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and "
-     "`--export` read them, "
-     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from "
-     "that, "
-     "`--controls` trains its controls; `--arms` picks the arms a worker trains.")
-    if a.snapshot:
-        files = snapshot_pretrain(plan, a.out, a.snapshot)
-        return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
-                     f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
-    arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
-    if a.controls and not a.status and not a.export:
-        if arms: raise ValueError("--controls trains every causal arm's controls: it takes no "
-                                  "--arms")
-        ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
-        print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
-        return ctl
-    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
-    if a.export:
-        rows = export_pretrain(plan, a.out, a.export)
-        what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
-                'rates.csv': 'first-part rates, tried or to try', 'controls.csv': 'controls',
-                'superseded.csv': 'runs set aside'}
-        return print(f"{plan.name} written to {a.export}: "
-                     + '; '.join(f"{n} {what[f]} in {f}" for f, n in rows.items()), flush=True)
-    res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
-    ctl, sup = control_results(plan, a.out), superseded_runs(plan, a.out)
+def _pretrain_status(plan, a):
+    "A pretraining plan's `--status`: its finished runs, rates, language models, controls; printed."
+    res, prog = pretrain_results(plan, a.out), pretrain_progress(plan, a.out)
+    rates, ctl = pretrain_rates(plan, a.out), control_results(plan, a.out)
+    sup = superseded_runs(plan, a.out)
     want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
     # the classifiers started, not finished
     running = clf_progress(folder) if folder.is_dir() else []
@@ -460,9 +463,38 @@ def _pretrain_command(plan, a):
           + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
           + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else '')
           + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else '')
-          + (f"\nset aside, trained again at their search's new choice:\n{sup.to_string()}" if len(sup) else ''),
+          + (f"\nset aside, trained again at their search's new choice:\n{sup.to_string()}"
+             if len(sup) else ''),
           flush=True)
     return res
+
+# %% ../../nbs/24d_studies.ipynb #eab688f8-cmd
+def _pretrain_command(plan, a):
+    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and "
+     "`--export` read them, `--snapshot DIR` copies what another machine needs to go on, "
+     "`--start-from DIR` starts from that, `--controls` trains its controls; `--arms` picks the "
+     "arms a worker trains.")
+    if a.snapshot:
+        files = snapshot_pretrain(plan, a.out, a.snapshot)
+        return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
+                     f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
+    arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
+    if a.controls and not a.status and not a.export:
+        if arms:
+            raise ValueError("--controls trains every causal arm's controls: it takes no --arms")
+        ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
+        print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
+        return ctl
+    if not a.status and not a.export:
+        run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
+    if a.export:
+        rows = export_pretrain(plan, a.out, a.export)
+        what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
+                'rates.csv': 'first-part rates, tried or to try', 'controls.csv': 'controls',
+                'superseded.csv': 'runs set aside'}
+        return print(f"{plan.name} written to {a.export}: "
+                     + '; '.join(f"{n} {what[f]} in {f}" for f, n in rows.items()), flush=True)
+    return _pretrain_status(plan, a)
 
 # %% ../../nbs/24d_studies.ipynb #11a7466e
 def study_command(a, words):
@@ -487,14 +519,17 @@ def study_command(a, words):
             raise ValueError("--dashboard needs the optuna-dashboard package: pip install "
                              "optuna-dashboard") from None
         return run_server(open_storage(url), host='127.0.0.1', port=a.dashboard)
-    if a.snapshot: return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
+    if a.snapshot:
+        return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
     if a.export:
         t = export_study(plan, url, a.export)
-        return print(f"{len(t)} trials of {plan.name} written to {a.export} (trials.csv, runs.csv)", flush=True)
+        return print(f"{len(t)} trials of {plan.name} written to {a.export} (trials.csv, runs.csv)",
+                     flush=True)
     if a.retry_failed:
         again = requeue_failed(plan, open_storage(url))
         print(f"{sum(map(len, again.values()))} failed run(s) of {plan.name} queued again"
-              + ''.join(f"\n  {arm}: " + ', '.join(f"{t['phase']} lr={t['lr']:g} seed {t['seed']}" for t in ts)
+              + ''.join(f"\n  {arm}: " + ', '.join(f"{t['phase']} lr={t['lr']:g} seed {t['seed']}"
+                                                   for t in ts)
                         for arm, ts in again.items()), flush=True)
     if not a.status:
         arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
@@ -502,5 +537,6 @@ def study_command(a, words):
         run_workers(plan, url, a.out, a.workers, arms, cache, a.data, a.threads)
     t = study_trials(plan, url)
     st = arm_status(t, plan).join(plan_cost(plan, t)[['hours_left']])
-    print(f"{plan.name}: {plan.task}, {len(plan.arms)} arms; {plan.note}\n{st.to_string()}", flush=True)
+    print(f"{plan.name}: {plan.task}, {len(plan.arms)} arms; {plan.note}\n{st.to_string()}",
+          flush=True)
     return st
