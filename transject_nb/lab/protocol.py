@@ -54,7 +54,7 @@ def _grid_and_seeds(p)->tuple:
     if p.search_seed in seeds:
         raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's "
                          "seeds must be fresh")
-    return lrs, seeds
+    return tuple(sorted(lrs)), seeds
 
 # %% ../../nbs/24_protocol.ipynb #3279da28-b
 def _check_budget(p):
@@ -88,8 +88,7 @@ class Protocol:
     patience:int = 3                            # early stopping: epochs without a lower valid loss
     prune_warmup:int = 1                        # a search run is never pruned before these epochs
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    # None: the median rule alone; k: a run is pruned only after k + 1 epochs without a better
-    # validation value (Optuna's `PatientPruner`): a slow rate still improving is never stopped
+    # None: the median rule alone; k: pruned only after k + 1 epochs without improving (PatientPruner)
     prune_patience:int|None = None
     # what search and pruner read on validation: 'accuracy' (higher is better) or 'perplexity'
     metric:str = 'accuracy'
@@ -98,8 +97,7 @@ class Protocol:
     def __post_init__(self):
         lrs, seeds = _grid_and_seeds(self)
         _check_budget(self)
-        object.__setattr__(self, 'lrs', tuple(sorted(lrs)))
-        object.__setattr__(self, 'seeds', seeds)
+        object.__setattr__(self, 'lrs', lrs); object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
@@ -114,9 +112,7 @@ class Protocol:
         return rule if self.prune_patience is None else _patient(rule, self.prune_patience)
 
     @property
-    def maximize(self)->bool:
-        "Whether a higher validation value is better."
-        return METRICS[self.metric] == 'maximize'
+    def maximize(self)->bool: return METRICS[self.metric] == 'maximize'  # a higher value is better
 
     def search_order(self)->list:
         "The grid from its middle outwards, so that the runs a pruner compares against come first."
@@ -219,8 +215,7 @@ class StudyPlan:
     device:str|None = None              # None: CUDA if available, else CPU; 'cuda': a GPU plan only
     extends:StudyPlan|None = None       # a plan whose runs this one continues, for more epochs
 
-    def __post_init__(self):
-        object.__setattr__(self, 'arms', _check_plan(self))
+    def __post_init__(self): object.__setattr__(self, 'arms', _check_plan(self))   # as `Arm`s
 
     def arm(self, label:str)->Arm:
         "The arm of that label."

@@ -181,8 +181,7 @@ def plan_cost(
     # a like plan (None: the fewest the protocol allows, patience + 2 and patience + 3)
     epochs:tuple|None=None,
 # per arm: runs done and left, epochs per run, seconds per epoch, hours done and left (a lower
-# bound: steps past an edge are not foreseen; an extending plan's hours left are not foreseen at
-# all)
+# bound: steps past an edge are not foreseen; an extending plan's hours left are not at all)
 )->pd.DataFrame:
     ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per "
      "epoch are the arm's own, else a measured arm's of the same stand-in scaled by the two's "
@@ -497,6 +496,15 @@ def _pretrain_command(plan, a):
     return _pretrain_status(plan, a)
 
 # %% ../../nbs/24d_studies.ipynb #11a7466e
+def _dashboard(url:str, port:int):
+    "Serve optuna-dashboard for the storage at `url` on 127.0.0.1:`port`."
+    try: from optuna_dashboard import run_server
+    except ImportError:
+        raise ValueError("--dashboard needs the optuna-dashboard package: pip install "
+                         "optuna-dashboard") from None
+    return run_server(open_storage(url), host='127.0.0.1', port=port)
+
+# %% ../../nbs/24d_studies.ipynb #11a7466e-cmd
 def study_command(a, words):
     "Run the `study` command on parsed options."
     if words:
@@ -513,12 +521,7 @@ def study_command(a, words):
     if a.start_from and '://' not in url and copy_new(a.start_from, url, check=check):
         print(f"storage {url} started from {a.start_from}", flush=True)
     check_storage(url)
-    if a.dashboard is not None:
-        try: from optuna_dashboard import run_server
-        except ImportError:
-            raise ValueError("--dashboard needs the optuna-dashboard package: pip install "
-                             "optuna-dashboard") from None
-        return run_server(open_storage(url), host='127.0.0.1', port=a.dashboard)
+    if a.dashboard is not None: return _dashboard(url, a.dashboard)
     if a.snapshot:
         return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
     if a.export:
