@@ -88,7 +88,7 @@ class Protocol:
     patience:int = 3                            # early stopping: epochs without a lower valid loss
     prune_warmup:int = 1                        # a search run is never pruned before these epochs
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    # None: the median rule alone; k: pruned only after k + 1 epochs without improving (PatientPruner)
+    # None: the median rule alone; k: pruned only after k + 1 epochs with no better value
     prune_patience:int|None = None
     # what search and pruner read on validation: 'accuracy' (higher is better) or 'perplexity'
     metric:str = 'accuracy'

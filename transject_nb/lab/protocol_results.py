@@ -34,6 +34,8 @@ __all__ = ['TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CUR
 TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc',
                  'best_epoch', 'epochs', 'train_secs', 'params', 'data_key', 'number', 'retry_of',
                  'reused_secs')
+
+# %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-x1
 # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy;
 # `train_loss` is its kept weights' loss on training text (`lm.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')

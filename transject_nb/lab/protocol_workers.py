@@ -248,6 +248,8 @@ def work(
 # %% ../../nbs/24b_protocol_workers.ipynb #5d5ba762
 # what a failing storage raises
 STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, SQLAlchemyError)
+
+# %% ../../nbs/24b_protocol_workers.ipynb #5d5ba762-x1
 # storage errors in a row a worker rides out (a locked SQLite file, a dropped connection)
 STORAGE_RETRIES = 5
 

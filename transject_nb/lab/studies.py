@@ -38,20 +38,40 @@ __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTH
 
 # %% ../../nbs/24d_studies.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x1
 # every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
 LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x2
 LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30,
                        patience=2, metric='perplexity', warmup=100, prune_patience=0)
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x3
 LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and depth grids: 2 seeds a cell
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x4
 # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
 LM_DEPTHS = (2, 8, 16)
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x5
 LM_GPU_DEPTHS = (2, 4, 8, 16, 32)     # the GPU depth table's L
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x6
 MLM_DEPTHS = (2, 8)                   # the masked grids' L, on the CPU and on a GPU
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x7
 # its width: 4 × the repro preset's d, its 4 heads and d_ff = 2 d kept
 LM_WIDE = dict(d_model=256, d_ff=512)
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x8
 # λ = 0.4, the authors' language-model value (wikitext103)
 NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x9
 _CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
+
+# %% ../../nbs/24d_studies.ipynb #bfdb2578-x10
 _at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
 
 # %% ../../nbs/24d_studies.ipynb #bfdb2578-mlm
@@ -100,6 +120,7 @@ LM_STUDIES = (
 # the ablation: the authors' input-dependent expert gate
 GATE = Arm('transject', dict(gate='input'))
 
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-17-x1
 STUDIES = {p.name: p for p in (
     StudyPlan('fair-agnews', 'agnews', _ALL, protocol=Protocol(seeds=(1, 2, 3, 4, 5)),
               note="the repro preset; 5 seeds, the task being cheap"),
@@ -113,6 +134,8 @@ STUDIES = {p.name: p for p in (
                    "byte-level runs were still improving at 10 of 20"),
     *LM_STUDIES,
 )}
+
+# %% ../../nbs/24d_studies.ipynb #553ccc0e-17-x2
 # the fair tables of the TransJect paper, one per task
 CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}
 
