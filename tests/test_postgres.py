@@ -1,4 +1,4 @@
-"""The comparison protocol on a real PostgreSQL server (`transject_nb.lab.protocol`, "Across machines"): a throwaway
+"""The comparison protocol on a real PostgreSQL server (`transject_nb.lab.protocol_store`, "Across machines"): a throwaway
 cluster (`initdb` and `pg_ctl` from Debian's `postgresql` package, in a temporary folder, on a free port) serves the
 storage of tiny studies. Workers that share it never race into failed trials, each planned run completes once with
 the values a SQLite storage gives, a worker killed mid-trial is retried, and the queue's lock is a row lock in the
@@ -16,7 +16,9 @@ import torch
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
 from transject_nb.training.checkpoint import load_checkpoint
 from transject_nb.training.cli import run_command
-from transject_nb.lab.protocol import QueueLock, arm_status, arm_study, open_storage, study_runs, study_trials, work
+from transject_nb.lab.protocol_store import QueueLock, arm_study, open_storage
+from transject_nb.lab.protocol_workers import work
+from transject_nb.lab.protocol_results import arm_status, study_runs, study_trials
 
 REQUIRED = os.environ.get('TRANSJECT_NB_REQUIRE_TOOLS') == '1'      # .ci/run: no skipping
 TINY = dict(n_train=300, n_valid=100, n_test=100, max_len=32, min_length=8, max_length=32, max_depth=3, max_args=4,
@@ -29,7 +31,8 @@ plan = StudyPlan('tiny', 'listops', {arms!r}, preset='cpu', fixed={fixed!r},
 """   # prune_warmup = epochs: no run is pruned, so the trials do not depend on the order in which workers finish them
 WORKER = """
 import sys
-from transject_nb.lab.protocol import open_storage, work
+from transject_nb.lab.protocol_store import open_storage
+from transject_nb.lab.protocol_workers import work
 work(plan, open_storage(sys.argv[1], heartbeat={heartbeat}, grace={grace}), out=sys.argv[2], cache_dir=False,
      poll=0.2, name=sys.argv[3])
 """
@@ -194,12 +197,12 @@ def test_workers_on_a_server_run_every_run_once_and_give_the_sqlite_table(new_db
 HANG = """
 import signal, sys
 from pathlib import Path
-from transject_nb.lab import protocol
-guard = protocol.TrialGuard.after_epoch
+from transject_nb.lab import protocol_workers
+guard = protocol_workers.TrialGuard.after_epoch
 def after_epoch(self):                      # the first run hangs once two epochs are saved, until it is killed
     guard(self)
     if self.epoch == 2: Path(sys.argv[4]).touch(); signal.pause()
-protocol.TrialGuard.after_epoch = after_epoch
+protocol_workers.TrialGuard.after_epoch = after_epoch
 """
 
 

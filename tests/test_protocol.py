@@ -8,8 +8,11 @@ import optuna
 import pytest
 import torch
 warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-from transject_nb.lab.protocol import (Arm, Protocol, StudyPlan, STUDIES, CLASSIFICATION_STUDIES, arm_status, chosen_rate, next_trials, open_storage, study_plan,
-                                   study_runs, study_trials, plan_cost, plan_data, run_workers, work)
+from transject_nb.lab.protocol import Arm, Protocol, StudyPlan, chosen_rate, next_trials
+from transject_nb.lab.protocol_store import open_storage
+from transject_nb.lab.protocol_workers import plan_data, work
+from transject_nb.lab.protocol_results import arm_status, study_runs, study_trials
+from transject_nb.lab.studies import STUDIES, CLASSIFICATION_STUDIES, study_plan, plan_cost, run_workers
 from transject_nb.training.cli import run_command
 from transject_nb.training.checkpoint import load_checkpoint
 
@@ -114,7 +117,8 @@ def test_two_workers_sharing_one_storage_never_run_the_same_trial_twice(tmp_path
     plan_src = PLAN.format(tiny=TINY, arms=('transformer', 'transject'), extra={}, lrs=(1e-3, 3e-3, 1e-2), seeds=(1, 2, 3), epochs=3, patience=2)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.lab.protocol import open_storage, work
+        from transject_nb.lab.protocol_store import open_storage
+        from transject_nb.lab.protocol_workers import work
         work(plan, open_storage(sys.argv[1], heartbeat=2), out=sys.argv[2], cache_dir=False, poll=0.2, name=sys.argv[3])
         """)
     ps = [_spawn(script, tmp_path/'s.db', tmp_path/'runs', f'w{i}') for i in (1, 2)]
@@ -133,7 +137,8 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2, 3e-2), seeds=(1,), epochs=6, patience=5)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.lab.protocol import open_storage, work
+        from transject_nb.lab.protocol_store import open_storage
+        from transject_nb.lab.protocol_workers import work
         work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2)
         """)
     p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
@@ -159,7 +164,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
     retry = t[t.retry_of == k]
     assert len(retry) == 1 and retry.state.iloc[0] == 'COMPLETE'
     assert (retry.lr.iloc[0], retry.seed.iloc[0]) == (killed.lr.iloc[0], killed.seed.iloc[0])
-    from transject_nb.lab.protocol import arm_study
+    from transject_nb.lab.protocol_store import arm_study
     tr = [x for x in arm_study(plan, plan.arms[0], open_storage(tmp_path/'s.db')).trials if x.number == int(retry.index[0])][0]
     assert tr.user_attrs['resumed_at'] >= 2                                 # went on from the killed run's checkpoint
     st = arm_status(study_trials(plan, tmp_path/'s.db'), plan)
@@ -168,7 +173,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_resumes(tmp_path):
 
 def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
     from optuna.storages import RDBStorage
-    from transject_nb.lab import protocol
+    from transject_nb.lab import protocol_workers
     class Flaky(RDBStorage):
         "A storage that refuses its next `fails` calls to open a study, as a locked SQLite file refuses a write."
         fails = 2
@@ -185,7 +190,7 @@ def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
     assert out.count('the storage failed (StorageInternalError: (sqlite3.OperationalError) database is locked)') == 2
     assert set(arm_status(study_trials(plan, st), plan).state) == {'done'}
     st2 = Flaky(f"sqlite:///{tmp_path/'s2.db'}")
-    st2.fails = protocol.STORAGE_RETRIES + 1                                # one too many in a row: the worker stops
+    st2.fails = protocol_workers.STORAGE_RETRIES + 1                                # one too many in a row: the worker stops
     with pytest.raises(optuna.exceptions.StorageInternalError, match='database is locked'):
         work(plan, st2, out=tmp_path/'runs2', cache_dir=False, poll=0.01)
 
@@ -193,7 +198,7 @@ def test_a_worker_rides_out_a_few_storage_errors_and_not_more(tmp_path, capsys):
 def test_a_run_that_a_storage_error_cut_short_is_queued_again_and_resumes(tmp_path, capsys):
     "A storage error inside the run (the pruner's report) fails its trial, not the run: its retry resumes the epochs."
     from optuna.storages import RDBStorage
-    from transject_nb.lab.protocol import arm_study
+    from transject_nb.lab.protocol_store import arm_study
     class Flaky(RDBStorage):
         "A storage that refuses the run's second report, as a locked SQLite file refuses a write."
         reports = 0
@@ -223,11 +228,12 @@ def test_a_run_that_a_storage_error_cut_short_is_queued_again_and_resumes(tmp_pa
 def test_a_worker_whose_trial_was_taken_over_leaves_it_to_the_retry(tmp_path):
     "A live worker whose heartbeat went stale (a paused machine): another fails its trial; it stops, before saving."
     from optuna.storages import RetryHeartbeatStaleTrialCallback
-    from transject_nb.lab.protocol import arm_study
+    from transject_nb.lab.protocol_store import arm_study
     plan_src = PLAN.format(tiny=TINY, arms=('transject',), extra=dict(n_train=3000), lrs=(1e-2,), seeds=(1,), epochs=8, patience=7)
     script = plan_src + textwrap.dedent("""
         import sys
-        from transject_nb.lab.protocol import open_storage, work
+        from transject_nb.lab.protocol_store import open_storage
+        from transject_nb.lab.protocol_workers import work
         work(plan, open_storage(sys.argv[1], heartbeat=1, grace=3), out=sys.argv[2], cache_dir=False, poll=0.2, name='w1')
         """)
     p = _spawn(script, tmp_path/'s.db', tmp_path/'runs')
@@ -265,7 +271,7 @@ def test_the_dashboard_serves_the_studies(tmp_path):
     from wsgiref.util import setup_testing_defaults
     plan = StudyPlan('tiny', 'listops', ('transject',), preset='cpu', fixed=TINY, protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=2, patience=1))
     st = open_storage(tmp_path/'s.db')
-    from transject_nb.lab.protocol import queue_next
+    from transject_nb.lab.protocol_store import queue_next
     queue_next(plan, plan.arms[0], st)
     env = {'PATH_INFO': '/api/studies', 'REQUEST_METHOD': 'GET'}; setup_testing_defaults(env)
     out = {}
@@ -299,7 +305,7 @@ def test_workers_opening_a_fresh_storage_together_all_succeed(tmp_path):
     "Several processes create the same new SQLite storage at once (workers started by hand, or on several machines): none fails."
     script = textwrap.dedent("""
         import sys, time
-        from transject_nb.lab.protocol import open_storage
+        from transject_nb.lab.protocol_store import open_storage
         time.sleep(max(0., float(sys.argv[2]) - time.time()))           # start together
         open_storage(sys.argv[1])
         """)
@@ -385,7 +391,7 @@ def test_a_storage_started_from_a_snapshot_appears_whole(tmp_path, monkeypatch, 
 def test_an_extension_copies_its_base_run_and_never_touches_a_saved_one(tmp_path):
     "An extending plan's run starts from a copy of its base's: the base run is left as it was, and a run of its own is never copied over."
     from transject_nb.training.checkpoint import CKPT_VERSION
-    from transject_nb.lab.protocol import _start_from_base
+    from transject_nb.lab.protocol_workers import _start_from_base
     base = StudyPlan('b', 'listops', ('transformer',), preset='cpu', fixed=TINY, protocol=Protocol(epochs=3, patience=1))
     ext = replace(base, name='e', protocol=replace(base.protocol, epochs=6), extends=base)
     arm = base.arms[0]
@@ -447,7 +453,8 @@ def test_a_failed_worker_fails_the_study_in_one_line(tmp_path, capfd):
 
 STOPPABLE = """
 import sys
-from transject_nb.lab.protocol import Protocol, StudyPlan, STUDIES
+from transject_nb.lab.protocol import Protocol, StudyPlan
+from transject_nb.lab.studies import STUDIES
 TINY = {tiny!r}
 plan = StudyPlan('tiny-stop', 'listops', ('transject',), preset='cpu', fixed=TINY | dict(n_train=3000),
                  protocol=Protocol(lrs=(1e-2,), below=(), above=(), seeds=(1,), epochs=6, patience=5))
@@ -460,7 +467,7 @@ if __name__ == '__main__':
 
 def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
     "SIGTERM stops the study and its worker gracefully; a SIGKILL of the study alone still stops its worker (it dies with its parent); a SIGKILL of both leaves a trial that the next start queues again at once. Each stop queues the running trial again, and its retry resumes the saved epochs."
-    from transject_nb.lab.protocol import _alive, arm_study
+    from transject_nb.lab.protocol_store import _alive, arm_study
     script = tmp_path/'study.py'; script.write_text(STOPPABLE.format(tiny=TINY))
     ns = {}; exec(STOPPABLE.format(tiny=TINY).replace("__name__ == '__main__'", 'False'), ns); plan = ns['plan']
     db, runs = tmp_path/'s.db', tmp_path/'runs'
@@ -521,7 +528,7 @@ def test_a_study_stops_with_its_workers_and_starts_again_at_once(tmp_path):
 def test_sigterm_stops_a_study_as_a_stop_not_an_error():
     "In the main thread, `_stopping_on_sigterm` turns SIGTERM into `utils.Stopped`, which `except Exception` lets through, and puts the handler back."
     from transject_nb.training.utils import Stopped
-    from transject_nb.lab.protocol import _stopping_on_sigterm
+    from transject_nb.lab.studies import _stopping_on_sigterm
     caught, before = [], signal.getsignal(signal.SIGTERM)
     with pytest.raises(Stopped, match='stopped by SIGTERM') as e, _stopping_on_sigterm():
         try: os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)          # the handler runs as the kill returns

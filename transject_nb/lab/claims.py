@@ -17,7 +17,8 @@ from .figures import load_figure_data
 from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger,
                                  level_effect, ratio_effect, spread_effect, untested)
 from .lm_studies import with_arm_depth, lm_depth_trend
-from .protocol import STUDIES, settled_budget, settled_runs
+from .studies import STUDIES, settled_budget
+from .protocol_results import settled_runs
 from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, load_grid
 from .sweep_tables import grid_summary
 

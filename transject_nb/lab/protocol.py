@@ -6,62 +6,28 @@ Docs: https://transject-nb.github.io/transject_nb/protocol.html.md"""
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e
 from __future__ import annotations
-import json, math, operator, os, shutil, sqlite3, time, warnings
-from contextlib import contextmanager
+import math, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np
-import pandas as pd
-import torch
 import optuna
-from optuna.trial import TrialState
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from ..training.utils import fastai_quietly
-with fastai_quietly():   # fastai's import, without its `torch.jit.script` FutureWarning
-    from optuna_integration import FastAIV2PruningCallback
-    from fastai.callback.core import Callback
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from ..core import check_choice, check_fields, config_fields, variant_spec
-from ..training.utils import copy_new
-from ..presets import TASKS, preset_section
+from ..core import check_choice, check_fields
+from ..presets import TASKS
 from ..models import VARIANTS
-from ..training.tasks import TaskData, load_task, task_source
-from ..training.config import model_fields, resolve_config
-from ..training.checkpoint import load_checkpoint
-from ..training.learner import get_learner, train_learner, evaluate, history
-from ..training.fastai_fixes import FixedLearner
+from ..training.config import model_fields
 from ..training.lm import CAUSAL_VARIANTS, OBJECTIVES
-from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
-from .lm_studies import arm_depth
-from .experiments import RESULT_COLUMNS
-from .finetune_plans import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates,
-                                             pretrain_results, run_pretrain_plan)
-from .finetune_controls import (control_progress, control_results, export_pretrain,
-                                                run_controls, snapshot_pretrain, superseded_runs)
-from .finetune_tables import clf_progress
 
 # %% auto #0
-__all__ = ['METRICS', 'SEARCH_PHASES', 'TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CURVE_COLUMNS',
-           'LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE',
-           'NEUTRENO_LM', 'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP',
-           'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate', 'open_storage', 'arm_study', 'trial_rows',
-           'QueueLock', 'queue_next', 'failed_runs', 'requeue_failed', 'plan_data', 'NotQueued', 'TrialTakenOver',
-           'TrialGuard', 'make_objective', 'work', 'study_trials', 'arm_status', 'settled_arms', 'study_runs',
-           'settled_runs', 'seed_agreement', 'search_curves', 'plot_search_curves', 'load_study_run', 'settled_budget',
-           'study_plan', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'snapshot_storage', 'export_study',
-           'check_storage', 'requeue_orphans', 'run_workers', 'add_study_args', 'study_command']
-
-# %% ../../nbs/24_protocol.ipynb #4f0b8f46
-import contextlib, ctypes, ctypes.util, logging, signal, socket, sys, threading
-from ..training.utils import Stopped, atomic_write_all, debug_mode, error_line
+__all__ = ['METRICS', 'SEARCH_PHASES', 'Protocol', 'Arm', 'StudyPlan', 'next_trials', 'chosen_rate']
 
 # %% ../../nbs/24_protocol.ipynb #a5c6af86
-METRICS = dict(accuracy='maximize', perplexity='minimize')  # what a search reads on validation, and which way is better
+# what a search reads on validation, and which way is better
+METRICS = dict(accuracy='maximize', perplexity='minimize')
 
 # %% ../../nbs/24_protocol.ipynb #3722bf2b
 def _rates(xs, what:str)->tuple:
-    "`xs` as floats, checked: positive, finite, distinct learning rates; `what` names them in an error."
+    ("`xs` as floats, checked: positive, finite, distinct learning rates; `what` names them in an "
+     "error.")
     xs = tuple(float(x) for x in xs)
     if any(not x > 0 or not math.isfinite(x) for x in xs):
         raise ValueError(f"{what} must be positive, finite learning rates, got {xs}")
@@ -70,8 +36,8 @@ def _rates(xs, what:str)->tuple:
 
 # %% ../../nbs/24_protocol.ipynb #3279da28
 def _grid_and_seeds(p)->tuple:
-    ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, nearest first), "
-     "and its seeds, checked fresh: `(lrs, seeds)`.")
+    ("A `Protocol`'s search grid, checked with the rates below and above it (tried one at a time, "
+     "nearest first), and its seeds, checked fresh: `(lrs, seeds)`.")
     lrs, lo, hi = _rates(p.lrs, 'lrs'), _rates(p.below, 'below'), _rates(p.above, 'above')
     if not lrs: raise ValueError("lrs is empty: give at least one learning rate to search")
     if bad := [x for x in lo if x >= min(lrs)]:
@@ -79,45 +45,59 @@ def _grid_and_seeds(p)->tuple:
     if bad := [x for x in hi if x <= max(lrs)]:
         raise ValueError(f"above holds {bad}, not above the grid's highest rate {max(lrs):g}")
     if list(lo) != sorted(lo, reverse=True) or list(hi) != sorted(hi):
-        raise ValueError(f"below must run downwards and above upwards (nearest first), got below={lo}, above={hi}")
+        raise ValueError("below must run downwards and above upwards (nearest first), got "
+                         f"below={lo}, above={hi}")
     seeds = tuple(p.seeds)
-    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) < len(seeds):
+    if (not seeds or any(not isinstance(s, int) or s < 0 for s in seeds)
+            or len(set(seeds)) < len(seeds)):
         raise ValueError(f"seeds must be distinct ints >= 0, got {seeds}")
     if p.search_seed in seeds:
-        raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's seeds must be fresh")
-    return lrs, seeds
+        raise ValueError(f"search_seed {p.search_seed} is one of the seeds {seeds}: the table's "
+                         "seeds must be fresh")
+    return tuple(sorted(lrs)), seeds
+
+# %% ../../nbs/24_protocol.ipynb #3279da28-b
+def _check_budget(p):
+    "A `Protocol`'s counts and metric, checked, with its patience below its epoch budget."
+    check_fields(p, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
+                 counts=('search_seed', 'prune_warmup', 'prune_startup', 'prune_patience',
+                         'warmup'))
+    if not p.patience < p.epochs:
+        raise ValueError(f"need ints 1 <= patience < epochs, "
+                         f"got patience={p.patience!r}, epochs={p.epochs!r}")
+
+# %% ../../nbs/24_protocol.ipynb #3279da28-c
+def _patient(rule, patience:int):
+    "`rule`, made patient: Optuna's `PatientPruner`, without its warning that it is experimental."
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.PatientPruner(rule, patience)
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-2
 @dataclass(frozen=True)
 class Protocol:
-    ("The rules every arm of a fair comparison follows: the rates searched on validation, the seeds, the epoch budget, "
-     "early stopping, pruning.")
+    ("The rules every arm of a fair comparison follows: the rates searched on validation, the "
+     "seeds, the epoch budget, early stopping, pruning.")
     lrs:tuple = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # the log-spaced search grid, the same for every arm
     # rates tried one at a time, nearest first, while the best rate is the lowest tried
     below:tuple = (1e-4, 3e-5, 1e-5)
     above:tuple = (1e-1, 3e-1, 1.0)             # ... while the best rate is the highest tried
     search_seed:int = 0                         # the seed of every search run; never one of `seeds`
-    seeds:tuple = (1, 2, 3)                     # fresh seeds trained at the chosen rate: the table's runs
+    seeds:tuple = (1, 2, 3)                     # fresh seeds at the chosen rate: the table's runs
     epochs:int = 20                             # the budget of every run, search or seed
-    patience:int = 3                            # early stopping: epochs without a lower validation loss
-    prune_warmup:int = 1                        # a search run is never pruned before this many epochs have finished
+    patience:int = 3                            # early stopping: epochs without a lower valid loss
+    prune_warmup:int = 1                        # a search run is never pruned before these epochs
     prune_startup:int = 2                       # search runs that finish before any is pruned
-    # None: the median rule alone; k: a run is pruned only once it has gone k + 1 epochs without a better
-    # validation value (Optuna's `PatientPruner`), so that a slow rate still improving is never stopped
+    # None: the median rule alone; k: pruned only after k + 1 epochs with no better value
     prune_patience:int|None = None
-    # what the search and the pruner read on validation: 'accuracy' (higher is better) or 'perplexity' (lower)
+    # what search and pruner read on validation: 'accuracy' (higher is better) or 'perplexity'
     metric:str = 'accuracy'
-    # language models: optimiser steps of linear learning-rate warm-up in every run (0: none)
-    warmup:int = 0
+    warmup:int = 0                              # language models: steps of linear warm-up (0: none)
 
     def __post_init__(self):
         lrs, seeds = _grid_and_seeds(self)
-        check_fields(self, ints=('epochs', 'patience'), choices=dict(metric=(METRICS, 'metric')),
-                     counts=('search_seed', 'prune_warmup', 'prune_startup', 'prune_patience', 'warmup'))
-        if not self.patience < self.epochs:
-            raise ValueError(f"need ints 1 <= patience < epochs, "
-                             f"got patience={self.patience!r}, epochs={self.epochs!r}")
-        object.__setattr__(self, 'lrs', tuple(sorted(lrs))); object.__setattr__(self, 'seeds', seeds)
+        _check_budget(self)
+        object.__setattr__(self, 'lrs', lrs); object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
@@ -125,15 +105,14 @@ class Protocol:
                 | (dict(warmup=self.warmup) if self.warmup else {}))
 
     def pruner(self)->optuna.pruners.BasePruner:
-        "The pruner of every search run: the median rule, made patient where `prune_patience` is set."
-        rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup, n_warmup_steps=self.prune_warmup)
-        if self.prune_patience is None: return rule
-        with warnings.catch_warnings():                                       # Optuna marks it experimental
-            warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-            return optuna.pruners.PatientPruner(rule, self.prune_patience)
+        ("The pruner of every search run: the median rule, made patient where `prune_patience` is "
+         "set.")
+        rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup,
+                                           n_warmup_steps=self.prune_warmup)
+        return rule if self.prune_patience is None else _patient(rule, self.prune_patience)
 
     @property
-    def maximize(self)->bool: return METRICS[self.metric] == 'maximize'   # whether a higher validation value is better
+    def maximize(self)->bool: return METRICS[self.metric] == 'maximize'  # a higher value is better
 
     def search_order(self)->list:
         "The grid from its middle outwards, so that the runs a pruner compares against come first."
@@ -145,8 +124,10 @@ class Protocol:
 class Arm:
     "One row of a comparison: a variant, with overrides for an ablation, under its own label."
     variant:str                                 # one of `VARIANTS`
-    overrides:dict = field(default_factory=dict) # model fields that make it an ablation, e.g. `dict(gate='input')`
-    label:str|None = None                       # the row's name (default: the variant, '+'-joined with the overrides)
+    # model fields that make it an ablation, e.g. `dict(gate='input')`
+    overrides:dict = field(default_factory=dict)
+    # the row's name (default: the variant, '+'-joined with the overrides)
+    label:str|None = None
 
     def __post_init__(self):
         check_choice(self.variant, VARIANTS, 'variant')
@@ -163,76 +144,87 @@ def _check_lm_plan(plan, arms):
         raise ValueError(f"plan {plan.name!r}: language models read the IMDb reviews; "
                          f"its task must be 'imdb', got {plan.task!r}")
     if plan.protocol.metric != 'perplexity':
-        raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be 'perplexity'")
-    if plan.objective == 'causal' and (bad := [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]):
+        raise ValueError(f"plan {plan.name!r} is a language model: its protocol's metric must be "
+                         "'perplexity'")
+    bad = [a.label for a in arms if a.variant not in CAUSAL_VARIANTS]
+    if plan.objective == 'causal' and bad:
         raise ValueError(f"plan {plan.name!r}: {bad} cannot be causal language models; "
                          f"use objective='masked', or one of {', '.join(CAUSAL_VARIANTS)}")
 
 # %% ../../nbs/24_protocol.ipynb #61326c92
 def _check_extends(plan):
-    "A plan that extends another differs from it only in its name, its arms, its note and a larger epoch budget."
+    ("A plan that extends another differs from it only in its name, its arms, its note and a "
+     "larger epoch budget.")
     b = plan.extends
     if not isinstance(b, StudyPlan):
         raise TypeError(f"plan {plan.name!r}: extends must be a StudyPlan, got {type(b).__name__}")
     if b.name == plan.name: raise ValueError(f"plan {plan.name!r} extends a plan of its own name")
-    diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device') if getattr(plan, k) != getattr(b, k)]
-    diff += ['protocol beyond epochs'] * (replace(b.protocol, epochs=plan.protocol.epochs) != plan.protocol)
-    if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in {', '.join(diff)}: "
-                              "an extension changes only the epoch budget")
+    diff = [k for k in ('task', 'preset', 'fixed', 'objective', 'device')
+            if getattr(plan, k) != getattr(b, k)]
+    longer = replace(b.protocol, epochs=plan.protocol.epochs)
+    diff += ['protocol beyond epochs'] * (longer != plan.protocol)
+    if diff: raise ValueError(f"plan {plan.name!r} extends {b.name!r} but differs from it in "
+                              f"{', '.join(diff)}: an extension changes only the epoch budget")
     if plan.protocol.epochs <= b.protocol.epochs:
-        raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs ({plan.protocol.epochs}) must be more "
-                         f"than {b.name!r}'s ({b.protocol.epochs})")
+        raise ValueError(f"plan {plan.name!r} extends {b.name!r}: its epochs "
+                         f"({plan.protocol.epochs}) must be more than {b.name!r}'s "
+                         f"({b.protocol.epochs})")
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-4
-_ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))   # a field some variant's model has
+# a field some variant's model has
+_ANY_MODEL_FIELD = set().union(*(model_fields(v) for v in VARIANTS))
 
+# %% ../../nbs/24_protocol.ipynb #553ccc0e-4-c
+def _check_plan(plan)->tuple:
+    "A plan's task, arms, fields, device, metric and extension, checked: its arms, as `Arm`s."
+    check_choice(plan.task, TASKS, 'task')
+    arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in plan.arms)
+    if not arms: raise ValueError(f"plan {plan.name!r} has no arms")
+    if len({a.label for a in arms}) < len(arms):
+        raise ValueError(f"plan {plan.name!r} has repeated arm labels: {[a.label for a in arms]}")
+    fixed = set(plan.fixed)
+    if clash := sorted(fixed & set(plan.protocol.train_fields()) | fixed & {'lr', 'seed'}):
+        raise ValueError(f"plan {plan.name!r} fixes {clash}, which the protocol sets")
+    held = set().union(*(model_fields(a.variant) for a in arms))
+    if idle := sorted(k for k in plan.fixed if k in _ANY_MODEL_FIELD and k not in held):
+        raise ValueError(f"plan {plan.name!r} fixes {idle}, a model field none of its arms' "
+                         "variants has")
+    if plan.device not in (None, 'cuda'):
+        raise ValueError(f"plan {plan.name!r}: device must be None (CUDA if available, else "
+                         f"CPU) or 'cuda', got {plan.device!r}")
+    if plan.objective is not None: _check_lm_plan(plan, arms)
+    elif plan.protocol.metric != 'accuracy':
+        raise ValueError(f"plan {plan.name!r} classifies: its protocol's metric must be "
+                         f"'accuracy', got {plan.protocol.metric!r}")
+    if plan.extends is not None: _check_extends(plan)
+    return arms
+
+# %% ../../nbs/24_protocol.ipynb #553ccc0e-4-1
 @dataclass(frozen=True)
 class StudyPlan:
-    "A declared comparison: one task, its arms, the preset under them and the protocol; one Optuna study per arm."
-    name:str                                    # e.g. 'fair-imdb': the command's argument and the studies' prefix
-    task:str                                    # one of `TASKS`
-    arms:tuple                                  # `Arm`s: the table's rows
-    preset:str = 'repro'                        # the `settings.ini` preset under every run
-    # fields every run shares on top of the preset (what was shrunk, say); a model field a variant lacks
-    # (TransJect has no d_ff) is left out of that variant's runs
-    fixed:dict = field(default_factory=dict)
-    protocol:Protocol = Protocol()              # the rules
-    note:str = ''                               # what differs from the preset and why
-    # None: classify the task; 'causal' or 'masked': language models on its reviews (`lm.get_lm_learner`)
-    objective:str|None = None
-    # where every run trains: None, CUDA if available else the CPU; 'cuda': a plan sized for a GPU, refused without one
-    device:str|None = None
-    # a plan whose runs this one's continue: the same runs but for a larger epoch budget (`_check_extends`); a run
-    # this plan has not begun starts from that plan's run of the same arm, phase, rate and seed, where there is one
-    extends:StudyPlan|None = None
+    ("A declared comparison: one task, its arms, the preset under them and the protocol; one "
+     "Optuna study per arm.")
+    name:str                            # e.g. 'fair-imdb': the command's argument, studies' prefix
+    task:str                            # one of `TASKS`
+    arms:tuple                          # `Arm`s: the table's rows
+    preset:str = 'repro'                # the `settings.ini` preset under every run
+    fixed:dict = field(default_factory=dict)  # fields every run sets over the preset (`fixed_for`)
+    protocol:Protocol = Protocol()      # the rules
+    note:str = ''                       # what differs from the preset and why
+    objective:str|None = None           # None: classify; 'causal' or 'masked': language models
+    device:str|None = None              # None: CUDA if available, else CPU; 'cuda': a GPU plan only
+    extends:StudyPlan|None = None       # a plan whose runs this one continues, for more epochs
 
-    def __post_init__(self):
-        check_choice(self.task, TASKS, 'task')
-        arms = tuple(a if isinstance(a, Arm) else Arm(a) for a in self.arms)
-        if not arms: raise ValueError(f"plan {self.name!r} has no arms")
-        if len({a.label for a in arms}) < len(arms):
-            raise ValueError(f"plan {self.name!r} has repeated arm labels: {[a.label for a in arms]}")
-        if clash := sorted(set(self.fixed) & set(self.protocol.train_fields()) | set(self.fixed) & {'lr', 'seed'}):
-            raise ValueError(f"plan {self.name!r} fixes {clash}, which the protocol sets")
-        held = set().union(*(model_fields(a.variant) for a in arms))
-        if idle := sorted(k for k in self.fixed if k in _ANY_MODEL_FIELD and k not in held):
-            raise ValueError(f"plan {self.name!r} fixes {idle}, a model field none of its arms' variants has")
-        if self.device not in (None, 'cuda'):
-            raise ValueError(f"plan {self.name!r}: device must be None (CUDA if available, else CPU) or 'cuda', "
-                             f"got {self.device!r}")
-        if self.objective is not None: _check_lm_plan(self, arms)
-        elif self.protocol.metric != 'accuracy':
-            raise ValueError(f"plan {self.name!r} classifies: its protocol's metric must be 'accuracy', "
-                             f"got {self.protocol.metric!r}")
-        object.__setattr__(self, 'arms', arms)
-        if self.extends is not None: _check_extends(self)
+    def __post_init__(self): object.__setattr__(self, 'arms', _check_plan(self))   # as `Arm`s
 
     def arm(self, label:str)->Arm:
         "The arm of that label."
-        return {a.label: a for a in self.arms}[check_choice(label, [a.label for a in self.arms], 'arm')]
+        labels = [a.label for a in self.arms]
+        return self.arms[labels.index(check_choice(label, labels, 'arm'))]
 
     def snapshot_name(self)->str:
-        "The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, `studies-gpu.db`."
+        ("The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, "
+         "`studies-gpu.db`.")
         return 'studies.db' if self.device is None else 'studies-gpu.db'
 
     def study_name(self, arm:Arm)->str:
@@ -240,53 +232,69 @@ class StudyPlan:
         return f"{self.name}/{arm.label}"
 
     def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
-        "The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a retried trial resume."
-        return Path(out)/self.name/arm.label/f"lr={lr:g}"/(f"seed{seed}" + ('-recheck' if phase == 'recheck' else ''))
+        ("The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a "
+         "retried trial resume.")
+        run = f"seed{seed}" + ('-recheck' if phase == 'recheck' else '')
+        return Path(out)/self.name/arm.label/f"lr={lr:g}"/run
 
     def fixed_for(self, variant:str)->dict:
-        "`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's d_ff) left out."
+        ("`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's "
+         "d_ff) left out.")
         own = model_fields(variant)
         return {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
 
     def overrides(self, arm:Arm, lr:float, seed:int)->dict:
         "Every field one run sets over the preset."
-        return self.fixed_for(arm.variant) | arm.overrides | self.protocol.train_fields() | dict(lr=lr, seed=seed)
+        return (self.fixed_for(arm.variant) | arm.overrides | self.protocol.train_fields()
+                | dict(lr=lr, seed=seed))
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-5
-SEARCH_PHASES = ('search', 'recheck')   # the runs that choose an arm's rate; 'seed' runs make its table
+# the runs that choose an arm's rate; 'seed' runs make its table
+SEARCH_PHASES = ('search', 'recheck')
 
+# %% ../../nbs/24_protocol.ipynb #553ccc0e-5-1
 def next_trials(
-    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name) and value
+    # the arm's queued trials so far: dicts with phase, lr, seed, state (a `TrialState` name), value
     rows:list,
     protocol:Protocol, # the rules
-)->list:               # the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
-    ("The protocol's next step for one arm: the grid, one rate past an edge while the best search run sits there, "
-     "a pruned neighbour of the best rate again without the pruner, then the seeds at the chosen rate.")
+# the trials to queue now: dicts with phase, lr, seed (empty: wait for running ones, or done)
+)->list:
+    ("The protocol's next step for one arm: the grid, one rate past an edge while the best search "
+     "run sits there, a pruned neighbour of the best rate again without the pruner, then the seeds "
+     "at the chosen rate.")
     search = [r for r in rows if r['phase'] in SEARCH_PHASES]
-    if not search: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in protocol.search_order()]
+    seed = protocol.search_seed
+    if not search: return [dict(phase='search', lr=x, seed=seed) for x in protocol.search_order()]
     if any(r['state'] in ('WAITING', 'RUNNING') for r in search): return []
     best = chosen_rate(rows, protocol.maximize, len(protocol.seeds))
-    if best is None: return []                      # no search run completed: nothing to choose from (see `arm_status`)
+    if best is None: return []     # no search run completed: nothing to choose from (`arm_status`)
     tried = sorted({r['lr'] for r in search})
     step = []
-    if best == tried[-1] and (up := [x for x in protocol.above if x > tried[-1]]): step.append(up[0])
-    if best == tried[0] and (dn := [x for x in protocol.below if x < tried[0]]): step.append(dn[0])
-    if step: return [dict(phase='search', lr=x, seed=protocol.search_seed) for x in step]
-    i, settled = tried.index(best), {r['lr'] for r in search if r['state'] == 'COMPLETE' or r['phase'] == 'recheck'}
+    up = [x for x in protocol.above if x > tried[-1]]
+    dn = [x for x in protocol.below if x < tried[0]]
+    if best == tried[-1] and up: step.append(up[0])
+    if best == tried[0] and dn: step.append(dn[0])
+    if step: return [dict(phase='search', lr=x, seed=seed) for x in step]
+    i = tried.index(best)
+    settled = {r['lr'] for r in search if r['state'] == 'COMPLETE' or r['phase'] == 'recheck'}
     pruned = {r['lr'] for r in search if r['state'] == 'PRUNED'}
-    again = [x for x in tried[max(i - 1, 0):i + 2] if x in pruned - settled]    # the best rate's neighbours
-    if again: return [dict(phase='recheck', lr=x, seed=protocol.search_seed) for x in again]
+    # the best's neighbours
+    again = [x for x in tried[max(i - 1, 0):i + 2] if x in pruned - settled]
+    if again: return [dict(phase='recheck', lr=x, seed=seed) for x in again]
     have = {r['seed'] for r in rows if r['phase'] == 'seed' and r['lr'] == best}
     return [dict(phase='seed', lr=best, seed=s) for s in protocol.seeds if s not in have]
 
 # %% ../../nbs/24_protocol.ipynb #b1414fc7
 def chosen_rate(
     rows:list,             # an arm's queued trials (see `next_trials`)
-    maximize:bool=True,    # whether a higher validation value is better (accuracy) or lower (perplexity)
-    seeds:int|None=None,   # the fresh seeds a rate's table needs (`len(Protocol.seeds)`); None: search runs only
-# the search rate with the best validation value among completed search runs and rechecks; where a recheck moved the
-# choice after the seeds had run, so that two or more rates have all their seeds, the one of those with the best mean
-# validation over its seeds (ties: the lower rate); None if none completed
+    # whether a higher validation value is better (accuracy) or lower (perplexity)
+    maximize:bool=True,
+    # the fresh seeds a rate's table needs (`len(Protocol.seeds)`); None: search runs only
+    seeds:int|None=None,
+# the search rate with the best validation value among completed search runs and rechecks; where a
+# recheck moved the choice after the seeds had run, so that two or more rates have all their seeds,
+# the one of those with the best mean validation over its seeds (ties: the lower rate); None if none
+# completed
 )->float|None:
     "The learning rate the search chose, on the validation metric only."
     best = max if maximize else min
@@ -295,1165 +303,7 @@ def chosen_rate(
     for r in done:
         if r['phase'] == 'seed': by_seeds.setdefault(r['lr'], []).append(r['value'])
     full = {lr: np.mean(v) for lr, v in sorted(by_seeds.items()) if seeds and len(v) >= seeds}
-    if len(full) > 1: return best(full, key=full.get)                   # more evidence than one search run per rate
+    # more evidence than one search run per rate
+    if len(full) > 1: return best(full, key=full.get)
     search = sorted((r for r in done if r['phase'] in SEARCH_PHASES), key=lambda r: r['lr'])
     return best(search, key=lambda r: r['value'])['lr'] if search else None
-
-# %% ../../nbs/24_protocol.ipynb #c61a0001
-def _no_driver(url:str, e:ImportError)->ValueError:
-    "The error for a database URL whose driver does not import: one line that says what to install."
-    scheme = url.split('://')[0]
-    fix = ('pip install "transject_nb[postgres]" (psycopg)' if scheme in ('postgresql', 'postgresql+psycopg')
-           else f"install the driver that SQLAlchemy's {scheme} dialect imports")
-    why = e.__cause__ or e                                  # Optuna's ImportError wraps SQLAlchemy's
-    return ValueError(f"a {scheme}:// storage needs its database driver ({why}): {fix}")
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-6
-def open_storage(
-    # a database URL ('sqlite:///runs/studies.db', 'postgresql://…') or a file path (SQLite); default `runs/studies.db`
-    url=None,
-    heartbeat:int=60,    # seconds between a running trial's heartbeats
-    grace:int|None=None, # seconds without a heartbeat after which a trial is stale (default 2 × heartbeat)
-    max_retry:int=3,     # times a stale trial is queued again
-# a storage several worker processes share, on one machine (SQLite) or across machines (a database server)
-)->RDBStorage:
-    ("An Optuna storage whose trials beat a heartbeat, "
-     "so that the trial of a killed worker is queued again with the same rate and seed.")
-    url = str(url or 'runs/studies.db')
-    if '://' not in url:
-        p = Path(url).expanduser().resolve(); p.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{p}"
-    kw = dict(connect_args=dict(timeout=120)) if url.startswith('sqlite') else {}
-    for attempt in range(6):                      # workers that start together race to create a fresh storage's tables
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-                retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry, inherit_intermediate_values=True)
-                st = RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat,
-                                grace_period=grace or 2 * heartbeat, heartbeat_stale_trial_callback=retry)
-            # a server's table of `QueueLock`'s rows (a SQLite file, committed as it is, locks a file)
-            if not url.startswith('sqlite'): _QUEUE_LOCKS.create(st.engine, checkfirst=True)
-            return st
-        except ImportError as e: raise _no_driver(url, e) from None   # Optuna's message names none
-        except SQLAlchemyError:
-            if attempt == 5: raise
-            time.sleep(0.2 * 2 ** attempt)                              # the other worker has created them by now
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-7
-def arm_study(
-    plan:StudyPlan,    # the plan
-    arm:Arm,           # one of its arms
-    storage,           # from `open_storage`
-)->optuna.Study:       # created on first use, loaded after
-    "The Optuna study of one arm: the best validation metric; `Protocol.pruner` stops hopeless search runs."
-    p = plan.protocol
-    return optuna.create_study(study_name=plan.study_name(arm), storage=storage, direction=METRICS[p.metric],
-                               load_if_exists=True,
-                               sampler=optuna.samplers.RandomSampler(seed=0),  # never used: every trial is queued
-                               pruner=p.pruner())
-
-def trial_rows(
-    study:optuna.Study,   # an arm's study
-)->list:                  # one dict per queued trial (phase, lr, seed, state, value, number, and what the run recorded)
-    "The queued trials of a study as plain rows; trials not queued by the protocol are left out."
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        if 'phase' not in t.user_attrs: continue
-        fixed = t.params or t.system_attrs.get('fixed_params', {})
-        rows.append(dict(t.user_attrs, number=t.number, state=t.state.name, value=t.value, lr=fixed.get('lr'),
-                         seed=fixed.get('seed'), retry_of=t.system_attrs.get('failed_trial')))
-    return rows
-
-# %% ../../nbs/24_protocol.ipynb #c61a0003
-# `QueueLock`'s table on a database server: a row per study, locked by the worker whose turn it is
-_QUEUE_LOCKS = sa.Table('transject_queue_locks', sa.MetaData(),
-                        sa.Column('study_name', sa.String(512), primary_key=True))
-
-def _file_lock(path):
-    "`path`, opened and locked (`flock`) until it is closed; None without `fcntl` (not POSIX)."
-    try: import fcntl
-    except ImportError: return None
-    f = open(path, 'w')
-    try: fcntl.flock(f, fcntl.LOCK_EX); return f
-    except BaseException: f.close(); raise
-
-def _row_lock(engine, name:str):
-    "A connection whose transaction holds study `name`'s row lock (`SELECT … FOR UPDATE`) till closed."
-    c = engine.connect()
-    row = sa.select(_QUEUE_LOCKS).where(_QUEUE_LOCKS.c.study_name == name).with_for_update()
-    try:
-        if c.execute(row).first() is None:        # the study's first turn: its row, made once
-            c.rollback()
-            try: c.execute(_QUEUE_LOCKS.insert().values(study_name=name)); c.commit()
-            except IntegrityError: c.rollback()               # another worker made it first
-            c.execute(row)
-        return c
-    except BaseException: c.close(); raise
-
-# %% ../../nbs/24_protocol.ipynb #c61a0004
-class QueueLock:
-    ("One worker at a time at a study's queue, on every machine: a row lock in the storage's own "
-     "database (beside a SQLite file, a file lock); `release` lets go before the block ends.")
-    def __init__(self,
-                 storage,          # from `open_storage`
-                 study_name:str):  # the study whose queue it guards (a SQLite file: one lock for all)
-        self.storage, self.study_name, self._held = storage, study_name, None
-
-    def __enter__(self):
-        url = getattr(self.storage, 'url', '')
-        if url.startswith('sqlite:///'): self._held = _file_lock(url[len('sqlite:///'):] + '.lock')
-        elif isinstance(self.storage, RDBStorage) and not url.startswith('sqlite'):
-            self._held = _row_lock(self.storage.engine, self.study_name)
-        return self                       # a storage in memory serves one process: nothing to lock
-
-    def __exit__(self, *exc): self.release()
-
-    def release(self):
-        "Let go (a worker: once Optuna has made the waiting trial it saw its own); again: nothing."
-        held, self._held = self._held, None
-        if held is not None: held.close()
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-8
-def queue_next(
-    plan:StudyPlan,  # the plan
-    arm:Arm,         # one of its arms
-    storage,         # from `open_storage`
-)->list:             # the trials queued now
-    "Fail the arm's stale trials (which queues their retries), then queue the protocol's next step."
-    study = arm_study(plan, arm, storage)
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-        fail_stale_trials(study)
-    with QueueLock(storage, study.study_name):
-        new = next_trials(trial_rows(study), plan.protocol)
-        for t in new:
-            # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a second copy of it
-            study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']),
-                                skip_if_exists=t['phase'] != 'recheck')
-    return new
-
-# %% ../../nbs/24_protocol.ipynb #7f3c2a11
-def failed_runs(
-    rows,        # a study's trial rows (`trial_rows`, or `study_trials`' rows as dicts)
-)->list:         # `(phase, lr, seed)` of each run whose every trial failed
-    ("The runs that failed for good: a run is its trials of one phase, rate and seed (a killed run's retries "
-     "share them); a trial the protocol never queued, with no phase, is no run.")
-    runs = {}
-    for r in rows:
-        if isinstance(r.get('phase'), str): runs.setdefault((r['phase'], r['lr'], r['seed']), []).append(r['state'])
-    return [k for k, states in runs.items() if all(x == 'FAIL' for x in states)]
-
-def requeue_failed(
-    plan:StudyPlan,  # the plan
-    storage,         # from `open_storage`
-)->dict:             # arm label -> the runs queued again (dicts with phase, lr, seed); arms with none left out
-    "Queue once more every run of the plan whose trials all failed, for when the cause of the failure has been fixed."
-    out = {}
-    for arm in plan.arms:
-        study = arm_study(plan, arm, storage)
-        with QueueLock(storage, study.study_name):
-            again = [dict(phase=ph, lr=lr, seed=s) for ph, lr, s in failed_runs(trial_rows(study))]
-            for t in again:                   # the failed trials hold this rate and seed: no `skip_if_exists`
-                study.enqueue_trial(dict(lr=t['lr'], seed=t['seed']), user_attrs=dict(phase=t['phase']))
-        if again: out[arm.label] = again
-    return out
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-10
-def plan_data(
-    plan:StudyPlan,   # the plan
-    data=None,        # the data root (see `task_source`)
-    cache_dir=None,   # `load_task`'s cache
-    max_len:int|None=None,  # a classifier plan's examples cut at this many tokens, not at its runs' length
-# the splits every run of the plan trains, validates and is tested on (a language-model plan: its documents)
-)->TaskData|LMCorpus:
-    "A plan's data as its runs load them: the baselines beside its table are fitted on the same splits."
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer))
-                                or max_len < 1):
-        raise ValueError(f"max_len must be a whole number of tokens, 1 or more, got {max_len!r}")
-    if max_len is not None and plan.objective is not None:
-        raise ValueError(f"max_len cuts a classifier plan's examples; {plan.name} is a language-model plan, "
-                         "whose documents are kept whole (its contexts are set by its `fixed` max_len)")
-    src = task_source(plan.task, data)
-    if plan.objective is not None:
-        f = plan.fixed
-        c = load_lm_corpus(src, f.get('vocab_size', 8192), cache_dir=cache_dir)
-        return c.take(f.get('n_train'), f.get('n_valid'), f.get('n_test'))
-    rc = resolve_config(plan.task, plan.arms[0].variant, plan.preset, **plan.fixed_for(plan.arms[0].variant),
-                        **({} if src is None else dict(source=src)))
-    max_len = max_len or rc['model'].get('max_len', variant_spec(plan.arms[0].variant).config_cls.max_len)
-    return load_task(plan.task, max_len=max_len, cache_dir=cache_dir, progress=False, **rc['data'].load_kwargs())
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-11
-class NotQueued(Exception):
-    "A trial the protocol did not queue (another worker took the last queued one first)."
-
-class TrialTakenOver(Exception):
-    "Another worker found this trial's heartbeat stale, failed it and queued its retry: this worker leaves the run."
-
-def _taken_over(trial)->bool:
-    "Whether the trial has stopped running in its storage: another worker failed it as stale."
-    return trial.storage.get_trial(trial._trial_id).state != TrialState.RUNNING   # a running trial is never cached
-
-class TrialGuard(Callback):
-    "Stop a run whose trial was taken over, at its epoch's end and before anything of that epoch is saved."
-    order = 55   # after Recorder (50); before the pruner and progress (60), SaveBest (61), TrainCheckpoint (65)
-    def __init__(self, trial): self.trial = trial
-    def after_epoch(self):
-        if _taken_over(self.trial):
-            raise TrialTakenOver(f"trial {self.trial.number} was taken over by another worker (its heartbeat went "
-                                 "stale); its retry resumes the run from the last saved epoch")
-
-def _duplicate(study, trial, lr, seed):
-    ("An earlier trial of the same phase, rate and seed that is running or finished well: "
-     "this one must not train it again.")
-    phase = trial.user_attrs.get('phase')
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)):
-        if (t.number < trial.number and t.user_attrs.get('phase') == phase and t.params.get('lr') == lr
-                and t.params.get('seed') == seed): return t.number
-    return None
-
-def _run_learner(plan, arm, lr, seed, out, phase='search', **kw):
-    "The Learner of one run of a plan, in its folder, not trained: a classifier, or a language model."
-    if kw.get('device') is None and plan.device is not None: kw['device'] = plan.device   # a GPU plan's runs
-    kw = dict(preset=plan.preset, path=plan.run_dir(out, arm, lr, seed, phase), **plan.overrides(arm, lr, seed), **kw)
-    return (get_learner(plan.task, arm.variant, **kw) if plan.objective is None
-            else get_lm_learner(arm.variant, plan.task, objective=plan.objective, **kw))
-
-# %% ../../nbs/24_protocol.ipynb #39f01d2e
-def _start_from_base(plan, arm, lr, seed, phase, out)->Path|None:
-    ("A run of an extending plan that has not begun: a copy of the extended plan's run of the same arm, phase, rate "
-     "and seed, if it has one, marked with `started_from.json` (what it reused); its folder, else None.")
-    dest, base = plan.run_dir(out, arm, lr, seed, phase), plan.extends
-    if base is None or (dest/'models'/'checkpoint.pth').exists() or arm.label not in {a.label for a in base.arms}:
-        return None
-    src = base.run_dir(out, arm, lr, seed, phase)
-    if not (src/'models'/'checkpoint.pth').is_file(): return None
-    st = load_checkpoint(src/'models'/'checkpoint.pth')
-    tmp = dest.with_name(dest.name + '.copying')                       # copied whole, then renamed: never half a run
-    shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(src, tmp)
-    (tmp/'started_from.json').write_text(json.dumps(dict(plan=base.name, run=str(src), epochs=st['epoch'] + 1,
-                                                         secs=round(sum(st['times']), 1))))
-    shutil.rmtree(dest, ignore_errors=True)                            # a folder without a checkpoint: nothing trained
-    os.replace(tmp, dest)
-    return src
-
-# %% ../../nbs/24_protocol.ipynb #5813a52a
-_RUNNING = {}   # this worker process's trial: 'trial' -> (study, trial id), queued again if the worker is stopped
-
-def _started(pid:int)->str|None:
-    "When process `pid` started (clock ticks after boot, Linux's /proc); None: no such process, a zombie, or no /proc."
-    try: stat = Path(f'/proc/{pid}/stat').read_text()
-    except OSError: return None
-    state, *rest = stat[stat.rindex(')') + 2:].split()                 # the fields after the command's name
-    return None if state in ('Z', 'X') else rest[18]                    # stat's 22nd field: the start time
-
-def _process()->dict:
-    "This process as a trial's owner: its host, pid and start time (a pid the system reuses is another process)."
-    return dict(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()))
-
-def _own(trial):
-    "Record this process as `trial`'s owner, and remember the trial here: a stop or a restart queues it again."
-    trial.storage.set_trial_system_attr(trial._trial_id, 'owner', _process())
-    _RUNNING['trial'] = (trial.study, trial._trial_id)
-
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-12
-def make_objective(
-    plan:StudyPlan,        # the plan
-    arm:Arm,               # the arm whose study runs the objective
-    out,                   # the runs' root folder (see `StudyPlan.run_dir`)
-    cache_dir=None,        # `load_task`'s cache
-    source=None,           # the task's data folder (`task_source`)
-    progress=False,        # `train_learner`'s progress
-# `objective(trial) -> the validation metric` (accuracy, or a language model's perplexity), for `study.optimize`
-):
-    ("Train one queued run (resuming its folder), with the pruner on search runs only; "
-     "record what it did as the trial's user attributes.")
-    def objective(trial:optuna.Trial)->float:
-        phase = trial.user_attrs.get('phase')
-        if phase is None:
-            raise NotQueued(f"trial {trial.number} of {plan.study_name(arm)} was not queued by the protocol")
-        _own(trial)                                                     # a stop or a restart queues it again
-        lr, seed = trial.suggest_float('lr', 1e-8, 100.0, log=True), trial.suggest_int('seed', 0, 2 ** 31 - 1)
-        if (d := _duplicate(trial.study, trial, lr, seed)) is not None:
-            raise NotQueued(f"trial {d} already runs lr={lr:g}, seed {seed}")
-        path = plan.run_dir(out, arm, lr, seed, phase)
-        _start_from_base(plan, arm, lr, seed, phase, out)
-        if (m := path/'started_from.json').is_file():                  # its first epochs are the extended plan's
-            trial.set_user_attr('reused_secs', json.loads(m.read_text())['secs'])
-        cbs = [TrialGuard(trial)] + ([FastAIV2PruningCallback(trial, monitor=plan.protocol.metric)]
-                                     if phase == 'search' else [])
-        learn = _run_learner(plan, arm, lr, seed, out, phase, cache_dir=cache_dir, cbs=cbs,
-                             **({} if source is None else dict(source=source)))
-        trial.set_user_attr('run_dir', str(path))
-        if (ck := path/'models'/'checkpoint.pth').exists():
-            trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)                   # epochs already done
-        try: train_learner(learn, resume=True, progress=progress)
-        finally: _record(trial, learn)
-        if phase == 'seed':
-            res = evaluate(learn) if plan.objective is None else evaluate_lm(learn)
-            keys = ('test_acc', 'test_loss', 'valid_loss', 'params') + (('train_loss',) if plan.objective else ())
-            for k in keys: trial.set_user_attr(k, res[k])
-            return res['valid_acc' if plan.objective is None else 'valid_ppl']
-        with learn.no_bar(): return float(learn.validate(ds_idx=1)[1 if plan.objective is None else 2])
-    return objective
-
-# %% ../../nbs/24_protocol.ipynb #4a93cdfb
-def _record(trial, learn):
-    "What a run did, kept on its trial (unless another worker has taken it over): epochs, kept epoch, seconds, data."
-    h = history(learn) if learn.recorder.values else None
-    if h is None or not len(h) or _taken_over(trial): return
-    trial.set_user_attr('epochs', len(h)); trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
-    trial.set_user_attr('train_secs', round(float(h['seconds'].sum()), 1) if 'seconds' in h else None)
-    trial.set_user_attr('data_key', learn.config['data_key'])
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-13
-def _check_device(plan):
-    "A plan sized for a GPU trains only where CUDA is: on a CPU it would run for days."
-    if plan.device == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"plan {plan.name!r} is sized for a GPU (device='cuda') and CUDA is not available here; "
-                         "run it on a machine with one (its committed results need none to read)")
-
-def work(
-    plan:StudyPlan,        # the plan
-    storage=None,          # `open_storage`'s URL or path, or a storage
-    out='runs/studies',    # the runs' root folder
-    arms=None,             # labels of the arms to work on (default: all, in the plan's order)
-    cache_dir=None,        # `load_task`'s cache
-    data=None,             # the data root (see `task_source`)
-    poll:float=20,         # seconds to wait when every queued trial is taken but not all are finished
-    max_trials:int|None=None, # stop after this many trials (None: when the plan is done)
-    name:str='worker',     # how the progress lines name this worker
-    progress:bool=True,    # a line per finished trial
-)->int:                    # trials this worker ran
-    ("One worker: queue each arm's next step and run one queued trial at a time, until every arm is done; "
-     "any number may share a storage.")
-    _check_device(plan)
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
-    arms = [plan.arm(a) for a in arms] if arms else list(plan.arms)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with warnings.catch_warnings():
-        # heartbeats and `fail_stale_trials` are marked experimental
-        warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
-        # a resumed run replays its checkpoint's epochs
-        warnings.filterwarnings('ignore', message='The reported value is ignored')
-        return _work(plan, storage, out, arms, cache_dir, task_source(plan.task, data), poll, max_trials, name,
-                     progress)
-
-# %% ../../nbs/24_protocol.ipynb #5d5ba762
-STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, SQLAlchemyError)   # what a failing storage raises
-STORAGE_RETRIES = 5   # storage errors in a row a worker rides out (a locked SQLite file, a dropped connection)
-
-def _work(plan, storage, out, arms, cache_dir, source, poll, max_trials, name, progress)->int:
-    "`work`'s loop: passes over the arms until every one is done, riding out a few storage errors in a row."
-    ran, errors, cut = 0, 0, []                     # cut: trials a storage error failed mid-run, to be queued again
-    while max_trials is None or ran < max_trials:
-        try:
-            while cut: _retry_cut(storage, *cut[-1], name, progress); cut.pop()
-            took, busy = _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)
-        except STORAGE_ERRORS as e:
-            if (t := getattr(e, 'cut_trial', None)) is not None: cut.append(t)
-            if (errors := errors + 1) > STORAGE_RETRIES: raise
-            wait = min(60., poll * 2 ** errors)
-            if progress: print(f"[{name}] the storage failed ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                               f"trying again in {wait:g} s ({errors} of {STORAGE_RETRIES})", flush=True)
-            time.sleep(wait); continue
-        ran, errors = ran + took, 0
-        if not took:
-            if not busy: return ran                                     # every arm is done
-            time.sleep(poll)              # others hold the last trials; stale ones are retried on the next pass
-    return ran
-
-def _retry_cut(storage, study, trial_id, name, progress):
-    "Queue again, as a stale trial is, a run that a storage error failed mid-run: its retry resumes it."
-    t = storage.get_trial(trial_id)
-    if t.state != TrialState.FAIL: return   # its failure was never told: it goes stale, and the heartbeat retries it
-    retry = (storage.get_heartbeat_stale_trial_callback() if isinstance(storage, RDBStorage) else None
-             ) or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True)
-    n = len(study.get_trials(deepcopy=False))
-    retry(study, t)                                                     # the same rate, seed and phase; max_retry
-    if progress: print(f"[{name}] {study.study_name} trial {t.number} failed on the storage's error; "
-                       + ("queued again, its retry resumes the run" if len(study.get_trials(deepcopy=False)) > n
-                          else "retried too often already: `--retry-failed` queues it again"), flush=True)
-
-# %% ../../nbs/24_protocol.ipynb #c01e7705
-def _one_pass(plan, storage, out, arms, cache_dir, source, name, progress)->tuple:
-    "Queue each arm's next step and run the first waiting trial: (trials run, 0 or 1; whether a trial runs elsewhere)."
-    busy = False
-    for arm in arms:
-        queue_next(plan, arm, storage)
-        study = arm_study(plan, arm, storage)
-        # the queue's lock, held until Optuna has made the waiting trial seen here this worker's
-        with QueueLock(storage, study.study_name) as lock:
-            if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                _run_one(plan, arm, study, out, cache_dir, source, name, progress, lock.release)
-                return 1, True
-        busy |= bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-    return 0, busy
-
-def _run_one(plan, arm, study, out, cache_dir, source, name, progress, claimed=lambda: None):
-    ("Run one waiting trial of an arm, calling `claimed()` once it is this worker's; "
-     "a trial another worker took over (stale heartbeat) is left to its retry.")
-    t0, done, taken, obj = time.perf_counter(), [], {}, make_objective(plan, arm, out, cache_dir, source)
-    def run(trial):
-        claimed(); taken['trial'] = trial
-        try: return obj(trial)
-        except Exception as e:
-            taken['raised'] = isinstance(e, STORAGE_ERRORS) or not _taken_over(trial)   # its own error, not a takeover
-            raise
-    try: study.optimize(run, n_trials=1, catch=(NotQueued,), gc_after_trial=True,
-                        callbacks=[lambda s, t: done.append(t)])
-    except Exception as e:
-        if isinstance(e, STORAGE_ERRORS) and 'trial' in taken:      # `_work` queues it again when the storage is back
-            e.cut_trial = (study, taken['trial']._trial_id); raise
-        # taken over mid-run (TrialGuard) or after its last epoch (Optuna refuses to tell a failed trial)
-        if 'trial' not in taken or taken.get('raised') or not _taken_over(taken['trial']): raise
-        if progress: print(f"[{name}] {plan.study_name(arm)} trial {taken['trial'].number} was taken over by another "
-                           "worker (its heartbeat went stale); its retry resumes the run", flush=True)
-        return
-    if progress and done and 'phase' in done[0].user_attrs:
-        said = _say_trial(done[0], time.perf_counter() - t0, plan.protocol.metric)
-        print(f"[{name}] {plan.study_name(arm)} {said}", flush=True)
-
-# %% ../../nbs/24_protocol.ipynb #81c039d2
-def _say_trial(t, secs, metric='accuracy')->str:
-    "One progress line for a finished trial: phase, rate, seed, validation (and test) score, epochs, seconds."
-    u, p, acc = t.user_attrs, t.params, metric == 'accuracy'
-    val = (f"valid {100 * t.value:.1f}%" if acc else f"valid perplexity {t.value:.1f}") if t.value is not None else ''
-    val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
-    test = ('' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc
-            else f", test perplexity {math.exp(u['test_loss']):.1f}")
-    return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: {val}{test}, "
-            f"{u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), {secs:.0f} s")
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-14
-# `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it extends
-TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'value', 'test_acc', 'best_epoch', 'epochs',
-                 'train_secs', 'params', 'data_key', 'number', 'retry_of', 'reused_secs')
-# a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy; `train_loss` is its kept
-# weights' loss on training text (`lm.evaluate_lm`)
-LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
-
-def _own_secs(t:pd.DataFrame)->pd.Series:
-    "Each trial's seconds of its own training: `train_secs` less those its run took over from the plan it extends."
-    return t.train_secs.astype(float) - (t.reused_secs.astype(float).fillna(0) if 'reused_secs' in t else 0.)
-
-def study_trials(
-    plan:StudyPlan,   # the plan
-    storage,          # `open_storage`'s URL or path, or a storage
-# one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language models);
-# `value` is the validation metric
-)->pd.DataFrame:
-    "Every queued trial of a plan's studies, finished or not, as one table."
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
-    names = {s.study_name for s in storage.get_all_studies()}
-    rows = [dict(task=plan.task, arm=a.label, variant=a.variant) | r for a in plan.arms if plan.study_name(a) in names
-            for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
-    cols = TRIAL_COLUMNS if plan.objective is None else LM_TRIAL_COLUMNS
-    t = pd.DataFrame([{k: r.get(k) for k in cols} for r in rows], columns=list(cols))
-    return t.astype({c: float for c in t if t[c].isna().all()})   # a column no trial fills yet: NaN, as in its CSV
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-15
-def arm_status(
-    trials:pd.DataFrame,   # from `study_trials` (or its CSV)
-    plan:StudyPlan,        # the plan
-# per arm: state, search runs by outcome, rechecks done, trials retried and runs failed for good, the chosen rate
-# and whether it is the last allowed, seeds done and those the epoch cap stopped, epochs, hours
-)->pd.DataFrame:
-    "Where each arm of a plan stands."
-    out = {}
-    for a in plan.arms:
-        t = trials[trials.arm == a.label]
-        rows = t.to_dict('records')
-        p = plan.protocol
-        lr = chosen_rate(rows, p.maximize, len(p.seeds))
-        s, d = t[t.phase == 'search'], t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]
-        nxt = next_trials(rows, p) if len(t) else None
-        todo = {x['phase'] for x in nxt or []} | set(t.phase[t.state.isin(['WAITING', 'RUNNING'])])
-        state = ('not started' if not len(t)
-                 else 'done' if not todo and len(d) == len(p.seeds)
-                 else 'failed' if not todo
-                 else 'seeds' if todo == {'seed'} else 'search')
-        limit = lr is not None and (lr == max(p.lrs + p.above) or lr == min(p.lrs + p.below))
-        out[a.label] = dict(state=state, searched=int((s.state == 'COMPLETE').sum()),
-                            pruned=int((s.state == 'PRUNED').sum()),
-                            rechecked=int(((t.phase == 'recheck') & (t.state == 'COMPLETE')).sum()),
-                            retried=int(t.retry_of.notna().sum()),
-                            failed=len(failed_runs(rows)),
-                            lr=lr, at_limit=limit, seeds=f"{len(d)}/{len(p.seeds)}",
-                            capped=int((d.epochs >= p.epochs).sum()),
-                            epochs=int(t.epochs.fillna(0).sum()),
-                            hours=round(float(_own_secs(t).fillna(0).sum()) / 3600, 2))
-    return pd.DataFrame(out).T.rename_axis('arm')
-
-def settled_arms(
-    status:pd.DataFrame,   # from `arm_status`
-)->list:                   # the arm labels
-    ("The arms a table may show: done, with no failed run (a failed search run would leave the rate choice "
-     "unchecked), and not at the last rate allowed with every seed stopped by the epoch cap.")
-    seeds = status.seeds.str.split('/').str[1].astype(int)
-    edge = status.at_limit.astype(bool) & (status.capped >= seeds)     # neither the rate nor the budget explored
-    return status.index[(status.state == 'done') & (status.failed == 0) & ~edge].tolist()
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-16
-def study_runs(
-    trials:pd.DataFrame,   # from `study_trials`
-    plan:StudyPlan,        # the plan
-# the finished seed runs, columns `experiments.RESULT_COLUMNS` and `lr`; `variant` holds the arm's label
-)->pd.DataFrame:
-    "The table's runs: each arm's seeds at its chosen rate, in the shape `experiments.results_table` reads."
-    p = plan.protocol
-    chosen = {a: chosen_rate(g.to_dict('records'), p.maximize, len(p.seeds)) for a, g in trials.groupby('arm')}
-    d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
-    d = d[d.lr == d.arm.map(chosen)]                  # seeds at a rate a later recheck overturned are not the table's
-    if plan.objective is not None: return _lm_runs(d, plan)
-    df = pd.DataFrame(dict(task=d.task, variant=d.arm, seed=d.seed, test_acc=d.test_acc, valid_acc=d.value,
-                           best_epoch=d.best_epoch, epochs=d.epochs, params=d.params, train_secs=d.train_secs,
-                           data_key=d.data_key, preset=preset_section(plan.task, plan.preset), lr=d.lr))
-    return df[[*RESULT_COLUMNS, 'lr']].astype({'seed': int}).reset_index(drop=True)
-
-# %% ../../nbs/24_protocol.ipynb #a139e7a9
-# a language-model table's runs: `variant` holds the arm's label
-LM_RESULT_COLUMNS = ('task', 'objective', 'variant', 'seed', 'test_ppl', 'valid_ppl', 'train_ppl',
-                     'test_loss', 'train_loss', 'test_acc', 'best_epoch', 'epochs', 'params', 'train_secs', 'data_key',
-                     'preset', 'lr')
-
-def _lm_runs(d:pd.DataFrame, plan:StudyPlan)->pd.DataFrame:
-    "A language-model plan's finished seed runs, columns `LM_RESULT_COLUMNS`."
-    df = pd.DataFrame(dict(task=d.task, objective=plan.objective, variant=d.arm, seed=d.seed,
-                           test_ppl=np.exp(d.test_loss.astype(float)), valid_ppl=d.value,
-                           train_ppl=np.exp(d.train_loss.astype(float)), test_loss=d.test_loss,
-                           train_loss=d.train_loss,
-                           test_acc=d.test_acc, best_epoch=d.best_epoch, epochs=d.epochs, params=d.params,
-                           train_secs=d.train_secs, data_key=d.data_key, preset=preset_section(plan.task, plan.preset),
-                           lr=d.lr))
-    return df[list(LM_RESULT_COLUMNS)].astype({'seed': int}).reset_index(drop=True)
-
-# %% ../../nbs/24_protocol.ipynb #31fbbb08
-def settled_runs(
-    runs:pd.DataFrame,     # the plan's seed runs, from `study_runs` (or its CSV); `variant` holds the arm's label
-    trials:pd.DataFrame,   # the plan's `study_trials` (or its CSV)
-    plan:StudyPlan,        # the plan
-)->pd.DataFrame:           # the rows of `runs` whose arm has settled
-    "The seed runs a table may show: those of the arms done with no failed run (`settled_arms`)."
-    return runs[runs.variant.isin(settled_arms(arm_status(trials, plan)))] if len(runs) else runs
-
-# %% ../../nbs/24_protocol.ipynb #967ec4a9
-def seed_agreement(
-    trials:pd.DataFrame,   # from `study_trials` (or its CSV)
-    plan:StudyPlan,        # the plan
-)->pd.DataFrame:           # per settled arm: lr, search, seeds (their mean), ratio, lo, hi, apart (hi / lo)
-    "Each settled arm's runs at its chosen rate, the search run's and the seeds': how far apart their metrics ended."
-    st, rows = arm_status(trials, plan), []
-    for a in settled_arms(st):
-        g = trials[(trials.arm == a) & (trials.lr == st.lr[a]) & (trials.state == 'COMPLETE')]
-        s, d = g[g.phase == 'search'].value.astype(float), g[g.phase == 'seed'].value.astype(float)
-        if len(s) and len(d):
-            v = pd.concat([s.iloc[-1:], d])                                    # every run at that rate: one per seed
-            rows.append(dict(arm=a, lr=st.lr[a], search=s.iloc[-1], seeds=d.mean(), ratio=s.iloc[-1] / d.mean(),
-                             lo=v.min(), hi=v.max(), apart=v.max() / v.min()))
-    return pd.DataFrame(rows, columns=['arm', 'lr', 'search', 'seeds', 'ratio', 'lo', 'hi', 'apart']).set_index('arm')
-
-# %% ../../nbs/24_protocol.ipynb #8543ff01
-SEARCH_CURVE_COLUMNS = ('arm', 'lr', 'seed', 'number', 'state', 'epoch', 'value', 'kept', 'metric')
-
-def _reports(plan, arm, trial, storage, names)->dict:
-    ("A finished search trial's reports, epoch -> value; a run copied already finished from the plan this one extends "
-     "reported nothing here (it did not train), so that plan's trial of the same run.")
-    q, found = plan, trial.intermediate_values
-    while not found and (q := q.extends) is not None and q.study_name(arm) in names:
-        same = [u for u in optuna.load_study(study_name=q.study_name(arm), storage=storage).get_trials(
-                    deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-                if u.user_attrs.get('phase') == 'search' and u.params == trial.params]
-        found = same[-1].intermediate_values if same else {}
-    return found
-
-def search_curves(
-    plan:StudyPlan,   # the plan
-    storage,          # `open_storage`'s URL or path, or a storage (a committed snapshot will do)
-)->pd.DataFrame:      # one row per epoch of each finished search run, columns `SEARCH_CURVE_COLUMNS`
-    "The validation metric of every finished search run of a plan, epoch by epoch, as its trial received it."
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
-    names, m = {s.study_name for s in storage.get_all_studies()}, plan.protocol.metric
-    rows = []
-    for a in plan.arms:
-        if plan.study_name(a) not in names: continue
-        study = optuna.load_study(study_name=plan.study_name(a), storage=storage)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.user_attrs.get('phase') != 'search': continue           # seeds and rechecks run without the pruner
-            rows += [dict(arm=a.label, lr=t.params['lr'], seed=t.params['seed'], number=t.number, state=t.state.name,
-                          epoch=e, value=v, kept=e == t.user_attrs.get('best_epoch'), metric=m)
-                     for e, v in sorted(_reports(plan, a, t, storage, names).items())]
-    return pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
-
-# %% ../../nbs/24_protocol.ipynb #7521183c
-def plot_search_curves(
-    curves:pd.DataFrame,    # from `search_curves`
-    rates=None,             # arm label -> the rate of its run to draw (`arm_status(...).lr`); None: every rate
-    cap:int|None=None,      # a budget's epochs to mark with a line (e.g. those of the plan this one extends)
-    title:str='',           # over the panels
-    ncols:int=4,            # panels a row, at most
-):                          # the figure
-    ("Validation metric against epoch of search runs, a dot at each kept epoch: each arm's at `rates`, a panel per "
-     "depth; or every rate, a panel per arm.")
-    import matplotlib.pyplot as plt
-    if missing := set(SEARCH_CURVE_COLUMNS) - set(curves.columns):
-        raise ValueError(f"curves lacks columns {sorted(missing)}: pass `search_curves`'s table")
-    if not len(curves): raise ValueError("curves has no search run to draw: search_curves found none")
-    c, metric = curves, curves.metric.iloc[0]
-    if rates is None:                                                   # a panel per arm, a colour per rate
-        c = c.assign(panel=c.arm, order=0, line=c.lr.map(lambda r: f"lr={r:g}"))
-        keys = [f"lr={r:g}" for r in sorted(c.lr.unique())]
-        colour = dict(zip(keys, plt.cm.viridis(np.linspace(0, 0.9, len(keys)))))
-    else:                                                               # a panel per depth, a colour per arm
-        rates = {a: r for a, r in dict(rates).items() if r is not None and not pd.isna(r)}
-        if miss := [f"{a} at lr={r:g}" for a, r in rates.items() if not ((c.arm == a) & (c.lr == r)).any()]:
-            raise ValueError(f"no finished search run of {', '.join(miss)} in curves")
-        c = c[c.arm.map(rates).eq(c.lr)]
-        if not len(c): raise ValueError("rates gives no arm a rate: pass each arm's (`arm_status(...).lr`), or None")
-        deep = c.arm.str.contains('+n_layers=', regex=False).all()
-        L = c.arm.map(lambda a: arm_depth(a)[1]) if deep else 0
-        c = c.assign(panel=L.map(lambda x: f"L = {x}") if deep else '', order=L,
-                     line=c.arm.map(lambda a: arm_depth(a)[0]) if deep else c.arm)
-        keys = list(dict.fromkeys(c.line))
-        colour = dict(zip(keys, plt.cm.tab10.colors * (len(keys) // 10 + 1)))   # an arm's colour in every panel
-    panels = c.sort_values('order', kind='stable').panel.unique()       # the plan's order, or by depth
-    nc = min(len(panels), ncols); nr = -(-len(panels) // nc)
-    fig, axs = plt.subplots(nr, nc, figsize=(4.2 * nc + 0.6, 3.4 * nr), sharey=True, squeeze=False)
-    for ax in axs.flat[len(panels):]: ax.set_visible(False)             # the last row's empty places
-    for ax, panel in zip(axs.flat, panels):
-        here = c[c.panel == panel]
-        for (line, _), g in sorted(here.groupby(['line', 'number']), key=lambda x: keys.index(x[0][0])):
-            ax.plot(g.epoch, g.value, color=colour[line], lw=1, ls='--' if g.state.iloc[0] == 'PRUNED' else '-',
-                    label=line)
-            ax.plot(g.epoch[g.kept], g.value[g.kept], 'o', color=colour[line], ms=3)
-        if cap is not None: ax.axvline(cap - 1, color='grey', ls=':', lw=1, label=f'{cap} epochs')
-        if metric == 'perplexity': ax.set_yscale('log')
-        ax.set(xlabel='epoch', title=panel); ax.legend(fontsize=6)
-    for ax in axs[:, 0]: ax.set_ylabel(f"validation {metric}")
-    if title: fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/24_protocol.ipynb #14358ccc
-def load_study_run(
-    plan:StudyPlan,     # the plan
-    arm:str,            # the arm's label
-    lr:float,           # the run's rate (e.g. the arm's chosen one, `arm_status`)
-    seed:int,           # the run's seed
-    out,                # the runs' root folder, as the workers were given it
-    data=None,          # the plan's data if already loaded (`plan_data`); else loaded from `source`
-    source=None,        # the data root (`task_source`) where `data` is None
-    device=None,        # where the model goes (default: CUDA if available, else CPU)
-)->FixedLearner:        # the run's Learner, with its best weights and its history
-    "A finished run of a plan back as its Learner, at its kept epoch, without training."
-    try: lr, seed = float(lr), operator.index(seed)                 # numpy's scalars too (a row of `study_runs`)
-    except TypeError: raise TypeError(f"lr must be a number and seed an int, got lr={lr!r}, seed={seed!r}") from None
-    a = next((x for x in plan.arms if x.label == arm), None)
-    if a is None: raise ValueError(f"{plan.name} has no arm {arm!r}; its arms: {', '.join(x.label for x in plan.arms)}")
-    path = plan.run_dir(out, a, lr, seed)
-    if not (ck := path/'models'/'checkpoint.pth').exists():
-        raise FileNotFoundError(f"no run of {arm} at lr={lr:g}, seed {seed}: {ck} does not exist")
-    if not (st := load_checkpoint(ck))['done']:
-        raise ValueError(f"the run in {path} has not finished (its checkpoint is at epoch {st['epoch']})")
-    data = data if data is not None else plan_data(plan, source)
-    given = {'data' if plan.objective is None else 'corpus': data}  # a classifier's splits, or an LM's documents
-    learn = _run_learner(plan, a, lr, seed, out, device=device, **given)
-    train_learner(learn, resume=True, progress=False)              # finished: the best weights back, nothing trained
-    return learn
-
-# %% ../../nbs/24_protocol.ipynb #56bda22f
-def _extends(q:StudyPlan, plan:StudyPlan)->bool:
-    "Whether `q` extends `plan`, directly or through plans that extend it."
-    while (q := q.extends) is not None:
-        if q.name == plan.name: return True
-    return False
-
-def settled_budget(
-    plan:StudyPlan,   # a plan
-    trials:dict,      # plan name -> its `study_trials` (or their CSV); a plan missing from it has none
-    plans=None,       # the plans that may extend it (default: the declared ones, `STUDIES`)
-)->StudyPlan:         # `plan`, or the plan with the largest budget among those extending it whose every arm has settled
-    "The plan whose verdicts a page reads: the largest budget, among `plan` and those extending it, that has settled."
-    def settled(q):
-        t = trials.get(q.name)
-        return t is not None and len(t) > 0 and len(settled_arms(arm_status(t, q))) == len(q.arms)
-    ext = [q for q in (STUDIES.values() if plans is None else plans) if _extends(q, plan) and settled(q)]
-    return max(ext, key=lambda q: q.protocol.epochs, default=plan)
-
-# %% ../../nbs/24_protocol.ipynb #bfdb2578
-_ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
-# every language-model run: 600 reviews (~0.2M tokens), 4,096 WordPiece ids, contexts of 128
-LM_FIXED = dict(n_train=600, n_valid=200, n_test=200, max_len=128, vocab_size=4096)
-LM_PROTOCOL = Protocol(lrs=(1e-3, 3e-3, 1e-2), below=(3e-4, 1e-4), above=(3e-2, 1e-1), epochs=30, patience=2,
-                       metric='perplexity', warmup=100, prune_patience=0)
-LM_PROTOCOL2 = replace(LM_PROTOCOL, seeds=(1, 2))   # the ablations and the depth grids: two seeds a cell (the budget)
-LM_DEPTHS = (2, 8, 16)                           # the depth study's L; L = 4 is lm-neutreno's, run with the same fields
-LM_GPU_DEPTHS = (2, 4, 8, 16, 32)                # the GPU depth table's L
-MLM_DEPTHS = (2, 8)                              # the masked grids' L, on the CPU and on a GPU
-LM_WIDE = dict(d_model=256, d_ff=512)            # its width: 4 × the repro preset's d, its 4 heads and d_ff = 2 d kept
-NEUTRENO_LM = Arm('neutreno', dict(lam=0.4))     # λ = 0.4, the authors' language-model value (their wikitext103 code)
-_CAUSAL = tuple(NEUTRENO_LM if v == 'neutreno' else Arm(v) for v in CAUSAL_VARIANTS)
-_at = lambda arms, L: tuple(Arm(a.variant, a.overrides | dict(n_layers=L)) for a in arms)
-
-MLM_DEPTH = StudyPlan('mlm-depth', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED,
-                      protocol=LM_PROTOCOL2, objective='masked',
-                      note="every variant, TransJect's four included, as a masked language model (15% of the tokens) "
-                           f"at L = {' and '.join(map(str, MLM_DEPTHS))}")
-
-# %% ../../nbs/24_protocol.ipynb #e2fee2fd
-LM_STUDIES = (
-    StudyPlan('lm-neutreno', 'imdb', _at(_CAUSAL, 4), fixed=LM_FIXED, protocol=LM_PROTOCOL, objective='causal',
-              note="NeuTRENO's Table 3 at CPU scale: causal language models of the reviews, L = 4, "
-                   "the repro preset's width (d 64)"),
-    StudyPlan('lm-lambda', 'imdb', _at(tuple(Arm('neutreno', dict(lam=x)) for x in (0.1, 0.2, 0.8, 1.6)), 4),
-              fixed=LM_FIXED, protocol=LM_PROTOCOL2, objective='causal',
-              note="λ around lm-neutreno's 0.4, on the reviews (NeuTRENO's own ablation, its Table 13, "
-                   "is on ADE20K segmentation)"),
-    StudyPlan('lm-depth', 'imdb', sum((_at(_CAUSAL, L) for L in LM_DEPTHS), ()), fixed=LM_FIXED, protocol=LM_PROTOCOL2,
-              objective='causal',
-              note=f"the softmax family at L = {', '.join(map(str, LM_DEPTHS))}; L = 4 is lm-neutreno's"),
-    MLM_DEPTH,
-    StudyPlan('mlm-depth-100', 'imdb', MLM_DEPTH.arms, fixed=LM_FIXED, protocol=replace(LM_PROTOCOL2, epochs=100),
-              objective='masked', extends=MLM_DEPTH,
-              note="mlm-depth's runs trained on to 100 epochs: at 30, most were still improving"),
-    # its masked runs stopped at the first small rise while still falling: the same cells, a patience of 10
-    StudyPlan('mlm-patience', 'imdb', _at((Arm('transject'), Arm('transformer')), 2), fixed=LM_FIXED,
-              protocol=replace(LM_PROTOCOL2, epochs=150, patience=10), objective='masked',
-              note="mlm-depth-100's TransJect and post-norm cells at L = 2, trained afresh with a patience of 10 "
-                   "epochs, not 2: at 2, one arm's runs at one rate ended up to 3 times apart"),
-    StudyPlan('lm-depth-gpu', 'imdb', sum((_at(_CAUSAL, L) for L in LM_GPU_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
-              protocol=LM_PROTOCOL2, objective='causal', device='cuda',
-              note="lm-depth at 4 × the width (d 256) and L = 2 to 32, on a GPU: a table of its own"),
-    StudyPlan('mlm-depth-gpu', 'imdb', sum((_at(_ALL, L) for L in MLM_DEPTHS), ()), fixed=LM_FIXED | LM_WIDE,
-              protocol=LM_PROTOCOL2, objective='masked', device='cuda',
-              note="mlm-depth at lm-depth-gpu's width (d 256), on a GPU: a table of its own"),
-)
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-17
-GATE = Arm('transject', dict(gate='input'))     # the ablation: the authors' input-dependent expert gate (02_transject)
-
-STUDIES = {p.name: p for p in (
-    StudyPlan('fair-agnews', 'agnews', _ALL, protocol=Protocol(seeds=(1, 2, 3, 4, 5)),
-              note="the repro preset; 5 seeds, the task being cheap"),
-    StudyPlan('fair-listops', 'listops', _ALL + (GATE,),
-              note="the repro preset; the input gate as an ablation of transject"),
-    StudyPlan('fair-imdb', 'imdb', _ALL + (GATE,), note="the repro preset; the input gate as an ablation of transject"),
-    StudyPlan('fair-charimdb', 'charimdb', _ALL, fixed=dict(max_len=512), protocol=Protocol(epochs=40),
-              note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since byte-level "
-                   "runs were still improving at 10 of 20"),
-    *LM_STUDIES,
-)}
-# the fair tables of the TransJect paper, one per task
-CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}
-
-def study_plan(
-    name:str,   # a key of `STUDIES`
-)->StudyPlan:
-    "A declared plan by name, with an error listing the declared ones."
-    return STUDIES[check_choice(name, STUDIES, 'study')]
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-18
-def plan_cost(
-    plan:StudyPlan,             # the plan
-    trials:pd.DataFrame|None=None, # from `study_trials` (None: nothing run yet)
-    # arm label or variant -> seconds per training epoch on this task where no run of the arm has finished
-    # (e.g. from the fixed-rate runs)
-    secs_per_epoch:dict|None=None,
-    # (search, seed): epochs per run where the plan has no finished run of that phase, e.g. those of a like plan
-    # (None: the fewest the protocol allows, patience + 2 and patience + 3)
-    epochs:tuple|None=None,
-# per arm: runs done and left, epochs per run, seconds per epoch, hours done and left
-# (a lower bound: steps past an edge are not foreseen; an extending plan's hours left are not foreseen at all)
-)->pd.DataFrame:
-    ("What a plan has cost so far and what it still needs, in hours of one CPU thread; seconds per epoch are the "
-     "arm's own, else a measured arm's of the same stand-in scaled by the two's `secs_per_epoch`, else "
-     "`secs_per_epoch`'s, else those of its family's finished runs; epochs per run the plan's own, else `epochs`.")
-    p, secs_per_epoch = plan.protocol, secs_per_epoch or {}
-    t = trials if trials is not None else pd.DataFrame(columns=list(TRIAL_COLUMNS))
-    fin = t[t.state.isin(['COMPLETE', 'PRUNED'])]
-    ep = lambda ph, dflt: float(fin[fin.phase == ph].epochs.mean()) if (fin.phase == ph).any() else dflt
-    e_search, e_seed = (ep(ph, d) for ph, d in zip(('search', 'seed'), epochs or (p.patience + 2, p.patience + 3)))
-    fam = lambda a: variant_spec(a.variant).family
-    per = lambda g: g.train_secs.sum() / g.epochs.sum() if len(g) and g.epochs.sum() else np.nan
-    measured = {a.label: per(fin[fin.arm == a.label]) for a in plan.arms}
-    family = {f: per(fin[fin.variant.map(lambda v: variant_spec(v).family) == f]) for f in {fam(a) for a in plan.arms}}
-    given = {a.label: secs_per_epoch.get(a.label, secs_per_epoch.get(a.variant, np.nan)) for a in plan.arms}
-    def scaled(a):                        # a measured arm's pace times the ratio of the two's timings (side by side)
-        if np.isnan(given[a.label]): return np.nan
-        bs = [b for b in plan.arms if not np.isnan(measured[b.label]) and not np.isnan(given[b.label])
-              and cost_stand_in(b.variant) == cost_stand_in(a.variant)]       # the same variant first, then the closest
-        b = min(bs, key=lambda b: (b.variant != a.variant, abs(np.log(given[a.label] / given[b.label]))), default=None)
-        return np.nan if b is None else measured[b.label] * given[a.label] / given[b.label]
-    rows = {}
-    for a in plan.arms:                   # seconds per epoch: the arm's own, else scaled, else given, else its family's
-        g = fin[fin.arm == a.label]
-        rate = next((r for r in (measured[a.label], scaled(a), given[a.label], family[fam(a)]) if not np.isnan(r)),
-                    np.nan)
-        arm_rows = t[t.arm == a.label].to_dict('records')
-        lr = chosen_rate(arm_rows, p.maximize, len(p.seeds))
-        s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)
-        r_left = sum(x['phase'] == 'recheck' for x in next_trials(arm_rows, p)) if arm_rows else 0   # run to their end
-        d_left = len(p.seeds) - int(((g.phase == 'seed') & (g.state == 'COMPLETE') & (g.lr == lr)).sum())
-        rows[a.label] = dict(runs_done=len(g), runs_left=s_left + r_left + d_left, secs_per_epoch=round(float(rate), 1),
-                             hours_done=round(float(_own_secs(g).sum()) / 3600, 2),
-                             hours_left=np.nan if plan.extends is not None   # its runs go on while they improve
-                             else round((s_left * e_search + (r_left + d_left) * e_seed) * rate / 3600, 2))
-    return pd.DataFrame(rows).T.rename_axis('arm').astype({'runs_done': int, 'runs_left': int})
-
-# %% ../../nbs/24_protocol.ipynb #5fd7e0ce
-def cost_stand_in(
-    variant:str,   # a registered variant
-)->str:            # the variant whose epoch costs what `variant`'s does
-    ("The variant timed for `variant`'s cost: `transformer` for the softmax family, `random-transject` for random Σ, "
-     "else `transject`.")
-    spec = variant_spec(variant)
-    if spec.family != 'transject': return 'transformer'
-    return 'random-transject' if spec.fixed.get('sigma') == 'random' else 'transject'
-
-def epoch_secs(
-    plan:StudyPlan,   # the plan
-    out,              # a scratch folder for the timed runs
-    source=None,      # the task's data folder (`task_source`)
-    data=None,        # the plan's data, loaded once (default: `plan_data(plan, source)`)
-    lr:float=3e-3,    # the timed epoch's rate (an epoch costs the same at any rate)
-    rounds:int=2,     # each stand-in timed once a round, the fastest kept: the first round also pays the warm-up
-)->pd.DataFrame:      # per arm: its stand-in's label and the seconds of one training epoch
-    "One training epoch of each cost stand-in of a plan's arms, timed in turn, round after round, in this process."
-    if not isinstance(rounds, (int, np.integer)) or rounds < 1:
-        raise ValueError(f"rounds must be a whole number, 1 or more, got {rounds!r}")
-    given = {'data' if plan.objective is None else 'corpus': data if data is not None else plan_data(plan, source)}
-    stand_ins = {}                                                     # arm label -> its stand-in arm
-    for a in plan.arms:
-        spec = variant_spec(cost_stand_in(a.variant))
-        takes = set(config_fields(spec.config_cls)) - set(spec.fixed)  # the arm's fields it can take (a depth)
-        stand_ins[a.label] = Arm(spec.name, {k: v for k, v in a.overrides.items() if k in takes})
-    timed = {}
-    for _ in range(rounds):
-        for arm in {s.label: s for s in stand_ins.values()}.values():
-            learn = _run_learner(plan, arm, lr, 0, out, **given)
-            t0 = time.perf_counter(); train_learner(learn, epochs=1, resume=False, progress=False)
-            timed[arm.label] = min(timed.get(arm.label, np.inf), time.perf_counter() - t0)
-    return pd.DataFrame([dict(arm=a, stand_in=s.label, secs_per_epoch=round(timed[s.label], 1))
-                         for a, s in stand_ins.items()])
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-19
-def snapshot_storage(
-    src,    # a SQLite storage file (or `sqlite:///` URL) that workers may be writing
-    dest,   # where the consistent copy goes (replaced atomically)
-)->Path:    # `dest`
-    "A consistent copy of a live SQLite storage, by SQLite's own backup, to commit or to start a later sitting from."
-    src, dest = (Path(str(p).removeprefix('sqlite:///')) for p in (src, dest))
-    if not src.is_file(): raise FileNotFoundError(f"no SQLite storage at {src}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + '.tmp')
-    try:
-        with sqlite3.connect(src) as a, contextlib.closing(sqlite3.connect(tmp)) as b: a.backup(b)
-        tmp.replace(dest)
-    finally: tmp.unlink(missing_ok=True)                        # a backup that failed leaves nothing behind
-    return dest
-
-def export_study(
-    plan:StudyPlan,   # the plan
-    storage,          # `open_storage`'s URL or path, or a storage
-    dest,             # the folder of the committed results, e.g. `nbs/results/fair/imdb`
-)->pd.DataFrame:      # the trials written
-    ("Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`): "
-     "the small files the experiments pages render from.")
-    trials, dest = study_trials(plan, storage), Path(dest)
-    atomic_write_all({dest/'trials.csv': trials.to_csv(index=False),          # both files, or neither
-                      dest/'runs.csv': study_runs(trials, plan).to_csv(index=False)})
-    return trials
-
-# %% ../../nbs/24_protocol.ipynb #bf502476
-def check_storage(
-    url,         # `open_storage`'s URL or path
-    name=None,   # how an error names it (default: its path)
-):
-    "Refuse a SQLite storage that SQLite cannot read whole, or that is no Optuna storage, before Optuna opens it."
-    u = str(url)
-    if '://' in u and not u.startswith('sqlite:///'): return                  # a database server: its own errors
-    p = Path(u.removeprefix('sqlite:///')).expanduser()
-    if not p.is_file() or not p.stat().st_size: return                         # a new storage: Optuna makes it
-    try:
-        with contextlib.closing(sqlite3.connect(p)) as c:
-            ok = c.execute('PRAGMA quick_check').fetchone()[0]
-            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as e: ok, tables = str(e), set()
-    if ok != 'ok':
-        raise ValueError(f"storage {name or p} is damaged ({ok}): restore it from a snapshot (--start-from), "
-                         "or move it aside to start a new one")
-    if tables and not {'studies', 'trials'} <= tables:
-        raise ValueError(f"{name or p} is a SQLite database but no Optuna storage: give another --storage")
-
-
-# %% ../../nbs/24_protocol.ipynb #7299a728
-def _alive(owner:dict)->bool:
-    "Whether a trial's owner (`_process`) still runs; one on another machine is taken to run (its heartbeat tells)."
-    if owner.get('host') != socket.gethostname(): return True
-    if Path('/proc/self/stat').is_file():
-        now = _started(owner['pid'])
-        return now is not None and owner.get('started') in (None, now)   # the same process, not a reused pid
-    try: os.kill(owner['pid'], 0)
-    except ProcessLookupError: return False
-    except PermissionError: pass                                        # another user's process: it runs
-    return True
-
-def _requeue(study, trial_id:int)->bool:
-    "Fail a running trial and queue its retry, as a stale one is; False if another process ended it first."
-    storage = study._storage
-    try:
-        if storage.get_trial(trial_id).state != TrialState.RUNNING: return False
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)       # refused if another has ended it meanwhile
-    except optuna.exceptions.UpdateFinishedTrialError: return False
-    retry = (getattr(storage, 'get_heartbeat_stale_trial_callback', lambda: None)()
-             or RetryHeartbeatStaleTrialCallback(max_retry=3, inherit_intermediate_values=True))
-    retry(study, storage.get_trial(trial_id))                             # the same rate, seed and phase; max_retry
-    return True
-
-
-# %% ../../nbs/24_protocol.ipynb #3f6d6f66
-def requeue_orphans(
-    plan:StudyPlan,       # the plan
-    storage,              # `open_storage`'s URL or path, or a storage
-    progress:bool=True,   # a line per trial queued again
-)->list:                  # `(study name, trial number)` of each trial queued again
-    "Queue again, at once, every running trial of the plan whose worker process on this machine is gone."
-    storage = storage if isinstance(storage, optuna.storages.BaseStorage) else open_storage(storage)
-    names, out = {s.study_name for s in storage.get_all_studies()}, []
-    for name in [plan.study_name(a) for a in plan.arms if plan.study_name(a) in names]:
-        study = optuna.load_study(study_name=name, storage=storage)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if (owner := t.system_attrs.get('owner')) is None or _alive(owner): continue
-            if not _requeue(study, t._trial_id): continue
-            out.append((name, t.number))
-            if progress: print(f"{name} trial {t.number} was left running by a worker that is gone (pid "
-                               f"{owner['pid']}): queued again, its retry resumes the run", flush=True)
-    return out
-
-
-# %% ../../nbs/24_protocol.ipynb #f29194ab
-_PR_SET_PDEATHSIG = 1   # Linux's prctl option: the signal this process gets when its parent dies
-
-def _die_with(parent:int):
-    "Have the kernel send this process SIGTERM when `parent` dies (Linux's prctl); stop now if it already has."
-    try: ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError): pass                  # no prctl here (not Linux): the parent stops its workers
-    if os.getppid() != parent: os.kill(os.getpid(), signal.SIGTERM)     # it died before the request took effect
-
-def _stop_on_signals():
-    "In a worker: SIGTERM and SIGINT raise `Stopped`, once; a second signal while it stops is ignored."
-    def stop(signum, frame):
-        for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)
-        raise Stopped(signum)
-    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, stop)
-
-@contextmanager
-def _stopping_on_sigterm():
-    "In the main thread, within the block: SIGTERM raises `Stopped` (once). Elsewhere signals are left alone."
-    if threading.current_thread() is not threading.main_thread(): yield; return
-    def stop(signum, frame): signal.signal(signal.SIGTERM, signal.SIG_IGN); raise Stopped(signum)
-    old = signal.signal(signal.SIGTERM, stop)
-    try: yield
-    finally: signal.signal(signal.SIGTERM, old)
-
-
-# %% ../../nbs/24_protocol.ipynb #17c204e9
-def _release()->bool:
-    "Queue again the trial this worker ran when it was stopped, if it still runs; whether it did."
-    return (t := _RUNNING.pop('trial', None)) is not None and _requeue(*t)
-
-def _one_line_logs(record)->bool:
-    "A logging filter: Optuna's records without their traceback (`--debug` keeps them)."
-    record.exc_info = record.exc_text = None
-    return True
-
-def _stop_workers(ps:list, wait:float=300.):
-    "Send each live worker SIGTERM, wait for it to queue its trial again and exit; kill one still there after `wait` s."
-    for p in ps:
-        if p.is_alive(): p.terminate()
-    for p in (p for p in ps if p.pid is not None):                    # those started
-        p.join(wait)
-        if p.is_alive(): p.kill(); p.join()
-
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-20
-def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, heartbeat, parent):
-    "A worker process: it dies with `parent`, stops on SIGTERM with its trial queued again, and fails in one line."
-    import warnings; warnings.filterwarnings('ignore', message='`torch.jit.script` is deprecated')
-    _stop_on_signals()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if not debug_mode():
-        for h in logging.getLogger('optuna').handlers: h.addFilter(_one_line_logs)
-    try:
-        _die_with(parent); torch.set_num_threads(threads)
-        storage = open_storage(storage_url, heartbeat=heartbeat)
-        work(study_plan(plan_name), storage, out, arms, cache_dir, data, name=name)
-    except Stopped as e:                                       # SIGTERM or SIGINT, or its parent gone
-        try: said = '; its trial is queued again' if _release() else ''
-        except Exception as x: said = f"; its trial is left to the heartbeat's retry ({error_line(x)[:200]})"
-        print(f"[{name}] {e}{said}", flush=True)
-        sys.exit(e.status)
-    except Exception as e:
-        if debug_mode(): raise
-        print(f"[{name}] failed: {error_line(e, with_type=True)[:500]}", file=sys.stderr, flush=True)
-        sys.exit(1)
-
-# %% ../../nbs/24_protocol.ipynb #b1aca1b6
-def run_workers(
-    plan:StudyPlan,        # a declared plan (`STUDIES`): workers look it up by name
-    storage=None,          # `open_storage`'s URL or path (default `runs/studies.db`)
-    out='runs/studies',    # the runs' root folder
-    workers:int=1,         # processes, each with `threads` CPU threads
-    arms=None,             # labels of the arms to work on (default: all)
-    cache_dir=None,        # `load_task`'s cache
-    data=None,             # the data root (see `task_source`)
-    threads:int=1,         # torch threads per worker
-    heartbeat:int=60,      # seconds between heartbeats (a killed worker's trial is retried after twice this)
-):                         # the plan's `arm_status` once every worker has stopped
-    ("Run a declared plan with several worker processes sharing one storage; "
-     "Ctrl-C or SIGTERM stops them, and the same call resumes.")
-    import multiprocessing as mp
-    if plan.name not in STUDIES or STUDIES[plan.name] != plan:
-        raise ValueError(f"run_workers runs declared plans only (STUDIES); use `work` for {plan.name!r}")
-    _check_device(plan)
-    for k, v in dict(workers=workers, threads=threads).items():
-        if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    arms = [plan.arm(a).label for a in arms] if arms else None        # an unknown arm: refused here, not in a worker
-    url = str(storage or 'runs/studies.db')
-    requeue_orphans(plan, open_storage(url))                 # also creates the tables, before the workers race to
-    ctx = mp.get_context('spawn')
-    ps = [ctx.Process(target=_worker, args=(plan.name, url, str(out), arms, cache_dir, data, threads, f'w{i + 1}',
-                                            heartbeat, os.getpid())) for i in range(workers)]
-    with _stopping_on_sigterm():
-        try:
-            for p in ps: p.start()
-            for p in ps: p.join()
-        except (KeyboardInterrupt, Stopped) as e:
-            _stop_workers(ps)
-            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued again, and the '
-                                                                'same command resumes') from None
-    if bad := {f'w{i + 1}': p.exitcode for i, p in enumerate(ps) if p.exitcode}:
-        raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) {', '.join(map(str, bad.values()))} "
-                           "(each said why above); the storage keeps every finished trial, and the same command "
-                           "resumes")
-    return arm_status(study_trials(plan, url), plan)
-
-# %% ../../nbs/24_protocol.ipynb #10ac5ba5
-STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned on validation, "
-              "early stopping, fresh seeds, on Optuna")
-
-# %% ../../nbs/24_protocol.ipynb #553ccc0e-21
-def add_study_args(p):
-    "The `study` command's options."
-    p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
-                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, fine-tune)')
-    p.add_argument('--storage', default='runs/studies.db',
-                   help='Optuna storage every worker shares: a SQLite file, or a database URL for workers on several '
-                        'machines (default runs/studies.db)')
-    p.add_argument('--start-from', default=None, metavar='FILE',
-                   help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to --storage "
-                        "when that does not exist yet; for a pretraining plan, a --snapshot folder copied to --out "
-                        "(its controls beside the plan's runs)")
-    p.add_argument('--out', default='runs/studies',
-                   help='folder of the runs (checkpoints, so that a retried trial resumes)')
-    p.add_argument('--workers', type=int, default=1,
-                   help='worker processes on this machine (start more on others with the same --storage URL)')
-    p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
-    p.add_argument('--arms', default=None,
-                   help='comma-separated arm labels to work on (default: all); for a pretraining plan, its variants, '
-                        'and a worker leaves an arm that another process is training to it')
-    p.add_argument('--data', default=None,
-                   help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: fastai downloads them)')
-    p.add_argument('--cache-dir', default=None,
-                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; 'none' disables it)")
-    p.add_argument('--retry-failed', action='store_true',
-                   help='queue again every run whose trials all failed (once their cause is fixed), then go on')
-    p.add_argument('--status', action='store_true', help='print where each arm stands and what it cost; train nothing')
-    p.add_argument('--export', default=None, metavar='DIR',
-                   help='write trials.csv and runs.csv into DIR; train nothing')
-    p.add_argument('--snapshot', default=None, metavar='FILE',
-                   help='write a consistent copy of a SQLite --storage to FILE; for a pretraining plan, what another '
-                        'machine needs to go on, into the folder FILE; train nothing')
-    p.add_argument('--controls', action='store_true',
-                   help="for a pretraining plan: train its controls once its classifiers from scratch have finished "
-                        "(finetune.run_controls: each causal arm's classifier with the causal mask, from scratch and "
-                        "from the language model in one stage, at the search's seed, then at each of the plan's)")
-    p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
-                   help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
-
-# %% ../../nbs/24_protocol.ipynb #eab688f8
-def _pretrain_command(plan, a):
-    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and `--export` read them, "
-     "`--snapshot DIR` copies what another machine needs to go on, `--start-from DIR` starts from that, "
-     "`--controls` trains its controls; `--arms` picks the arms a worker trains.")
-    if a.snapshot:
-        files = snapshot_pretrain(plan, a.out, a.snapshot)
-        return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
-                     f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
-    arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
-    if a.controls and not a.status and not a.export:
-        if arms: raise ValueError("--controls trains every causal arm's controls: it takes no --arms")
-        ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
-        print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
-        return ctl
-    if not a.status and not a.export: run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
-    if a.export:
-        rows = export_pretrain(plan, a.out, a.export)
-        what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
-                'rates.csv': 'first-part rates, tried or to try', 'controls.csv': 'controls',
-                'superseded.csv': 'runs set aside'}
-        return print(f"{plan.name} written to {a.export}: "
-                     + '; '.join(f"{n} {what[f]} in {f}" for f, n in rows.items()), flush=True)
-    res, prog, rates = pretrain_results(plan, a.out), pretrain_progress(plan, a.out), pretrain_rates(plan, a.out)
-    ctl, sup = control_results(plan, a.out), superseded_runs(plan, a.out)
-    want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
-    running = clf_progress(folder) if folder.is_dir() else []              # the classifiers started, not finished
-    ctl_running = control_progress(plan, a.out)
-    print(f"{plan.name}: {len(res)} of at least {want} runs finished; {plan.note}\n{res.to_string()}\n"
-          + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
-          + f"language models so far:\n{prog.to_string()}"
-          + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
-          + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else '')
-          + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else '')
-          + (f"\nset aside, trained again at their search's new choice:\n{sup.to_string()}" if len(sup) else ''),
-          flush=True)
-    return res
-
-# %% ../../nbs/24_protocol.ipynb #11a7466e
-def study_command(a, words):
-    "Run the `study` command on parsed options."
-    if words:
-        raise ValueError(f"study takes no field overrides, got {words}: "
-                         "a plan's fields are declared in protocol.STUDIES")
-    if a.name in PRETRAIN_STUDIES: return _pretrain_command(PRETRAIN_STUDIES[a.name], a)
-    if a.controls:
-        raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
-                         f"({', '.join(PRETRAIN_STUDIES)}), not {a.name!r}")
-    plan, url = study_plan(a.name), a.storage
-    check = lambda p: check_storage(p, name=f'--start-from {a.start_from}')     # the copy, before it is in place
-    if a.start_from and '://' not in url and copy_new(a.start_from, url, check=check):   # whole: a worker waits
-        print(f"storage {url} started from {a.start_from}", flush=True)
-    check_storage(url)
-    if a.dashboard is not None:
-        try: from optuna_dashboard import run_server
-        except ImportError:
-            raise ValueError("--dashboard needs the optuna-dashboard package: pip install optuna-dashboard") from None
-        return run_server(open_storage(url), host='127.0.0.1', port=a.dashboard)
-    if a.snapshot: return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
-    if a.export:
-        t = export_study(plan, url, a.export)
-        return print(f"{len(t)} trials of {plan.name} written to {a.export} (trials.csv, runs.csv)", flush=True)
-    if a.retry_failed:
-        again = requeue_failed(plan, open_storage(url))
-        print(f"{sum(map(len, again.values()))} failed run(s) of {plan.name} queued again"
-              + ''.join(f"\n  {arm}: " + ', '.join(f"{t['phase']} lr={t['lr']:g} seed {t['seed']}" for t in ts)
-                        for arm, ts in again.items()), flush=True)
-    if not a.status:
-        arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
-        cache = False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
-        run_workers(plan, url, a.out, a.workers, arms, cache, a.data, a.threads)
-    t = study_trials(plan, url)
-    st = arm_status(t, plan).join(plan_cost(plan, t)[['hours_left']])
-    print(f"{plan.name}: {plan.task}, {len(plan.arms)} arms; {plan.note}\n{st.to_string()}", flush=True)
-    return st

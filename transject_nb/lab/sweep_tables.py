@@ -265,7 +265,8 @@ def _fix_accuracy(R:Path, models:list, claims:list)->dict:
     from transject_nb.presets import TASKS
     from transject_nb.lab.experiments import (check_orderings, format_table, results_table,
                                               RESULT_COLUMNS)
-    from transject_nb.lab.protocol import CLASSIFICATION_STUDIES, arm_status
+    from transject_nb.lab.studies import CLASSIFICATION_STUDIES
+    from transject_nb.lab.protocol_results import arm_status
     fair, tasks = R/'fair', [t for t in TASKS if (R/'fair'/t/'runs.csv').is_file()]
     status = pd.concat({p.task: arm_status(pd.read_csv(fair/p.task/'trials.csv'), p)
                         for p in CLASSIFICATION_STUDIES.values() if p.task in tasks},

@@ -26,7 +26,7 @@ list(ThreadPoolExecutor(3).map(un, ('train', 'test', 'unsup')))" || exit 1
 
 # the corpus, built once before any worker starts (each would build it), beside the CUDA tests
 $PY -W ignore -c "
-from transject_nb.lab.protocol import study_plan, plan_data
+from transject_nb.lab.studies import study_plan; from transject_nb.lab.protocol_workers import plan_data
 c = plan_data(study_plan('$PLAN'), '$DATA'); print('corpus key', c.key, 'documents', len(c.train), len(c.valid), len(c.test))" >> "$OUT/machine.txt" 2>&1 &
 CORPUS=$!
 if [ "$DEVICE" = cuda ] && [ "${TESTS:-1}" = 1 ]; then
