@@ -260,7 +260,7 @@ def _rate_claim(results:Path, L:int=128, within:float=0.1)->dict:
 # %% ../../nbs/22d_claims.ipynb #768fec49
 def lm_runs(
     results:Path,               # the committed results folder
-    name:str,                   # a plan of `protocol.STUDIES`
+    name:str,                   # a plan of `studies.STUDIES`
 )->pd.DataFrame:                # its settled seed runs, with `arm` and `L` columns
     "A language-model plan's settled seed runs, from `lm/<plan>/runs.csv` and `trials.csv`."
     d, p = Path(results)/'lm'/name, STUDIES[name]

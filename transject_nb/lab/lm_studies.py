@@ -28,7 +28,7 @@ NEUTRENO_TABLE3 = pd.DataFrame({'valid_ppl': {'transformer': 33.15, 'neutreno': 
 
 # %% ../../nbs/25_lm_studies.ipynb #9fb76c16
 def lm_table(
-    runs:pd.DataFrame,         # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+    runs:pd.DataFrame,         # finished seed runs, columns `protocol_results.LM_RESULT_COLUMNS`
     # the protocol's most epochs: a `capped` column counts the seeds that ran them all
     epochs_cap:int|None=None,
 # per arm: seeds, test, validation and training-text perplexity (test: mean and std over seeds),
@@ -59,7 +59,7 @@ def _versus_row(a:str, b:str, la:np.ndarray, lb:np.ndarray, alpha:float)->dict:
 
 # %% ../../nbs/25_lm_studies.ipynb #f1560d46
 def lm_versus(
-    runs:pd.DataFrame,   # finished seed runs, columns `protocol.LM_RESULT_COLUMNS`
+    runs:pd.DataFrame,   # finished seed runs, columns `protocol_results.LM_RESULT_COLUMNS`
     claims,              # (better, worse) arm labels: the claim that `better` has the lower loss
     alpha:float=ALPHA,   # the test's level
     # the per-seed loss judged: 'test_loss', or 'train_loss' (how well a model fits its text)
@@ -127,7 +127,7 @@ def _depth_step(arm:str, g:pd.DataFrame, lo:int, hi:int, alpha:float)->dict:
 
 # %% ../../nbs/25_lm_studies.ipynb #7341d14f
 def lm_depth_steps(
-    runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol.LM_RESULT_COLUMNS`
+    runs:pd.DataFrame,   # finished seed runs of a depth study, columns `protocol_results.LM_RESULT_COLUMNS`
     alpha:float=ALPHA,   # the test's level
 # per arm and step: the depths, then the ratio, its interval, p and verdict of 'the deeper has
 # the lower loss', on test and training text
@@ -376,7 +376,7 @@ def lm_sweep(
 
 # %% ../../nbs/25_lm_studies.ipynb #76048cde
 def rate_depth_grid(
-    # a depth study's trials (`protocol.study_trials` or its CSV): arm, phase, lr, state, value
+    # a depth study's trials (`protocol_results.study_trials` or its CSV): arm, phase, lr, state, value
     trials:pd.DataFrame,
     # the perplexity of a model that learned token frequencies only (`unigram_perplexity`)
     floor:float,
@@ -451,7 +451,7 @@ def plot_rate_depth(
 def similarity_link(
     # `figures.similarity_data` of a depth study's models: variant, layer, similarity
     sim:pd.DataFrame,
-    runs:pd.DataFrame,   # the study's finished seed runs (`protocol.LM_RESULT_COLUMNS`)
+    runs:pd.DataFrame,   # the study's finished seed runs (`protocol_results.LM_RESULT_COLUMNS`)
     seed:int=1,          # the seed whose models `sim` measured
     alpha:float=ALPHA,   # the test's level
 )->dict:  # last (arm × L), rho, p, n, link (in words), peak and peak_at (arm, L, layer)

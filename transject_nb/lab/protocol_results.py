@@ -37,7 +37,7 @@ TRIAL_COLUMNS = ('task', 'arm', 'variant', 'phase', 'lr', 'seed', 'state', 'valu
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-x1
 # a language model's test perplexity is exp(test_loss); `test_acc` is its token accuracy;
-# `train_loss` is its kept weights' loss on training text (`lm.evaluate_lm`)
+# `train_loss` is its kept weights' loss on training text (`lm_runs.evaluate_lm`)
 LM_TRIAL_COLUMNS = TRIAL_COLUMNS + ('test_loss', 'train_loss')
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14-1

@@ -452,7 +452,7 @@ def _add_read_args(p):
                         'nothing')
     p.add_argument('--controls', action='store_true',
                    help="for a pretraining plan: train its controls once its classifiers from "
-                        "scratch have finished (finetune.run_controls: each causal arm's "
+                        "scratch have finished (finetune_controls.run_controls: each causal arm's "
                         "classifier with the causal mask, from scratch and from the language model "
                         "in one stage, at the search's seed, then at each of the plan's)")
     p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
@@ -462,7 +462,7 @@ def _add_read_args(p):
 def add_study_args(p):
     "The `study` command's options."
     p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
-                   help='the declared plan (protocol.STUDIES; finetune.PRETRAIN_STUDIES: pretrain, '
+                   help='the declared plan (studies.STUDIES; finetune_plans.PRETRAIN_STUDIES: pretrain, '
                         'fine-tune)')
     _add_run_args(p)
     _add_read_args(p)
@@ -531,7 +531,7 @@ def study_command(a, words):
     "Run the `study` command on parsed options."
     if words:
         raise ValueError(f"study takes no field overrides, got {words}: "
-                         "a plan's fields are declared in protocol.STUDIES")
+                         "a plan's fields are declared in studies.STUDIES")
     if a.name in PRETRAIN_STUDIES: return _pretrain_command(PRETRAIN_STUDIES[a.name], a)
     if a.controls:
         raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
