@@ -355,7 +355,7 @@ def _check_layer_shapes(
     p,                   # the layer's weights, a `transject.LayerWeights`
 ):
     "Raise a `ValueError` unless Σ, the experts' $U$, $V$ and λ fit the tokens `h`."
-    (B, n, d), E = h.shape, p.U.shape[0]
+    (B, _, d), E = h.shape, p.U.shape[0]
     if sigma.shape != (B, d) and sigma.shape != (1, d):
         raise ValueError(f"sigma must have shape ({B}, {d}) or (1, {d}), got {tuple(sigma.shape)}")
     if p.U.shape != (E, d, d) or p.V.shape != (E, d, d) or p.lam.shape != (E,):
@@ -375,7 +375,7 @@ def kernel_inputs(
     ("What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, "
      "the mixture's weights; and how it runs.")
     _check_layer_shapes(h, sigma, p)
-    (B, n, d), E = h.shape, p.U.shape[0]
+    (B, _, d), E = h.shape, p.U.shape[0]
     # one Σ for the batch: one group of B*n rows
     shared = sigma.shape[0] == 1 or sigma.stride(0) == 0
     G = 1 if shared else B
