@@ -375,7 +375,7 @@ def kernel_inputs(
     ("What the block loop reads: the tokens grouped by Σ, the experts folded or side by side, "
      "the mixture's weights; and how it runs.")
     _check_layer_shapes(h, sigma, p)
-    (B, _, d), E = h.shape, p.U.shape[0]
+    (B, n, d), E = h.shape, p.U.shape[0]
     # one Σ for the batch: one group of B*n rows
     shared = sigma.shape[0] == 1 or sigma.stride(0) == 0
     G = 1 if shared else B
