@@ -67,7 +67,7 @@ def test_wheel_ships_the_presets(wheel, scratch):
 
 def test_installed_package_builds_a_learner_from_an_empty_folder(scratch, env, tmp_path):
     code = ("import json, transject_nb\n"
-            "from transject_nb.training.utils import settings_files\n"
+            "from transject_nb.presets import settings_files\n"
             "from transject_nb.training.learner import get_learner\n"
             "learn = get_learner('listops', 'transject', preset='cpu', path='run', cache_dir=False, n_train=64, n_valid=16, n_test=16, max_len=32,\n"
             "                    min_length=4, max_length=32, max_depth=3, max_args=4, d_model=16, n_layers=1)\n"
