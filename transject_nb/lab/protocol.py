@@ -119,6 +119,13 @@ class Protocol:
         mid = (len(self.lrs) - 1) / 2
         return sorted(self.lrs, key=lambda x: (abs(self.lrs.index(x) - mid), x))
 
+    def starting_at(self, lrs:tuple)->Protocol:
+        "The same rules from another grid; every other rate of the ladder stays beyond its edges."
+        lrs = _rates(lrs, 'lrs')
+        ladder = sorted({*self.lrs, *self.below, *self.above, *lrs})
+        return replace(self, lrs=lrs, below=tuple(x for x in ladder[::-1] if x < min(lrs)),
+                       above=tuple(x for x in ladder if x > max(lrs)))
+
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-3
 @dataclass(frozen=True)
 class Arm:
@@ -128,9 +135,12 @@ class Arm:
     overrides:dict = field(default_factory=dict)
     # the row's name (default: the variant, '+'-joined with the overrides)
     label:str|None = None
+    # its own search grid (e.g. around an earlier study's choice); None: the protocol's
+    lrs:tuple|None = None
 
     def __post_init__(self):
         check_choice(self.variant, VARIANTS, 'variant')
+        if self.lrs is not None: object.__setattr__(self, 'lrs', tuple(sorted(_rates(self.lrs, 'lrs'))))
         if self.label is None:
             label = '+'.join([self.variant, *(f"{k}={v}" for k, v in self.overrides.items())])
             object.__setattr__(self, 'label', label)
@@ -192,6 +202,8 @@ def _check_plan(plan)->tuple:
     if plan.device not in (None, 'cuda'):
         raise ValueError(f"plan {plan.name!r}: device must be None (CUDA if available, else "
                          f"CPU) or 'cuda', got {plan.device!r}")
+    if plan.measures and plan.objective is not None:
+        raise ValueError(f"plan {plan.name!r}: measures are a classifier's; a language model has none")
     if plan.objective is not None: _check_lm_plan(plan, arms)
     elif plan.protocol.metric != 'accuracy':
         raise ValueError(f"plan {plan.name!r} classifies: its protocol's metric must be "
@@ -214,6 +226,8 @@ class StudyPlan:
     objective:str|None = None           # None: classify; 'causal' or 'masked': language models
     device:str|None = None              # None: CUDA if available, else CPU; 'cuda': a GPU plan only
     extends:StudyPlan|None = None       # a plan whose runs this one continues, for more epochs
+    # seed runs record token similarity per layer at initialisation and after training
+    measures:bool = False
 
     def __post_init__(self): object.__setattr__(self, 'arms', _check_plan(self))   # as `Arm`s
 
@@ -221,6 +235,10 @@ class StudyPlan:
         "The arm of that label."
         labels = [a.label for a in self.arms]
         return self.arms[labels.index(check_choice(label, labels, 'arm'))]
+
+    def protocol_for(self, arm:Arm)->Protocol:
+        "The rules one arm follows: the plan's, from the arm's own grid where it has one."
+        return self.protocol if arm.lrs is None else self.protocol.starting_at(arm.lrs)
 
     def snapshot_name(self)->str:
         ("The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, "

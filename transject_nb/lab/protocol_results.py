@@ -77,7 +77,7 @@ def arm_status(
     for a in plan.arms:
         t = trials[trials.arm == a.label]
         rows = t.to_dict('records')
-        p = plan.protocol
+        p = plan.protocol_for(a)
         lr = chosen_rate(rows, p.maximize, len(p.seeds))
         s = t[t.phase == 'search']
         d = t[(t.phase == 'seed') & (t.state == 'COMPLETE') & (t.lr == lr)]

@@ -163,7 +163,7 @@ def queue_next(
         warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)
     with QueueLock(storage, study.study_name):
-        new = next_trials(trial_rows(study), plan.protocol)
+        new = next_trials(trial_rows(study), plan.protocol_for(arm))
         for t in new:
             # a recheck repeats its pruned run's rate and seed on purpose; `_duplicate` keeps out a
             # second copy of it

@@ -24,6 +24,7 @@ from ..training.config import resolve_config
 from ..training.checkpoint import load_checkpoint
 from ..training.learner import get_learner, train_learner, evaluate, history
 from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
+from .depth_measures import depth_measures, probe_batch
 from .protocol import Arm, StudyPlan
 from .protocol_store import QueueLock, _own, arm_study, open_storage, queue_next
 
@@ -164,6 +165,13 @@ def _seed_score(plan, trial, learn)->float:
     for k in keys: trial.set_user_attr(k, res[k])
     return res['valid_acc' if plan.objective is None else 'valid_ppl']
 
+# %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-12-m
+def _measure(trial, learn, when:str):
+    ("A run's `depth_measures` on its probe batch, kept on its trial with `when` ('init' or "
+     "'final') appended to each name.")
+    x, y = probe_batch(learn)
+    for k, v in depth_measures(learn.model, x, y).items(): trial.set_user_attr(f'{k}_{when}', v)
+
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-12
 def make_objective(
     plan:StudyPlan,        # the plan
@@ -190,9 +198,15 @@ def make_objective(
         trial.set_user_attr('run_dir', str(path))
         if (ck := path/'models'/'checkpoint.pth').exists():  # epochs already done
             trial.set_user_attr('resumed_at', load_checkpoint(ck)['epoch'] + 1)
+        measure = plan.measures and phase == 'seed'
+        # the model as seeded: a resumed run's checkpoint loads when training starts
+        if measure: _measure(trial, learn, 'init')
         try: train_learner(learn, resume=True, progress=progress)
         finally: _record(trial, learn)
-        if phase == 'seed': return _seed_score(plan, trial, learn)
+        if phase == 'seed':
+            score = _seed_score(plan, trial, learn)
+            if measure: _measure(trial, learn, 'final')
+            return score
         with learn.no_bar(): vals = learn.validate(ds_idx=1)     # loss, then accuracy or perplexity
         return float(vals[1 if plan.objective is None else 2])
     return objective

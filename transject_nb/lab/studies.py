@@ -33,9 +33,9 @@ from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, export_stud
 
 # %% auto #0
 __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM',
-           'MLM_DEPTH', 'LM_STUDIES', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'study_plan',
-           'settled_budget', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'run_workers', 'add_study_args',
-           'study_command']
+           'MLM_DEPTH', 'LM_STUDIES', 'DEPTH_FIXED', 'DEPTH_PROTOCOL', 'DEPTHS', 'DEPTH_SEED_RATES', 'DEPTH', 'GATE',
+           'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'depth_arm', 'study_plan', 'settled_budget', 'plan_cost',
+           'cost_stand_in', 'epoch_secs', 'run_workers', 'add_study_args', 'study_command']
 
 # %% ../../nbs/24d_studies.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
@@ -117,6 +117,52 @@ LM_STUDIES = (
               note="mlm-depth at lm-depth-gpu's width (d 256), on a GPU: a table of its own"),
 )
 
+# %% ../../nbs/24d_studies.ipynb #depth-fixed
+# the old grid's 2,000 training reviews, 500 validation, 2,000 test, 128 tokens, d 64
+DEPTH_FIXED = dict(n_train=2000, n_valid=500, n_test=2000, max_len=128, d_model=64)
+
+# %% ../../nbs/24d_studies.ipynb #depth-protocol
+# room to stop: 30 epochs, patience 3; a search run is never pruned before its 4th epoch
+DEPTH_PROTOCOL = Protocol(epochs=30, patience=3, prune_warmup=3)
+
+# %% ../../nbs/24d_studies.ipynb #depth-Ls
+# the L of the depth plan, in the order its arms run: the two ends first
+DEPTHS = (2, 32, 8, 16)
+
+# %% ../../nbs/24d_studies.ipynb #depth-seed-rates
+# the rate the old 2-epoch grid chose per variant and L (`nbs/results/depth/grid.csv`)
+DEPTH_SEED_RATES = {
+    'transformer':               {2: 3e-3, 8: 1e-3, 16: 1e-4, 32: 1e-3},
+    'transject':                 {2: 1e-1, 8: 1e-1, 16: 1e-1, 32: 1e-1},
+    'transformer-prenorm':       {2: 1e-2, 8: 1e-2, 16: 1e-2, 32: 3e-3},
+    'similarity-removal':        {2: 3e-3, 8: 3e-3, 16: 1e-3, 32: 3e-4},
+    'neutreno':                  {2: 1e-2, 8: 1e-2, 16: 3e-2, 32: 3e-3},
+    'transformer-rezero':        {2: 3e-3, 8: 3e-3, 16: 3e-3, 32: 3e-3},
+    'entropic-transject':        {2: 1e-1, 8: 1e-1, 16: 1e-1, 32: 1e-1},
+    'random-transject':          {2: 1e-1, 8: 3e-1, 16: 1e-1, 32: 1e-1},
+    'random-entropic-transject': {2: 1e-1, 8: 1e-1, 16: 1e-1, 32: 1e-1},
+}
+
+# %% ../../nbs/24d_studies.ipynb #depth-arm
+def depth_arm(
+    variant:str,   # a key of `DEPTH_SEED_RATES`
+    L:int,         # one of `DEPTHS`
+)->Arm:            # `variant` at `L` layers, its grid the old choice and the ladder rates beside it
+    "One arm of the depth plan: its search starts where the old grid's choice was."
+    ladder = sorted({*DEPTH_PROTOCOL.lrs, *DEPTH_PROTOCOL.below, *DEPTH_PROTOCOL.above})
+    i = ladder.index(DEPTH_SEED_RATES[variant][L])
+    return Arm(variant, dict(n_layers=L), lrs=tuple(ladder[max(i - 1, 0):i + 2]))
+
+# %% ../../nbs/24d_studies.ipynb #depth-plan
+# its arms in the order the workers take them: each variant at L = 2 and 32 (the ledger's rows, the
+# variants in `DEPTH_SEED_RATES`' order), then every variant at 8, then at 16
+DEPTH = StudyPlan('depth-imdb', 'imdb',
+                  tuple(depth_arm(v, L) for Ls in (DEPTHS[:2], DEPTHS[2:3], DEPTHS[3:])
+                        for v in DEPTH_SEED_RATES for L in Ls),
+                  fixed=DEPTH_FIXED, protocol=DEPTH_PROTOCOL, measures=True,
+                  note="every variant at L = 2, 8, 16 and 32 on the old depth grid's 2,000 reviews "
+                       "and 128 tokens; each arm's search starts at the old grid's choice")
+
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-17
 # the ablation: the authors' input-dependent expert gate
 GATE = Arm('transject', dict(gate='input'))
@@ -133,12 +179,13 @@ STUDIES = {p.name: p for p in (
               protocol=Protocol(epochs=40),
               note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since "
                    "byte-level runs were still improving at 10 of 20"),
+    DEPTH,
     *LM_STUDIES,
 )}
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-17-x2
 # the fair tables of the TransJect paper, one per task
-CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if p.objective is None}
+CLASSIFICATION_STUDIES = {n: p for n, p in STUDIES.items() if n.startswith('fair-')}
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-17-1
 def study_plan(
@@ -220,7 +267,7 @@ def plan_cost(
                                                     epochs or (p.patience + 2, p.patience + 3)))
     rates, rows = _paces(plan, fin, secs_per_epoch or {}), {}
     for a in plan.arms:
-        g, rate = fin[fin.arm == a.label], rates[a.label]
+        g, rate, p = fin[fin.arm == a.label], rates[a.label], plan.protocol_for(a)
         arm_rows = t[t.arm == a.label].to_dict('records')
         lr = chosen_rate(arm_rows, p.maximize, len(p.seeds))
         s_left = max(len(p.lrs) - int((g.phase == 'search').sum()), 0)

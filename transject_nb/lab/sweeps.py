@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'LAYER_KEYS', 'grid_cells', 'axis_cells', 'cell_key',
-           'depth_measures', 'diverged', 'probe_batch', 'run_cell', 'grid_frame', 'run_grid', 'Study', 'export_grid',
-           'load_grid', 'init_sweep']
+__all__ = ['GRID_SCALARS', 'DEPTH_STUDY', 'LR_STUDY', 'ROBUSTNESS_STUDY', 'grid_cells', 'axis_cells', 'cell_key', 'run_cell',
+           'grid_frame', 'run_grid', 'Study', 'export_grid', 'load_grid']
 
 # %% ../../nbs/23_sweeps.ipynb #f80dffc8
 import numpy as np
@@ -26,6 +25,9 @@ from ..core import PAD_ID, check_choice
 from ..models import VARIANTS
 from ..gradflow import mean_pairwise_cosine
 from ..similarity import token_similarity
+
+# %% ../../nbs/23_sweeps.ipynb #f0ee388e
+from .depth_measures import LAYER_KEYS, depth_measures, diverged, probe_batch
 
 # %% ../../nbs/23_sweeps.ipynb #0efab7d4
 from ..training.utils import atomic_write
@@ -80,65 +82,6 @@ def cell_key(
         raise ValueError(f"cell {cell} gives the folder name {key!r}; use values of letters, "
                          "digits, '.', '-' and '+'")
     return key
-
-# %% ../../nbs/23_sweeps.ipynb #59260cdf
-def _first_block_grad_norm(model, x, y)->float:
-    model.zero_grad(set_to_none=True)
-    out = model(x)
-    F.cross_entropy(out, y).backward()
-    g = [p.grad.pow(2).sum() for p in model.blocks[0].parameters() if p.grad is not None]
-    model.zero_grad(set_to_none=True)
-    return float(torch.stack(g).sum().sqrt()) if g else 0.0
-
-# %% ../../nbs/23_sweeps.ipynb #34896c13
-def depth_measures(
-    model,              # an `EncoderClassifier` (any variant)
-    x:torch.Tensor,     # token ids `(B, n)`
-    y:torch.Tensor,     # labels `(B,)`
-# per-layer cosine and similarity share (lists of L+1), their final values, the first block's
-# gradient norm, the loss
-)->dict:
-    ("What the depth study records of a model on one batch: token similarity per layer "
-     "and signal propagation into the first block.")
-    was = model.training
-    model.eval()
-    mask = x != PAD_ID                                                  # (B, n)
-    with torch.no_grad():
-        hs = model.encode(x)                                            # L+1 of (B, n, d)
-        loss = float(F.cross_entropy(model(x), y))
-    cos = [float(mean_pairwise_cosine(h, mask).mean()) for h in hs]
-    share = [float(token_similarity(h, mask).mean()) for h in hs]
-    gnorm = _first_block_grad_norm(model, x, y)
-    model.train(was)
-    return dict(loss=loss, cosine=cos[-1], share=share[-1], grad_norm_first=gnorm,
-                cosine_layers=cos,
-                share_layers=share)
-
-# %% ../../nbs/23_sweeps.ipynb #46d0bf10
-def diverged(
-    hist:pd.DataFrame,   # per-epoch table from `learner.history`
-    init_loss:float,     # the validation loss of the model at initialisation
-# True if a loss is not finite, or no epoch's validation loss got below `init_loss`
-)->bool:
-    ("Whether a run diverged: NaN or infinite losses, "
-     "or training that never improved on the initial model's validation loss.")
-    if not np.isfinite(init_loss): raise ValueError(f"init_loss must be finite, got {init_loss}")
-    if len(hist) == 0: raise ValueError("an empty history: the run trained no epoch")
-    losses = hist[[c for c in ('train_loss', 'valid_loss') if c in hist]].to_numpy(dtype=float)
-    return bool(not np.isfinite(losses).all() or hist['valid_loss'].min() >= init_loss)
-
-# %% ../../nbs/23_sweeps.ipynb #eaabd6c0
-def _plain(t): return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
-
-# %% ../../nbs/23_sweeps.ipynb #aff5de5e
-def probe_batch(
-    learn,           # a `TaskLearner`
-    n:int=32,        # rows
-)->tuple:            # `(x, y)` plain tensors on the learner's device
-    ("A fixed batch of validation examples for the measures: the first `n` of the validation "
-     "loader's first batch.")
-    x, y = learn.dls.valid.one_batch()
-    return _plain(x)[:n], _plain(y)[:n]
 
 # %% ../../nbs/23_sweeps.ipynb #8dcbcbbd
 def _dump(obj, p:Path):                                       # a crash never leaves half a file
@@ -420,10 +363,6 @@ ROBUSTNESS_STUDY = Study('imdb', axis_cells({k: _CENTRE[k] for k in _AXES},
                          fixed={k: v for k, v in _CENTRE.items() if k not in _AXES}
                          | dict(n_layers=2), extend=_EDGES)
 
-# %% ../../nbs/23_sweeps.ipynb #81631023
-LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final',
-              'share_layers_final')
-
 # %% ../../nbs/23_sweeps.ipynb #0b88c1ca
 def export_grid(
     src,             # a sweep's folder (holds `grid.json` from `run_grid`)
@@ -454,26 +393,3 @@ def load_grid(
     if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:
         raise FileNotFoundError(f"{miss} not in {dest}: write them with `export_grid`")
     return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
-
-# %% ../../nbs/23_sweeps.ipynb #b752500a
-def init_sweep(
-    x:torch.Tensor,         # token ids `(B, n)`, e.g. a `probe_batch` of real data
-    y:torch.Tensor,         # labels `(B,)`
-    vocab_sz:int,           # the task's vocabulary size
-    n_classes:int,          # the task's number of classes
-    depths=(1, 2, 4, 8, 16, 32, 64),  # numbers of layers
-    variants=None,          # variant names (default: all of `VARIANTS`)
-    seeds=(0,),             # initialisation seeds
-    **config,               # model fields shared by all, e.g. `d_model=64`
-)->pd.DataFrame:            # one row per (variant, depth, seed): `depth_measures` at initialisation
-    ("Token similarity and first-layer gradient norm of untrained models against depth: "
-     "the depth study's cheap companion.")
-    from transject_nb.models import create_model
-    rows = []
-    for v in [check_choice(v, VARIANTS, 'variant') for v in (variants or VARIANTS)]:
-        for L in depths:
-            for s in seeds:
-                torch.manual_seed(s)
-                m = create_model(v, vocab_sz, n_classes, n_layers=L, **config)
-                rows.append(dict(variant=v, n_layers=L, seed=s, **depth_measures(m, x, y)))
-    return pd.DataFrame(rows)
