@@ -8,9 +8,15 @@ import sys as _sys
 MOVED = {m: f'transject_nb.training.{m}' for m in (
     'utils', 'data', 'batches', 'config', 'checkpoint', 'fastai_fixes', 'learner', 'lm', 'finetune',
     'cli')} | {m: f'transject_nb.lab.{m}' for m in (
-    'analysis', 'explorers', 'bench', 'experiments', 'stats', 'ledger', 'theorems', 'claims', 'sweeps',
+    'analysis', 'explorers', 'bench', 'experiments', 'stats', 'ledger', 'theorems', 'claims',
     'protocol')}
 MOVED = {f'transject_nb.{m}': new for m, new in MOVED.items()}
+
+# Modules retired whole: an import fails with an error saying where their parts went.
+RETIRED = dict.fromkeys(('transject_nb.sweeps', 'transject_nb.lab.sweeps'),
+    "was retired with its grid engine: every study runs on the comparison protocol "
+    "(transject_nb.lab.studies declares them); its measures are in transject_nb.lab.depth_measures "
+    "and its tables, load_grid among them, in transject_nb.lab.sweep_tables")
 
 # Names that left a module when it was split into pages: 'old.module.Name' -> the module that has
 # it now. Hand-written too; `training.checkpoint.moved_pickle` reads it after `MOVED`.
@@ -27,8 +33,9 @@ MOVED_NAMES = {f'transject_nb.training.data.{n}': f'transject_nb.training.{m}'
 
 
 class _MovedFinder:
-    "A meta-path finder that answers only the old paths in `MOVED`, with a clear error."
+    "A meta-path finder that answers only the old paths in `MOVED` and `RETIRED`, with a clear error."
     def find_spec(self, name, path=None, target=None):
+        if name in RETIRED: raise ModuleNotFoundError(f"{name} {RETIRED[name]}", name=name)
         if name in MOVED:
             raise ModuleNotFoundError(f"{name} moved to {MOVED[name]}; import it from there",
                                       name=name)

@@ -17,15 +17,15 @@ from .figures import load_figure_data
 from .ledger import (LEDGER_COLUMNS, check_effect, claim_row, diff_effect, ledger,
                                  level_effect, ratio_effect, spread_effect, untested)
 from .lm_studies import with_arm_depth, lm_depth_trend
-from .studies import STUDIES, settled_budget
+from .studies import (DEPTH, DEPTHS, ROBUSTNESS, ROBUSTNESS_AXES, STUDIES,
+                                      settled_budget)
 from .protocol_results import settled_runs
-from .sweeps import DEPTH_STUDY, ROBUSTNESS_STUDY, load_grid
-from .sweep_tables import grid_summary
+from .sweep_tables import grid_summary, load_grid, study_grid
 
 # %% auto #0
 __all__ = ['FAMILIES', 'TASK_NAMES', 'NEUTRENO_TABLE3_CHANGE', 'TRANSJECT_NOT_TESTED', 'NEUTRENO_NOT_TESTED', 'NOT_TESTED',
            'HEADLINES', 'fair_runs', 'fair_table', 'fair_claims', 'spread_claims', 'axis_spreads', 'robustness_claims',
-           'shallow_best', 'depth_claims', 'init_claims', 'lm_runs', 'neutreno_lm_claims', 'lm_depth_claims',
+           'depth_grid', 'depth_claims', 'init_claims', 'lm_runs', 'neutreno_lm_claims', 'lm_depth_claims',
            'mlm_claims', 'ulmfit_claims', 'figure_claims', 'parameter_claim', 'theorem_claims', 'not_tested_claims',
            'build_claims', 'save_claims', 'load_claims', 'page_claims', 'headlines']
 
@@ -42,8 +42,8 @@ FAMILIES = {   # family -> (the page that asks it, the question)
                       "Does NeuTRENO beat the post-norm Transformer on the four tasks?"),
     'removal-text': ('34_escalation_paper.ipynb',
                      "Does similarity removal beat the post-norm Transformer on the four tasks?"),
-    'depth-2-epochs': ('35_depth.ipynb',
-                       "Which models keep their accuracy at L = 32, after 2 epochs of one-cycle?"),
+    'depth': ('35_depth.ipynb', "Does post-norm collapse with depth, does each fix keep its "
+              "accuracy, and does TransJect prefer shallow models, trained until they stop?"),
     'init': ('35_depth.ipynb', "Does token similarity escalate with depth at initialisation, and "
              "do the fixes slow it?"),
     'neutreno-lm': ('36_language_models.ipynb',
@@ -137,7 +137,7 @@ def axis_spreads(
     "Each axis of Fig. 3's grid: how much each model's seed-mean accuracy spreads along it."
     rob, _ = load_grid(Path(results)/'robustness')
     dep, _ = load_grid(Path(results)/'depth')
-    centre = ROBUSTNESS_STUDY.grid[0]       # `axis_cells` puts the centre first
+    centre = {f: ROBUSTNESS.fixed[f] for f in ROBUSTNESS_AXES}   # the old grid's centre too
     on = lambda f: rob[np.logical_and.reduce([rob[k] == v for k, v in centre.items() if k != f])]
     # the centre and the axis's cells only
     means = {f: grid_summary(on(f), [f])['mean'].unstack(0) for f in centre}
@@ -163,52 +163,52 @@ def robustness_claims(
             for f, r in s.iterrows()]
 
 # %% ../../nbs/22d_claims.ipynb #e386d87c
-_DEPTH = "IMDb subset, d 64, 2 epochs of one-cycle, rate tuned per depth"
+_DEPTH = "IMDb subset, d 64, own rates, early stopping"
 
 # %% ../../nbs/22d_claims.ipynb #50d370ac
-def _kept(results:Path)->pd.DataFrame:
-    df, _ = load_grid(Path(results)/'depth')
-    return df[df.chosen.astype(bool)]
+def depth_grid(
+    results:Path,               # the committed results folder
+)->pd.DataFrame:                # `sweep_tables.study_grid`'s table (empty before any run)
+    "The depth plan's settled seed runs, from `depth/protocol/trials.csv`."
+    f = Path(results)/'depth'/'protocol'/'trials.csv'
+    t = pd.read_csv(f) if f.is_file() else pd.DataFrame(columns=['arm', 'phase', 'state'])
+    return study_grid(t, DEPTH)[0] if len(t) else pd.DataFrame(columns=['variant', 'n_layers'])
 
 # %% ../../nbs/22d_claims.ipynb #4ac09f83
-def _seeds(k:pd.DataFrame, v:str, L:int, col:str='test_acc')->np.ndarray:
-    return k[(k.variant == v) & (k.n_layers == L)][col].to_numpy(float)
+def _depth_effect(g:pd.DataFrame, a:tuple, b:tuple, col:str='test_acc', scale:float=100.)->dict:
+    ("`diff_effect` of the runs of `a` = (variant, L) against `b`'s, or `untested` while either "
+     "arm has not settled.")
+    x, y = (g[(g.variant == v) & (g.n_layers == L)][col].to_numpy(float) for v, L in (a, b))
+    if len(x) and len(y): return diff_effect(x, y, scale)
+    wait = [f"{v} at L {L}" for (v, L), z in ((a, x), (b, y)) if not len(z)]
+    verb = 'has' if len(wait) == 1 else 'have'
+    return untested(f"runs pending: {' and '.join(wait)} {verb} not settled in the depth plan")
 
 # %% ../../nbs/22d_claims.ipynb #4881d657
-def shallow_best(
-    k:pd.DataFrame,             # the depth grid's chosen runs
-    v:str,                      # a variant
-    depths=(1, 2),              # the shallow depths
-)->int:                         # the one of the highest mean validation accuracy
-    "A variant's best shallow depth, chosen on validation, never on test."
-    return max(depths, key=lambda L: _seeds(k, v, L, 'valid_acc').mean())
+# the fixes: TransJect, NeuTRENO, similarity removal, and the two residual schemes beside them
+_FIXES = ('transject', 'neutreno', 'similarity-removal', 'transformer-rezero',
+          'transformer-prenorm')
 
 # %% ../../nbs/22d_claims.ipynb #8278882f
 def depth_claims(
     results:Path,               # the committed results folder
 )->list:                        # `claim_row`s
-    "The depth claims at L = 32, against each model's best shallow depth and post-norm, 2 epochs."
-    k, L = _kept(results), max(DEPTH_STUDY.grid['n_layers'])
-    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'depth-2-epochs',
-                                                    f"{_DEPTH}, L {L}", eff,
-                                                    '35_depth.ipynb#the-answer', **kw)
-    tj, tf = (shallow_best(k, v) for v in ('transject', 'transformer'))
-    rows = [row('TransJect', f"§3.4, Fig. 3: TransJect prefers shallow (best L ≤ 2 > L {L})",
-                diff_effect(_seeds(k, 'transject', tj), _seeds(k, 'transject', L)),
-                note=f"best shallow L = {tj}"),
-            row('Yu & Zhang', f"§1: post-norm cannot go deep (L {L} < best L ≤ 2)",
-                diff_effect(_seeds(k, 'transformer', L), _seeds(k, 'transformer', tf)),
-                direction=-1,
-                note=f"best shallow L = {tf}")]
-    for v in ('transject', 'neutreno', 'similarity-removal', 'transformer-rezero',
-              'transformer-prenorm'):
-        rows.append(row(_PAPER_OF.get(v, 'TransJect'), f"at L {L}: {v} > transformer",
-                        diff_effect(_seeds(k, v, L), _seeds(k, 'transformer', L))))
+    "The depth plan's claims: each model at L = 32 against L = 2, and the fixes against post-norm."
+    g, S, L = depth_grid(results), min(DEPTHS), max(DEPTHS)
+    row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'depth', f"{_DEPTH}, L {S}, {L}",
+                                                    eff, '35_depth.ipynb#the-answer', **kw)
+    rows = [row('Yu & Zhang', f"§1: post-norm collapses with depth (L {L} < L {S})",
+                _depth_effect(g, ('transformer', L), ('transformer', S)), direction=-1),
+            row('TransJect', f"§3.4, Fig. 3: TransJect prefers shallow (L {S} > L {L})",
+                _depth_effect(g, ('transject', S), ('transject', L)))]
+    rows += [row(_PAPER_OF.get(v, 'TransJect'), f"{v} keeps its accuracy (L {L} ≥ L {S})",
+                 _depth_effect(g, (v, L), (v, S))) for v in _FIXES[1:]]
+    rows += [row(_PAPER_OF.get(v, 'TransJect'), f"at L {L}: {v} > transformer",
+                 _depth_effect(g, (v, L), ('transformer', L))) for v in _FIXES]
     for v, col, paper in (('neutreno', 'cosine_final', 'NeuTRENO'),
                           ('similarity-removal', 'share_final', 'Yu & Zhang')):
         rows.append(row(paper, f"at L {L}, trained: {v} {col.split('_')[0]} < transformer's",
-                        diff_effect(_seeds(k, v, L, col), _seeds(k, 'transformer', L, col),
-                                    scale=1.),
+                        _depth_effect(g, (v, L), ('transformer', L), col, scale=1.),
                         unit=col.split('_')[0], direction=-1))
     return rows
 
@@ -563,9 +563,9 @@ HEADLINES = (   # the claims a reader comes with first
     '§4, IMDb: neutreno > transformer', 'abstract, IMDb: similarity-removal > transformer',
     'Table 3: NeuTRENO < transformer', "§1.2: NeuTRENO's slope below post-norm's",
     "§1: removal's slope below post-norm's",
-    '§1: post-norm cannot go deep (L 32 < best L ≤ 2)',
+    '§1: post-norm collapses with depth (L 32 < L 2)',
     'at L 32: similarity-removal > transformer',
-    '§3.4, Fig. 3: TransJect prefers shallow (best L ≤ 2 > L 32)',
+    '§3.4, Fig. 3: TransJect prefers shallow (L 2 > L 32)',
     'Tables 2–3 as a masked LM, L 2: transject < transformer',
     '§3.1: TransJect uses context, L 2: < context-free predictor',
     "Theorem 2: the encoder's distance ratio is at least 0.25 for L > 1",

@@ -16,7 +16,7 @@ from ..gradflow import mean_pairwise_cosine
 from ..similarity import token_similarity
 
 # %% auto #0
-__all__ = ['LAYER_KEYS', 'depth_measures', 'diverged', 'probe_batch', 'init_sweep']
+__all__ = ['LAYER_KEYS', 'MEASURE_COLUMNS', 'depth_measures', 'diverged', 'probe_batch', 'init_sweep']
 
 # %% ../../nbs/20c_depth_measures.ipynb #59260cdf
 def _first_block_grad_norm(model, x, y)->float:
@@ -54,6 +54,11 @@ def depth_measures(
 # %% ../../nbs/20c_depth_measures.ipynb #81631023
 LAYER_KEYS = ('cosine_layers_init', 'share_layers_init', 'cosine_layers_final',
               'share_layers_final')
+
+# %% ../../nbs/20c_depth_measures.ipynb #measure-cols
+# the scalars of `depth_measures` a study keeps of each run, at initialisation and after training
+MEASURE_COLUMNS = tuple(f'{k}_{w}' for w in ('init', 'final')
+                        for k in ('loss', 'cosine', 'share', 'grad_norm_first'))
 
 # %% ../../nbs/20c_depth_measures.ipynb #46d0bf10
 def diverged(

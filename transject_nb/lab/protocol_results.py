@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/protocol_results.html.md"""
 
 # %% ../../nbs/24c_protocol_results.ipynb #res-imports
 from __future__ import annotations
-import contextlib, operator, sqlite3
+import contextlib, json, operator, sqlite3
 from pathlib import Path
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ from ..training.learner import train_learner
 from ..training.fastai_fixes import FixedLearner
 from .lm_studies import arm_depth
 from .experiments import RESULT_COLUMNS
+from .depth_measures import LAYER_KEYS, MEASURE_COLUMNS
 from .protocol import StudyPlan, chosen_rate, next_trials
 from .protocol_store import failed_runs, open_storage, trial_rows
 from .protocol_workers import _run_learner, plan_data
@@ -26,7 +27,7 @@ from .protocol_workers import _run_learner, plan_data
 # %% auto #0
 __all__ = ['TRIAL_COLUMNS', 'LM_TRIAL_COLUMNS', 'LM_RESULT_COLUMNS', 'SEARCH_CURVE_COLUMNS', 'study_trials', 'arm_status',
            'settled_arms', 'study_runs', 'settled_runs', 'seed_agreement', 'search_curves', 'plot_search_curves',
-           'load_study_run', 'snapshot_storage', 'export_study']
+           'load_study_run', 'snapshot_storage', 'study_layers', 'export_study']
 
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-14
 # `reused_secs`: the seconds of the epochs a run of an extending plan took over from the plan it
@@ -52,7 +53,7 @@ def study_trials(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
 # one row per queued trial of every arm, columns `TRIAL_COLUMNS` (`LM_TRIAL_COLUMNS` for language
-# models); `value` is the validation metric
+# models), then a measuring plan's `MEASURE_COLUMNS`; `value` is the validation metric
 )->pd.DataFrame:
     "Every queued trial of a plan's studies, finished or not, as one table."
     if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
@@ -60,7 +61,8 @@ def study_trials(
     rows = [dict(task=plan.task, arm=a.label, variant=a.variant) | r
             for a in plan.arms if plan.study_name(a) in names
             for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))]
-    cols = TRIAL_COLUMNS if plan.objective is None else LM_TRIAL_COLUMNS
+    cols = ((TRIAL_COLUMNS + MEASURE_COLUMNS * plan.measures) if plan.objective is None
+            else LM_TRIAL_COLUMNS)
     t = pd.DataFrame([{k: r.get(k) for k in cols} for r in rows], columns=list(cols))
     return t.astype({c: float for c in t if t[c].isna().all()})   # unfilled yet: NaN, as in its CSV
 
@@ -339,16 +341,33 @@ def snapshot_storage(
     finally: tmp.unlink(missing_ok=True)
     return dest
 
+# %% ../../nbs/24c_protocol_results.ipynb #study-layers
+def study_layers(
+    plan:StudyPlan,   # a plan with `measures=True`
+    storage,          # `open_storage`'s URL or path, or a storage
+# one dict per finished seed run: arm, variant, lr, seed, the arm's overrides, `LAYER_KEYS`' lists
+)->list:
+    "A measuring plan's similarity per layer, at initialisation and after training, per seed run."
+    if not plan.measures: raise ValueError(f"plan {plan.name!r} records no measures")
+    if not isinstance(storage, optuna.storages.BaseStorage): storage = open_storage(storage)
+    names = {s.study_name for s in storage.get_all_studies()}
+    return [dict(arm=a.label, variant=a.variant, lr=r['lr'], seed=r['seed'], **a.overrides,
+                 **{k: r.get(k) for k in LAYER_KEYS})
+            for a in plan.arms if plan.study_name(a) in names
+            for r in trial_rows(optuna.load_study(study_name=plan.study_name(a), storage=storage))
+            if r['phase'] == 'seed' and r['state'] == 'COMPLETE']
+
 # %% ../../nbs/24c_protocol_results.ipynb #553ccc0e-19-1
 def export_study(
     plan:StudyPlan,   # the plan
     storage,          # `open_storage`'s URL or path, or a storage
     dest,             # the folder of the committed results, e.g. `nbs/results/fair/imdb`
 )->pd.DataFrame:      # the trials written
-    ("Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`): "
-     "the small files the experiments pages render from.")
+    ("Write a plan's trials (`trials.csv`) and its table's runs (`runs.csv`), and a measuring "
+     "plan's `layers.json`: the small files the experiments pages render from.")
     trials, dest = study_trials(plan, storage), Path(dest)
-    # both files, or neither
-    atomic_write_all({dest/'trials.csv': trials.to_csv(index=False),
-                      dest/'runs.csv': study_runs(trials, plan).to_csv(index=False)})
+    files = {dest/'trials.csv': trials.to_csv(index=False),
+             dest/'runs.csv': study_runs(trials, plan).to_csv(index=False)}
+    if plan.measures: files[dest/'layers.json'] = json.dumps(study_layers(plan, storage))
+    atomic_write_all(files)                                         # every file, or none
     return trials

@@ -33,9 +33,10 @@ from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, export_stud
 
 # %% auto #0
 __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM',
-           'MLM_DEPTH', 'LM_STUDIES', 'DEPTH_FIXED', 'DEPTH_PROTOCOL', 'DEPTHS', 'DEPTH_SEED_RATES', 'DEPTH', 'GATE',
-           'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'depth_arm', 'study_plan', 'settled_budget', 'plan_cost',
-           'cost_stand_in', 'epoch_secs', 'run_workers', 'add_study_args', 'study_command']
+           'MLM_DEPTH', 'LM_STUDIES', 'DEPTH_FIXED', 'DEPTH_PROTOCOL', 'DEPTHS', 'DEPTH_SEED_RATES', 'DEPTH',
+           'ROBUSTNESS_AXES', 'ROBUSTNESS', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'depth_arm',
+           'study_plan', 'settled_budget', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'run_workers', 'add_study_args',
+           'study_command']
 
 # %% ../../nbs/24d_studies.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
@@ -163,6 +164,19 @@ DEPTH = StudyPlan('depth-imdb', 'imdb',
                   note="every variant at L = 2, 8, 16 and 32 on the old depth grid's 2,000 reviews "
                        "and 128 tokens; each arm's search starts at the old grid's choice")
 
+# %% ../../nbs/24d_studies.ipynb #rob-axes
+# each setting varied alone around the depth plan's fields at L = 2
+ROBUSTNESS_AXES = dict(d_model=(32, 64, 128), max_len=(64, 128, 256), n_train=(500, 1000, 2000, 4000))
+
+# %% ../../nbs/24d_studies.ipynb #rob-plan
+# the settings off the centre, one field each
+_OFF = tuple({f: x} for f, xs in ROBUSTNESS_AXES.items() for x in xs if x != DEPTH_FIXED[f])
+ROBUSTNESS = StudyPlan('robustness-imdb', 'imdb',
+                       tuple(Arm(v, o) for v in ('transject', 'transformer') for o in ({}, *_OFF)),
+                       fixed=DEPTH_FIXED | dict(n_layers=2), protocol=DEPTH_PROTOCOL,
+                       note="TransJect's Fig. 3: width, context and training reviews, each varied "
+                            "alone around the depth plan's fields at L = 2")
+
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-17
 # the ablation: the authors' input-dependent expert gate
 GATE = Arm('transject', dict(gate='input'))
@@ -179,7 +193,7 @@ STUDIES = {p.name: p for p in (
               protocol=Protocol(epochs=40),
               note="the repro preset at 512 bytes, not 1,024, to fit the budget; 40 epochs, since "
                    "byte-level runs were still improving at 10 of 20"),
-    DEPTH,
+    DEPTH, ROBUSTNESS,
     *LM_STUDIES,
 )}
 
@@ -597,8 +611,8 @@ def study_command(a, words):
         return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
     if a.export:
         t = export_study(plan, url, a.export)
-        return print(f"{len(t)} trials of {plan.name} written to {a.export} (trials.csv, runs.csv)",
-                     flush=True)
+        files = 'trials.csv, runs.csv' + (', layers.json' if plan.measures else '')
+        return print(f"{len(t)} trials of {plan.name} written to {a.export} ({files})", flush=True)
     if a.retry_failed:
         again = requeue_failed(plan, open_storage(url))
         print(f"{sum(map(len, again.values()))} failed run(s) of {plan.name} queued again"

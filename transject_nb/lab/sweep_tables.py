@@ -1,4 +1,4 @@
-"""A sweep's runs as tables and figures: seed means per cell, the best setting, every variant against a reference by Welch's test, the depth study's answer, and the tables of the fixes' pages.
+"""A depth study's runs as tables and figures: the old 2-epoch grid or a protocol plan's settled runs, as one table; seed means per cell, the best setting, every variant against a reference by Welch's test, the depth study's answer, and the tables of the fixes' pages.
 
 Docs: https://transject-nb.github.io/transject_nb/sweep_tables.html.md"""
 
@@ -6,23 +6,77 @@ Docs: https://transject-nb.github.io/transject_nb/sweep_tables.html.md"""
 
 # %% ../../nbs/23a_sweep_tables.ipynb #6295f784
 from __future__ import annotations
+import json
 from pathlib import Path
 import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table', 'versus', 'depth_answer', 'plot_grid',
-           'plot_layers', 'fix_tables', 'plot_depth_panels']
+__all__ = ['GRID_SCALARS', 'load_grid', 'study_grid', 'grid_summary', 'best_cells', 'best_valid', 'at_best_rate', 'versus_table',
+           'versus', 'depth_answer', 'plot_grid', 'plot_layers', 'fix_tables', 'plot_depth_panels']
 
 # %% ../../nbs/23a_sweep_tables.ipynb #36fabb5f
 from ..core import check_choice
 from ..models import VARIANTS
 from .stats import ALPHA, welch, welch_from_var
-from .sweeps import _pick, load_grid
+from .depth_measures import MEASURE_COLUMNS
+from .protocol import StudyPlan
+from .protocol_results import arm_status, settled_arms
+
+# %% ../../nbs/23a_sweep_tables.ipynb #9ac66638
+GRID_SCALARS = ('task', 'variant', 'seed', 'cell', 'test_acc', 'valid_acc', 'diverged', 'chosen',
+                'epochs', 'params', 'train_secs', 'wall_secs', 'valid_loss_init', 'cosine_init',
+                'share_init', 'grad_norm_first_init',
+                'cosine_final', 'share_final', 'grad_norm_first_final')
+
+# %% ../../nbs/23a_sweep_tables.ipynb #c137afec
+def _pick(recs:list)->dict:
+    ("The tuned run to keep: the best validation accuracy among those that did not diverge (the "
+     "first on ties).")
+    ok = [r for r in recs if not r['diverged']] or recs
+    return max(ok, key=lambda r: r['valid_acc'])
+
+# %% ../../nbs/23a_sweep_tables.ipynb #b6329b89
+def load_grid(
+    dest,            # a folder holding `grid.csv` and `layers.json`, e.g. `nbs/results/depth`
+# `(table, records)`: `grid.csv` as a DataFrame, `layers.json` as a list of dicts (`plot_layers`)
+)->tuple:
+    "Read back a committed grid: its table of runs and its kept runs' similarity per layer."
+    dest = Path(dest)
+    if miss := [n for n in ('grid.csv', 'layers.json') if not (dest/n).is_file()]:
+        raise FileNotFoundError(f"{miss} not in {dest}: a grid folder holds grid.csv and "
+                                "layers.json")
+    return pd.read_csv(dest/'grid.csv'), json.loads((dest/'layers.json').read_text())
+
+# %% ../../nbs/23a_sweep_tables.ipynb #study-grid
+def study_grid(
+    trials:pd.DataFrame,   # a plan's `study_trials` (or its `trials.csv`)
+    plan:StudyPlan,        # the plan
+    layers:list=(),        # its `study_layers` (or `layers.json`), for the records
+    field:str='n_layers',  # the arms' override that is the grid's field
+# `(table, records)` as `load_grid` gives them: the settled arms' seed runs at their chosen rates
+)->tuple:
+    "A protocol plan's settled seed runs as a grid table, for this page's tables and figures."
+    st = arm_status(trials, plan)
+    lr = st.lr[settled_arms(st)]
+    d = trials[(trials.phase == 'seed') & (trials.state == 'COMPLETE')]
+    d = d[d.arm.isin(lr.index) & (d.lr == d.arm.map(lr))]
+    at = d.arm.map(lambda a: plan.arm(a).overrides.get(field, np.nan))
+    g = pd.DataFrame(dict(task=d.task, variant=d.variant, seed=d.seed,
+                          cell=[f'{field}={x}' for x in at], **{field: at}, lr=d.lr,
+                          test_acc=d.test_acc, valid_acc=d.value, chosen=True,
+                          diverged=~np.isfinite(d[['test_acc', 'value']].astype(float)).all(axis=1),
+                          epochs=d.epochs, best_epoch=d.best_epoch, params=d.params,
+                          train_secs=d.train_secs, wall_secs=d.train_secs, valid_loss_init=np.nan,
+                          **{c: d[c] for c in MEASURE_COLUMNS if c in d}))
+    keep = {(a, s) for a, s in zip(d.arm, d.seed)}
+    recs = [r | dict(cell=f"{field}={r.get(field)}") for r in layers
+            if (r['arm'], r['seed']) in keep]
+    return g.reset_index(drop=True), recs
 
 # %% ../../nbs/23a_sweep_tables.ipynb #e7676824
 def grid_summary(
-    df:pd.DataFrame,        # `run_grid`'s table
+    df:pd.DataFrame,        # a grid table (`load_grid`, `study_grid`)
     # grid fields grouped with the variant (default: the columns between 'cell' and 'test_acc')
     by=None,
     value:str='test_acc',   # the column summarised
@@ -41,7 +95,7 @@ def grid_summary(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #69aef495
 def best_cells(
-    df:pd.DataFrame,        # `run_grid`'s table
+    df:pd.DataFrame,        # a grid table (`load_grid`, `study_grid`)
     field:str,              # the grid field to choose, e.g. 'n_layers'
     value:str='test_acc',   # maximised, averaged over seeds
 )->pd.DataFrame:            # per variant: the best value of `field`, its mean and std
@@ -51,18 +105,18 @@ def best_cells(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #d4e44ac4
 def best_valid(
-    df:pd.DataFrame,        # `run_grid`'s table (any runs, e.g. one seed at several learning rates)
+    df:pd.DataFrame,        # a grid table (any runs, e.g. one seed at several rates)
     by=('variant',),        # columns whose groups each get their best run
 )->pd.DataFrame:            # the best run's row per group, indexed by `by`
     ("Per group, the run with the best validation accuracy among those that did not diverge "
      "(among all of them if every one diverged).")
-    # `run_grid`'s own rule
+    # the old grid's own rule
     best = [_pick(g.to_dict('records')) for _, g in df.groupby(list(by), sort=False)]
     return pd.DataFrame(best).set_index(list(by))
 
 # %% ../../nbs/23a_sweep_tables.ipynb #f2a77516
 def at_best_rate(
-    df:pd.DataFrame,        # `run_grid`'s table with an `lr` column, e.g. one seed of `LR_STUDY`
+    df:pd.DataFrame,        # a grid table with an `lr` column, e.g. one seed's runs
     # the rate a table used for every variant, e.g. the `repro` preset's 5e-4
     fixed:float,
 # per variant: test accuracy at `fixed`, the rate validation prefers, test accuracy at it
@@ -96,7 +150,7 @@ def _pooled_variance(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #b0b77bdd
 def versus_table(
-    df:pd.DataFrame,        # `run_grid`'s table
+    df:pd.DataFrame,        # a grid table (`load_grid`, `study_grid`)
     ref:str,                # the variant the others are measured against, e.g. 'transformer'
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
@@ -129,7 +183,7 @@ def versus_table(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #24ddbe9f
 def versus(
-    df:pd.DataFrame,        # `run_grid`'s table
+    df:pd.DataFrame,        # a grid table (`load_grid`, `study_grid`)
     ref:str,                # the variant the others are measured against, e.g. 'transformer'
     field:str,              # the grid field of the columns, e.g. 'n_layers'
     value:str='test_acc',   # the column compared
@@ -167,8 +221,8 @@ def _depth_outcome(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #52310c50
 def depth_answer(
-    df:pd.DataFrame,        # a depth sweep's table (`load_grid`), e.g. of `DEPTH_STUDY`
-    depths,                 # the depths planned, e.g. `DEPTH_STUDY.grid['n_layers']`
+    df:pd.DataFrame,        # a depth study's grid table (`load_grid`, `study_grid`)
+    depths,                 # the depths planned, e.g. `studies.DEPTHS`
     field:str='n_layers',   # the depth field
     # a deepest cell at or below this accuracy is at chance (5 points above 2 classes')
     collapse_at:float=0.55,
@@ -201,7 +255,7 @@ def depth_answer(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #9b98502e
 def plot_grid(
-    df:pd.DataFrame,        # `run_grid`'s table
+    df:pd.DataFrame,        # a grid table (`load_grid`, `study_grid`)
     x:str,                  # the grid field on the x axis
     y:str='test_acc',       # the column on the y axis
     ax=None,                # axes to draw on
@@ -227,7 +281,7 @@ def plot_grid(
 
 # %% ../../nbs/23a_sweep_tables.ipynb #84913325
 def plot_layers(
-    # records from `run_grid`/`run_cell` (the JSON keeps the per-layer lists)
+    # records of `load_grid` or `study_grid` (they keep the per-layer lists)
     records:list,
     key:str='share',        # 'share' or 'cosine'
     when:str='final',       # 'init' or 'final'
