@@ -9,34 +9,26 @@ from __future__ import annotations
 import ctypes, ctypes.util, logging, os, signal, sys, threading, time
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
 import optuna
 from ..core import check_choice, config_fields, variant_spec
-from ..training.utils import Stopped, copy_new, debug_mode, error_line
+from ..training.utils import Stopped, debug_mode, error_line
 from ..models import VARIANTS
 from ..training.learner import train_learner
 from ..training.lm import CAUSAL_VARIANTS
-from .finetune_plans import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates,
-                                             pretrain_results, run_pretrain_plan)
-from .finetune_tables import clf_progress
-from .finetune_controls import (control_progress, control_results, export_pretrain,
-                                                run_controls, snapshot_pretrain, superseded_runs)
 from .protocol import Arm, Protocol, StudyPlan, chosen_rate, next_trials
-from .protocol_store import (_release, check_storage, open_storage, requeue_failed,
-                                             requeue_orphans)
+from .protocol_store import _release, open_storage, requeue_orphans
 from .protocol_workers import _check_device, _run_learner, plan_data, work
-from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, export_study,
-                                               settled_arms, snapshot_storage, study_trials)
+from .protocol_results import (TRIAL_COLUMNS, _own_secs, arm_status, settled_arms,
+                                               study_trials)
 
 # %% auto #0
 __all__ = ['LM_FIXED', 'LM_PROTOCOL', 'LM_PROTOCOL2', 'LM_DEPTHS', 'LM_GPU_DEPTHS', 'MLM_DEPTHS', 'LM_WIDE', 'NEUTRENO_LM',
            'MLM_DEPTH', 'LM_STUDIES', 'DEPTH_FIXED', 'DEPTH_PROTOCOL', 'DEPTHS', 'DEPTH_SEED_RATES', 'DEPTH',
-           'ROBUSTNESS_AXES', 'ROBUSTNESS', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'STUDY_HELP', 'depth_arm',
-           'study_plan', 'settled_budget', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'run_workers', 'add_study_args',
-           'study_command']
+           'ROBUSTNESS_AXES', 'ROBUSTNESS', 'GATE', 'STUDIES', 'CLASSIFICATION_STUDIES', 'depth_arm', 'study_plan',
+           'settled_budget', 'plan_cost', 'cost_stand_in', 'epoch_secs', 'run_workers']
 
 # %% ../../nbs/24d_studies.ipynb #bfdb2578
 _ALL = tuple(Arm(v) for v in VARIANTS)   # every variant, as it is
@@ -466,165 +458,3 @@ def run_workers(
                            f"{', '.join(map(str, bad.values()))} (each said why above); the "
                            "storage keeps every finished trial, and the same command resumes")
     return arm_status(study_trials(plan, url), plan)
-
-# %% ../../nbs/24d_studies.ipynb #10ac5ba5
-STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned "
-              "on validation, "
-              "early stopping, fresh seeds, on Optuna")
-
-# %% ../../nbs/24d_studies.ipynb #553ccc0e-21
-def _add_run_args(p):
-    "The `study` command's options for running a plan: where, with how many workers, on what data."
-    p.add_argument('--storage', default='runs/studies.db',
-                   help='Optuna storage every worker shares: a SQLite file, or a database URL for '
-                        'workers on several machines (default runs/studies.db)')
-    p.add_argument('--start-from', default=None, metavar='FILE',
-                   help="a snapshot (e.g. the committed nbs/results/fair/studies.db) copied to "
-                        "--storage when that does not exist yet; for a pretraining plan, a "
-                        "--snapshot folder copied to --out (its controls beside the plan's runs)")
-    p.add_argument('--out', default='runs/studies',
-                   help='folder of the runs (checkpoints, so that a retried trial resumes)')
-    p.add_argument('--workers', type=int, default=1,
-                   help='worker processes on this machine (start more on others with the same '
-                        '--storage URL)')
-    p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
-    p.add_argument('--arms', default=None,
-                   help='comma-separated arm labels to work on (default: all); for a pretraining '
-                        'plan, its variants, and a worker leaves an arm that another process is '
-                        'training to it')
-    p.add_argument('--data', default=None,
-                   help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: '
-                        'fastai downloads them)')
-    p.add_argument('--cache-dir', default=None,
-                   help="data cache folder (default $TRANSJECT_CACHE or ~/.cache/transject_nb; "
-                        "'none' disables it)")
-    p.add_argument('--retry-failed', action='store_true',
-                   help='queue again every run whose trials all failed (once their cause is '
-                        'fixed), then go on')
-
-# %% ../../nbs/24d_studies.ipynb #553ccc0e-21-read
-def _add_read_args(p):
-    "The `study` command's options that train nothing, and its pretraining plans' controls."
-    p.add_argument('--status', action='store_true',
-                   help='print where each arm stands and what it cost; train nothing')
-    p.add_argument('--export', default=None, metavar='DIR',
-                   help='write trials.csv and runs.csv into DIR; train nothing')
-    p.add_argument('--snapshot', default=None, metavar='FILE',
-                   help='write a consistent copy of a SQLite --storage to FILE; for a pretraining '
-                        'plan, what another machine needs to go on, into the folder FILE; train '
-                        'nothing')
-    p.add_argument('--controls', action='store_true',
-                   help="for a pretraining plan: train its controls once its classifiers from "
-                        "scratch have finished (finetune_controls.run_controls: each causal arm's "
-                        "classifier with the causal mask, from scratch and from the language model "
-                        "in one stage, at the search's seed, then at each of the plan's)")
-    p.add_argument('--dashboard', type=int, nargs='?', const=8080, default=None, metavar='PORT',
-                   help='serve optuna-dashboard for --storage on 127.0.0.1:PORT (default 8080)')
-
-# %% ../../nbs/24d_studies.ipynb #553ccc0e-21-add
-def add_study_args(p):
-    "The `study` command's options."
-    p.add_argument('name', choices=[*STUDIES, *PRETRAIN_STUDIES],
-                   help='the declared plan (studies.STUDIES; finetune_plans.PRETRAIN_STUDIES: pretrain, '
-                        'fine-tune)')
-    _add_run_args(p)
-    _add_read_args(p)
-
-# %% ../../nbs/24d_studies.ipynb #eab688f8
-def _pretrain_status(plan, a):
-    "A pretraining plan's `--status`: its finished runs, rates, language models, controls; printed."
-    res, prog = pretrain_results(plan, a.out), pretrain_progress(plan, a.out)
-    rates, ctl = pretrain_rates(plan, a.out), control_results(plan, a.out)
-    sup = superseded_runs(plan, a.out)
-    want, folder = len(plan.arms) * plan.runs_per_arm(), Path(a.out)/plan.name
-    # the classifiers started, not finished
-    running = clf_progress(folder) if folder.is_dir() else []
-    ctl_running = control_progress(plan, a.out)
-    print(f"{plan.name}: {len(res)} of at least {want} runs finished; "
-          f"{plan.note}\n{res.to_string()}\n"
-          + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
-          + f"language models so far:\n{prog.to_string()}"
-          + (f"\nclassifiers training:\n{running.to_string()}" if len(running) else '')
-          + (f"\ncontrols:\n{ctl.to_string()}" if len(ctl) else '')
-          + (f"\ncontrols training:\n{ctl_running.to_string()}" if len(ctl_running) else '')
-          + (f"\nset aside, trained again at their search's new choice:\n{sup.to_string()}"
-             if len(sup) else ''),
-          flush=True)
-    return res
-
-# %% ../../nbs/24d_studies.ipynb #eab688f8-cmd
-def _pretrain_command(plan, a):
-    ("A pretraining plan: its run folders are its state (no Optuna storage); `--status` and "
-     "`--export` read them, `--snapshot DIR` copies what another machine needs to go on, "
-     "`--start-from DIR` starts from that, `--controls` trains its controls; `--arms` picks the "
-     "arms a worker trains.")
-    if a.snapshot:
-        files = snapshot_pretrain(plan, a.out, a.snapshot)
-        return print(f"snapshot of {plan.name} in {a.snapshot}: {len(files)} files, "
-                     f"{files.bytes.sum() / 2**20:.1f} MiB", flush=True)
-    arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
-    if a.controls and not a.status and not a.export:
-        if arms:
-            raise ValueError("--controls trains every causal arm's controls: it takes no --arms")
-        ctl = run_controls(plan, a.data, a.out, start_from=a.start_from)
-        print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
-        return ctl
-    if not a.status and not a.export:
-        run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
-    if a.export:
-        rows = export_pretrain(plan, a.out, a.export)
-        what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
-                'rates.csv': 'first-part rates, tried or to try', 'controls.csv': 'controls',
-                'superseded.csv': 'runs set aside'}
-        return print(f"{plan.name} written to {a.export}: "
-                     + '; '.join(f"{n} {what[f]} in {f}" for f, n in rows.items()), flush=True)
-    return _pretrain_status(plan, a)
-
-# %% ../../nbs/24d_studies.ipynb #11a7466e
-def _dashboard(url:str, port:int):
-    "Serve optuna-dashboard for the storage at `url` on 127.0.0.1:`port`."
-    try: from optuna_dashboard import run_server
-    except ImportError:
-        raise ValueError("--dashboard needs the optuna-dashboard package: pip install "
-                         "optuna-dashboard") from None
-    return run_server(open_storage(url), host='127.0.0.1', port=port)
-
-# %% ../../nbs/24d_studies.ipynb #11a7466e-cmd
-def study_command(a, words):
-    "Run the `study` command on parsed options."
-    if words:
-        raise ValueError(f"study takes no field overrides, got {words}: "
-                         "a plan's fields are declared in studies.STUDIES")
-    if a.name in PRETRAIN_STUDIES: return _pretrain_command(PRETRAIN_STUDIES[a.name], a)
-    if a.controls:
-        raise ValueError(f"--controls takes a causal fine-tune apart: it is for a pretraining plan "
-                         f"({', '.join(PRETRAIN_STUDIES)}), not {a.name!r}")
-    plan, url = study_plan(a.name), a.storage
-    # the copy, before it is in place
-    check = lambda p: check_storage(p, name=f'--start-from {a.start_from}')
-    # whole: a worker waits
-    if a.start_from and '://' not in url and copy_new(a.start_from, url, check=check):
-        print(f"storage {url} started from {a.start_from}", flush=True)
-    check_storage(url)
-    if a.dashboard is not None: return _dashboard(url, a.dashboard)
-    if a.snapshot:
-        return print(f"snapshot of {url} in {snapshot_storage(url, a.snapshot)}", flush=True)
-    if a.export:
-        t = export_study(plan, url, a.export)
-        files = 'trials.csv, runs.csv' + (', layers.json' if plan.measures else '')
-        return print(f"{len(t)} trials of {plan.name} written to {a.export} ({files})", flush=True)
-    if a.retry_failed:
-        again = requeue_failed(plan, open_storage(url))
-        print(f"{sum(map(len, again.values()))} failed run(s) of {plan.name} queued again"
-              + ''.join(f"\n  {arm}: " + ', '.join(f"{t['phase']} lr={t['lr']:g} seed {t['seed']}"
-                                                   for t in ts)
-                        for arm, ts in again.items()), flush=True)
-    if not a.status:
-        arms = [x.strip() for x in a.arms.split(',')] if a.arms else None
-        cache = False if (a.cache_dir or '').lower() == 'none' else a.cache_dir
-        run_workers(plan, url, a.out, a.workers, arms, cache, a.data, a.threads)
-    t = study_trials(plan, url)
-    st = arm_status(t, plan).join(plan_cost(plan, t)[['hours_left']])
-    print(f"{plan.name}: {plan.task}, {len(plan.arms)} arms; {plan.note}\n{st.to_string()}",
-          flush=True)
-    return st

@@ -42,7 +42,7 @@ from .cli_parsers import FieldsHelp, parse_overrides
 from ..lab.experiments import RESULT_COLUMNS, results_table
 from ..lab.bench import machine_info
 from ..lab.bench_report import BENCH_HELP, add_bench_args, bench_command
-from ..lab.studies import STUDY_HELP, add_study_args, study_command
+from ..lab.study_command import STUDY_HELP, add_study_args, study_command
 
 # %% ../../nbs/15_cli.ipynb #7921553b
 DEMO = dict(
