@@ -19,8 +19,8 @@ from ..training.utils import Stopped, copy_new, debug_mode, error_line
 from ..models import VARIANTS
 from ..training.learner import train_learner
 from ..training.lm import CAUSAL_VARIANTS
-from .finetune_plans import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates,
-                                             pretrain_results, run_pretrain_plan)
+from .finetune_plans import PRETRAIN_STUDIES, pretrain_progress, run_pretrain_plan
+from .finetune_search import pretrain_rates, pretrain_results
 from .finetune_tables import clf_progress
 from .finetune_controls import (control_progress, control_results, export_pretrain,
                                                 run_controls, snapshot_pretrain, superseded_runs)

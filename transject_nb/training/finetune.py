@@ -126,15 +126,16 @@ def ulmfit_schedule(
     lr_last:float|None=None,
     factor_last:float|None=None,  # the last stage's spread (None: `factor`)
 )->list:                   # the `Stage`s, in order
-    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, one more group per "
-     "stage at half the rate, then all at a fifth (or at `lr_last`).")
+    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, one more group "
+     "per stage at half the rate, then all at a fifth (or at `lr_last`).")
     _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last, lr_last,
                     factor_last)
     spread = lambda r, f=factor: r / f ** (n_groups - 1)
     stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
                                          for k in range(2, n_gradual + 1)]
     last = lr / 2 ** (n_gradual - 1) / 5 if lr_last is None else lr_last
-    return stages + [Stage(0, epochs_last, last, spread(last, factor_last or factor), patience_last)]
+    last_spread = spread(last, factor_last or factor)
+    return stages + [Stage(0, epochs_last, last, last_spread, patience_last)]
 
 # %% ../../nbs/14a_finetune.ipynb #809dfb06
 def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
