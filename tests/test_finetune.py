@@ -41,10 +41,11 @@ def test_the_schedule_freezes_what_it_says():
     assert [s.freeze_to for s in ulmfit_schedule(1e-2, 4, n_gradual=2)] == [-1, -2, 0]
 
 
-def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path):
-    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', 'ulmfit-imdb', '--status', '--out', str(tmp_path)],
+@pytest.mark.parametrize('name', list(PRETRAIN_STUDIES))
+def test_the_pretrain_plan_reports_its_state_from_the_command_line(tmp_path, name):
+    r = subprocess.run([sys.executable, '-m', 'transject_nb.training.cli', 'study', name, '--status', '--out', str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
-    plan = PRETRAIN_STUDIES['ulmfit-imdb']
+    plan = PRETRAIN_STUDIES[name]
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"0 of at least {len(plan.arms) * plan.runs_per_arm()} runs finished" in r.stdout
 

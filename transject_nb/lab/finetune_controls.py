@@ -27,12 +27,13 @@ from ..training.finetune import load_pretrained
 
 # %% ../../nbs/25b_finetune_controls.ipynb #4591f8d8
 from .stats import ALPHA, welch
-from .finetune_plans import (CLF_KINDS, KIND_NAMES, PretrainPlan, best_clf_rate,
-                                             clf_runs, next_clf_rate, pretrain_progress,
-                                             pretrain_rates, pretrain_results, pretrained_lm)
-from .finetune_plans import (_SNAP_CONTROLS, _SUPERSEDED, _check_pretrained,
-                                             _clf_data, _clock_secs, _controls_root, _history_of,
-                                             _start_from, _supersede)
+from .finetune_plans import (CLF_KINDS, KIND_NAMES, PretrainPlan, pretrain_progress,
+                                             pretrained_lm)
+from .finetune_search import (SEARCH_PHASES, best_clf_rate, clf_runs, next_clf_rate,
+                                              pretrain_rates, pretrain_results)
+from .finetune_plans import (_SNAP_CONTROLS, _check_pretrained, _clf_data,
+                                             _controls_root, _own_fields, _start_from, _supersede)
+from .finetune_search import _SUPERSEDED, _clock_secs, _history_of
 
 # %% ../../nbs/25b_finetune_controls.ipynb #91add2b1
 # control -> whether it starts from the language model
@@ -62,7 +63,8 @@ def control_learner(
      "train as from scratch.")
     _check_control(plan, variant, control)
     learn = get_learner('imdb', variant, preset=plan.preset, data=data, path=path, seed=seed,
-                        **plan.model_fields(variant), **plan.clf, causal=True, lr=lr)
+                        **plan.model_fields(variant), **_own_fields(plan.clf, variant), causal=True,
+                        lr=lr)
     # a resumed run loads its checkpoint over it
     if PRETRAIN_CONTROLS[control]: load_pretrained(learn, lm)
     return learn
@@ -215,7 +217,8 @@ def _four(a, g, results, on=None):
     if on is not None:
         return [d[d.seed.isin(on)].sort_values('seed').test_acc.to_numpy(float) for d in four]
     seed = int(g.seed.iloc[0])
-    runs = pd.concat([clf_runs(results, 'search'), sd]).query("arm == @a and seed == @seed")
+    runs = (pd.concat([*(clf_runs(results, p) for p in SEARCH_PHASES), sd])
+            .query("arm == @a and seed == @seed"))
     got = g[g.seed == seed]
     return [_best_test_acc(runs, 'scratch'),
             *(got[got.control == k].test_acc.to_numpy(float)[:1] for k in PRETRAIN_CONTROLS),
@@ -270,7 +273,7 @@ def _superseded_dirs(plan, out)->list:
 def superseded_runs(
     plan:PretrainPlan,      # the plan
     out='runs/pretrain',    # the runs' root folder
-# one row per run kept aside: arm, kind (a classifier's or a control's), seed, rate, scores
+# one row per run kept aside: arm, kind (a classifier's or a control's), seed, rates, scores
 )->pd.DataFrame:
     ("The finished runs kept in `superseded/`: trained at a rate their search no longer chooses, "
      "then trained again.")
@@ -280,12 +283,12 @@ def superseded_runs(
         for f in sorted(d.glob(f'{_SUPERSEDED}/*/results.json')):
             r = json.loads(f.read_text())
             seed = int(re.search(r'-seed(\d+)', f.parent.name)[1])
-            rows.append(dict(arm=v, kind=k, seed=seed, lr=r['lr'],
+            rows.append(dict(arm=v, kind=k, seed=seed, lr=r['lr'], lr_last=r.get('lr_last'),
                              valid_acc=r.get('valid_acc'), test_acc=r.get('test_acc'),
                              # a control's seconds: `train_secs`
                              secs=r.get('secs', r.get('train_secs'))))
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'lr', 'valid_acc', 'test_acc',
-                                       'secs'])
+    return pd.DataFrame(rows, columns=['arm', 'kind', 'seed', 'lr', 'lr_last', 'valid_acc',
+                                       'test_acc', 'secs'])
 
 # %% ../../nbs/25b_finetune_controls.ipynb #c64d9561
 def superseded_table(
@@ -332,10 +335,12 @@ def _snapshot_files(plan, src:Path, ctl:Path)->dict:
     ("The files a snapshot carries of a plan's runs (`src`) and controls (`ctl`): file -> None "
      "(copied) or the checkpoint to write.")
     files = {}
+    # a classifier's folders: its seeds', its searches', those set aside
+    runs = ('*/seed*', *(f'*/{p}/*' for p in SEARCH_PHASES), f'*/{_SUPERSEDED}/*')
     for a in (src/v for v in plan.arms):
         files |= dict.fromkeys(f for f in a.glob('lm-rates/*/history.csv')
                                if len(_history_of(f.parent)))
-        for run in (r for g in ('*/seed*', '*/search/*', f'*/{_SUPERSEDED}/*')
+        for run in (r for g in runs
                     for r in sorted(a.glob(g)) if r.is_dir()):
             files |= _classifier_files(run)
         lm = ('results.json', 'history.csv', 'models/best.pth')

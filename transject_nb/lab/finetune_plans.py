@@ -6,17 +6,16 @@ Docs: https://transject-nb.github.io/transject_nb/finetune_plans.html.md"""
 
 # %% ../../nbs/25a_finetune_plans.ipynb #e0e06777
 from __future__ import annotations
-import json, math, os, time
+import json, os, time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PretrainPlan', 'pretrain_rates', 'best_pretrain_rate',
-           'run_pretrain_plan', 'pretrain_results', 'clf_runs', 'best_clf_rate', 'past_edge', 'next_clf_rate',
-           'pretrain_progress', 'pretrained_lm']
+__all__ = ['KIND_NAMES', 'CLF_KINDS', 'PRETRAIN_STUDIES', 'PretrainPlan', 'run_pretrain_plan', 'pretrain_progress',
+           'pretrained_lm']
 
 # %% ../../nbs/25a_finetune_plans.ipynb #82ecf69e
 from ..core import check_choice
@@ -28,19 +27,47 @@ from ..training.lm_runs import evaluate_lm, get_lm_learner, save_vocab
 from ..training.learner import evaluate, find_lr, get_learner, train_learner
 from ..training.checkpoint import load_checkpoint
 from ..training.config import model_fields
-from ..training.finetune import fine_tune, layer_groups, load_pretrained, ulmfit_schedule
+from ..training.finetune import (ULMFIT_FACTOR, fine_tune, layer_groups, load_pretrained,
+                                            ulmfit_schedule)
+from .finetune_search import (best_clf_rate, best_pretrain_rate, chosen_rates,
+                                              next_clf_rate, next_last_stage, next_lm_rate,
+                                              pretrain_rates, pretrain_results)
+from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
 
 # %% ../../nbs/25a_finetune_plans.ipynb #c0c8362e
 # a plan's classifiers, and their names in words
 KIND_NAMES = dict(ulmfit='fine-tuned', scratch='from scratch')
 CLF_KINDS = tuple(KIND_NAMES)      # fine-tuned from the plan's language model, and from scratch
 
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f001
+def _own_fields(fields:dict, variant:str)->dict:
+    ("`fields` (a plan's `lm` or `clf`) less the model fields `variant` lacks and another variant "
+     "has: TransJect takes no dropout.")
+    others = {k for v in VARIANTS for k in model_fields(v)} - set(model_fields(variant))
+    return {k: x for k, x in fields.items() if k not in others}
+
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f002
+def _check_last(plan):
+    ("Refuse a last-stage search that cannot be: spreads below 1 or ULMFiT's own, or a grid "
+     "without the search it follows.")
+    if not all(isinstance(f, float) and f >= 1 and not np.isclose(f, ULMFIT_FACTOR)
+               for f in plan.last_factors):
+        raise ValueError(f"plan {plan.name!r}: last_factors must be spreads (floats >= 1) other "
+                         f"than ULMFiT's {ULMFIT_FACTOR} (the rate search's own), "
+                         f"got {plan.last_factors!r}")
+    for k, first in (('last_lrs', 'ulmfit_lrs'), ('last_factors', 'last_lrs')):
+        if getattr(plan, k) and not getattr(plan, first):
+            raise ValueError(f"plan {plan.name!r}: {k} is searched at the rate {first} chooses: "
+                             f"declare {first} too")
+    if not isinstance(plan.lm_edge, bool):
+        raise ValueError(f"plan {plan.name!r}: lm_edge must be True or False, got {plan.lm_edge!r}")
+
 # %% ../../nbs/25a_finetune_plans.ipynb #48442831
 def _check_plan(plan):
     "Refuse a plan without arms or seeds, of unknown variants, or whose rates or parts don't fit."
     for v in plan.arms: check_choice(v, VARIANTS, 'variant')
     if not plan.arms or not plan.seeds: raise ValueError(f"plan {plan.name!r} needs arms and seeds")
-    for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs'):
+    for k in ('lm_lrs', 'ulmfit_lrs', 'scratch_lrs', 'last_lrs'):
         if not all(isinstance(r, float) and r > 0 for r in getattr(plan, k)):
             raise ValueError(f"plan {plan.name!r}: {k} must be rates (floats > 0), "
                              f"got {getattr(plan, k)!r}")
@@ -51,6 +78,7 @@ def _check_plan(plan):
         raise ValueError(f"plan {plan.name!r}: its pass reads each part of the documents once, "
                          "so lm's epochs must equal its shards, got "
                          f"epochs={plan.lm.get('epochs')!r}, shards={plan.lm['shards']!r}")
+    _check_last(plan)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #41c2f701
 @dataclass(frozen=True)
@@ -59,20 +87,19 @@ class PretrainPlan:
      "classifiers fine-tuned from it and from scratch.")
     name:str                 # e.g. 'ulmfit-imdb': the `study` command's argument
     arms:tuple               # variants (`models.VARIANTS`)
-    # model fields the language model and the classifiers share (each variant takes those it has)
-    model:dict
+    model:dict               # model fields both runs share (each variant takes those it has)
     lm:dict   # the pretraining run's fields (`lm_runs.get_lm_learner`): documents, context, epochs
     clf:dict  # the classifiers' fields (`learner.get_learner`): max_len, bs, epochs, patience
     seeds:tuple = (1, 2, 3)  # seeds of the classifiers (the language model is one run, seed 0)
     n_gradual:int = 3        # ULMFiT stages that unfreeze one more group
-    # rates tried on the pass's first part, one epoch each: the lowest validation loss sets the
-    # pass's rate (empty: fastai's `lr_find` suggests it)
-    lm_lrs:tuple = ()
-    # the fine-tune's head rates searched at seed 0 (empty: `lr_find` suggests each run's rate)
-    ulmfit_lrs:tuple = ()
+    lm_lrs:tuple = ()        # the pass's rates, each tried on its first part (empty: `lr_find`'s)
+    ulmfit_lrs:tuple = ()    # the fine-tune's head rates searched at seed 0 (empty: `lr_find`'s)
     scratch_lrs:tuple = ()   # the rates the classifier from scratch searches at seed 0
-    # steps past an edge of the grid a search may take while its best sits at the edge
-    edge_steps:int = 2
+    # the last stage's top rates searched at seed 0 at the chosen head rate (empty: ULMFiT's)
+    last_lrs:tuple = ()
+    last_factors:tuple = ()  # then its spreads at the chosen rate, beside ULMFiT's 2.6
+    edge_steps:int = 2       # steps a search may take past an edge while its best sits there
+    lm_edge:bool = True      # whether the pass's rate search steps past an edge of `lm_lrs` too
     preset:str = 'repro'     # the `settings.ini` preset under every run
     note:str = ''            # what the sizes are and why
 
@@ -93,63 +120,20 @@ class PretrainPlan:
         return lrs[check_choice(kind, CLF_KINDS, 'classifier kind')]
 
     def runs_per_arm(self)->int:
-        "An arm's runs, at least: its language model, rate grids, both classifiers at every seed."
-        return 1 + len(self.ulmfit_lrs) + len(self.scratch_lrs) + len(CLF_KINDS) * len(self.seeds)
+        "An arm's runs, at least: its language model, searches, both classifiers at every seed."
+        grids = self.ulmfit_lrs + self.scratch_lrs + self.last_lrs + self.last_factors
+        return 1 + len(grids) + len(CLF_KINDS) * len(self.seeds)
 
     def objective(self, variant:str)->str:
         "How the arm pretrains: causal where the variant can be, masked otherwise."
         return 'causal' if variant in CAUSAL_VARIANTS else 'masked'
-
-# %% ../../nbs/25a_finetune_plans.ipynb #39b2af9f
-def _clock_secs(t)->float:
-    "fastai's epoch time, 'mm:ss' or 'h:mm:ss', in seconds."
-    return float(sum(int(x) * 60 ** i for i, x in enumerate(reversed(str(t).split(':')))))
-
-# %% ../../nbs/25a_finetune_plans.ipynb #7ba3b571
-def _history_of(run)->pd.DataFrame:
-    "A run folder's epochs so far (its `history.csv`), empty before its first."
-    f = Path(run)/'history.csv'
-    return pd.read_csv(f) if f.is_file() and f.stat().st_size else pd.DataFrame()
-
-# %% ../../nbs/25a_finetune_plans.ipynb #39b2afa1
-def pretrain_rates(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-# per arm and rate tried: validation loss and perplexity after the first part, seconds
-)->pd.DataFrame:
-    ("The first-part runs that choose each arm's pretraining rate (`plan.lm_lrs`), as far as they "
-     "got.")
-    rows = []
-    for v in plan.arms:
-        for lr in plan.lm_lrs:
-            h = _history_of(Path(out)/plan.name/v/'lm-rates'/f'lr{lr:g}')
-            rows.append(dict(arm=v, lr=lr, done=len(h) > 0,
-                             valid_loss=float(h.valid_loss.iloc[-1]) if len(h) else None,
-                             valid_ppl=float(h.perplexity.iloc[-1]) if len(h) else None,
-                             secs=_clock_secs(h.time.iloc[-1]) if len(h) else None))
-    return pd.DataFrame(rows, columns=['arm', 'lr', 'done', 'valid_loss', 'valid_ppl', 'secs'])
-
-# %% ../../nbs/25a_finetune_plans.ipynb #d220f47e
-def best_pretrain_rate(
-    rates:pd.DataFrame,     # from `pretrain_rates`
-    arm:str,                # the arm whose rate to choose
-)->float:                   # the rate of the lowest finite validation loss
-    ("The arm's pretraining rate: the tried rate whose first part ended with the lowest validation "
-     "loss.")
-    r = rates[(rates.arm == arm) & rates.done]
-    if len(r) < (rates.arm == arm).sum():
-        raise ValueError(f"{arm}: the first part has not finished at every rate tried: "
-                         f"{r.lr.tolist()} of {rates[rates.arm == arm].lr.tolist()}")
-    r = r[np.isfinite(r.valid_loss.astype(float))]
-    if not len(r): raise ValueError(f"{arm}: the first part diverged at every rate tried")
-    return float(r.lr[r.valid_loss.astype(float).idxmin()])
 
 # %% ../../nbs/25a_finetune_plans.ipynb #39b2afb6
 def _lm_kw(plan, v)->dict:
     ("The fields of an arm's language-model runs: its objective, preset, seed 0, model and "
      "`plan.lm`.")
     return dict(objective=plan.objective(v), preset=plan.preset, seed=0, **plan.model_fields(v),
-                **plan.lm)
+                **_own_fields(plan.lm, v))
 
 # %% ../../nbs/25a_finetune_plans.ipynb #71449c62
 def _rate_probe(plan, v, out, source, lr, progress=False):
@@ -159,17 +143,23 @@ def _rate_probe(plan, v, out, source, lr, progress=False):
                            source=source, **(_lm_kw(plan, v) | dict(epochs=1, lr=lr)))
     return train_learner(learn, progress=progress)
 
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f003
+def _lm_rate(plan, v, out, source, progress=False)->float|None:
+    ("The pass's rate: its first part trained at each rate the edge rule asks for "
+     "(`next_lm_rate`), the best chosen; None where `lr_find` chooses.")
+    if not plan.lm_lrs: return None
+    while (lr := next_lm_rate(plan, pretrain_rates(plan, out), v)) is not None:
+        _rate_probe(plan, v, out, source, lr, progress)
+    return best_pretrain_rate(pretrain_rates(plan, out), v)
+
 # %% ../../nbs/25a_finetune_plans.ipynb #ede1a6c6
 def _lm_learner(plan, v, out, source, progress=False):
     ("The arm's language model, pretrained or read back from its run folder, at the rate its first "
      "part chose on validation (`plan.lm_lrs`) or at `lr_find`'s.")
     kw = _lm_kw(plan, v)
-    if plan.lm_lrs:
-        # a finished try is read from its history, not run again
-        tried = pretrain_rates(plan, out)
-        for lr in tried[(tried.arm == v) & ~tried.done.astype(bool)].lr:
-            _rate_probe(plan, v, out, source, lr, progress)
-        kw['lr'] = best_pretrain_rate(pretrain_rates(plan, out), v)
+    if (lr := _lm_rate(plan, v, out, source, progress)) is not None:
+        # a pass at another rate: set aside, with what read it
+        kw['lr'] = lr; _supersede_lm(plan, v, out, lr)
     learn = get_lm_learner(v, 'imdb', path=Path(out)/plan.name/v/'lm', source=source, **kw)
     # a started run keeps its rate: no range test then
     if not plan.lm_lrs: find_lr(learn)
@@ -201,39 +191,41 @@ def _train_scratch(learn, lr:float|None)->tuple:
     return lr, carried
 
 # %% ../../nbs/25a_finetune_plans.ipynb #6f74e134
-def _train_ulmfit(plan, learn, pretrained, lr:float|None)->tuple:
-    "Fine-tune a classifier from `pretrained` in ULMFiT's stages; its head's rate, and the stages."
+def _train_ulmfit(plan, learn, pretrained, lr:float|None, lr_last=None, factor_last=None)->tuple:
+    ("Fine-tune a classifier from `pretrained` in ULMFiT's stages; its head's rate, the stages, "
+     "and the last stage's rate and spread.")
     load_pretrained(learn, pretrained)
     learn.splitter, learn.opt = layer_groups, None
     # a started fine-tune keeps its rate: `find_lr` reads it
     learn.train_checkpoint.fname = 'stage0'
     # the head's rate, the rest frozen
     learn.freeze_to(-1); lr = lr or find_lr(learn)
-    # the last stage: until best
+    # the last stage: until best, at its own rate and spread where given
     sched = ulmfit_schedule(lr, len(layer_groups(learn)), plan.n_gradual,
                             epochs_last=learn.train_cfg.epochs,
-                            patience_last=learn.train_cfg.patience)
+                            patience_last=learn.train_cfg.patience, lr_last=lr_last,
+                            factor_last=factor_last)
     with learn.no_bar(), learn.no_logging(): stages = fine_tune(learn, sched, resume=True)
-    return lr, stages
+    return lr, stages, dict(lr_last=sched[-1].lr_max, factor_last=factor_last or ULMFIT_FACTOR)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #6ec59ba5
-def _classifier(plan, v, data, path, seed, pretrained=None, lr=None):
+def _classifier(plan, v, data, path, seed, pretrained=None, lr=None, **last):
     ("A classifier run, resumable: pretrained (ULMFiT's schedule, its last stage until it stops "
-     "improving) or from scratch, at `lr` (the fine-tune's head rate) or at the rate `lr_find` "
-     "suggests.")
+     "improving, at `last`'s `lr_last` and `factor_last` where given) or from scratch, at `lr` "
+     "(the fine-tune's head rate) or at the rate `lr_find` suggests.")
     # a causal encoder keeps its mask
     causal = pretrained is not None and plan.objective(v) == 'causal'
     given = ({'causal': True} if causal else {}) | ({'lr': lr} if lr else {})
     learn = get_learner('imdb', v, preset=plan.preset, data=data, path=path, seed=seed,
-                        **plan.model_fields(v), **plan.clf, **given)
+                        **plan.model_fields(v), **_own_fields(plan.clf, v), **given)
     t0 = time.perf_counter()
-    if pretrained is None: (lr, carried), stages = _train_scratch(learn, lr), None
+    if pretrained is None: (lr, carried), stages, last = _train_scratch(learn, lr), None, {}
     else:
-        lr, stages = _train_ulmfit(plan, learn, pretrained, lr)
+        lr, stages, last = _train_ulmfit(plan, learn, pretrained, lr, **last)
         carried = stages.replayed.sum()
     res = evaluate(learn) | dict(lr=lr, secs=round(time.perf_counter() - t0 + carried, 1),
                                  # the cap (the last stage's, fine-tuned)
-                                 max_epochs=learn.train_cfg.epochs)
+                                 max_epochs=learn.train_cfg.epochs) | last
     return res if stages is None else res | dict(stages=stages.to_dict('records'))
 
 # %% ../../nbs/25a_finetune_plans.ipynb #4d4c2c61
@@ -276,72 +268,118 @@ def _arm_claim(folder:Path):
         f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
         yield None
 
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f004
+def _at_rates(rec:dict, rates:dict)->bool:
+    "Whether a run's record (its `results.json` or `rate.json`) holds every rate of `rates`."
+    return all(rec.get(k) is not None and np.isclose(float(rec[k]), x) for k, x in rates.items())
+
 # %% ../../nbs/25a_finetune_plans.ipynb #8faeab17
-def _supersede(run:Path, lr:float)->Path|None:
-    ("Move a run in `run` that trained at a rate other than `lr` (its `results.json`, else the "
-     "`rate.json` it started with) to `superseded/` beside it, kept, so that `run` trains afresh "
-     "at `lr`; where it went, or None.")
+def _supersede(run:Path, lr:float, **more)->Path|None:
+    ("Move a run in `run` that trained at rates other than `lr` and `more` (its `results.json`, "
+     "else the `rate.json` it started with) to `superseded/` beside it, kept, so that `run` trains "
+     "afresh at them; where it went, or None.")
     rec = next((f for f in (run/'results.json', run/'rate.json') if f.is_file()), None)
-    if rec is None or np.isclose(old := float(json.loads(rec.read_text())['lr']), lr): return None
-    dest, n = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}", 1
-    while dest.exists(): n += 1; dest = run.parent/_SUPERSEDED/f"lr{old:g}-{run.name}-{n}"
+    if rec is None: return None
+    if _at_rates(old := json.loads(rec.read_text()), dict(lr=lr, **more)): return None
+    dest, n = run.parent/_SUPERSEDED/f"lr{old['lr']:g}-{run.name}", 1
+    while dest.exists(): n += 1; dest = run.parent/_SUPERSEDED/f"lr{old['lr']:g}-{run.name}-{n}"
     dest.parent.mkdir(parents=True, exist_ok=True); run.rename(dest)
     return dest
 
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f005
+def _supersede_lm(plan, v:str, out, lr:float):
+    ("Set an arm's pass at a rate other than `lr` aside (`_supersede`), with its fine-tunes and "
+     "controls, which read it, so that all train again from the new pass.")
+    a = Path(out)/plan.name/v
+    if (moved := _supersede(a/'lm', lr)) is None: return
+    for what, d in (('ulmfit', a/'ulmfit'), ('controls', _controls_root(plan, out)/v)):
+        if d.is_dir(): d.rename(moved.with_name(f"{moved.name}-{what}"))
+
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f006
+def _lm_unsettled(plan, v:str, out)->str|None:
+    ("Why an arm's finished pass is not at its search's choice (a rate still to try, or a choice "
+     "that moved); None where it is.")
+    if not plan.lm_lrs: return None
+    rates = pretrain_rates(plan, out)
+    if (nxt := next_lm_rate(plan, rates, v)) is not None:
+        return f"its rate search has yet to try {nxt:g}"
+    old = json.loads((Path(out)/plan.name/v/'lm'/'results.json').read_text())['lr']
+    best = best_pretrain_rate(rates, v)
+    if np.isclose(old, best): return None
+    return f"it trained at {old:g}, its search now chooses {best:g}"
+
 # %% ../../nbs/25a_finetune_plans.ipynb #2dc59dfb
 def _arm_done(plan, v, out)->bool:
-    ("Whether an arm is finished: its language model, each kind's search settled, every seed at "
-     "the search's choice.")
+    ("Whether an arm is finished: its language model at its search's choice, each search settled, "
+     "every seed at the searches' choice.")
     a = Path(out)/plan.name/v
-    if not (a/'lm'/'results.json').exists(): return False
+    if not (a/'lm'/'results.json').exists() or _lm_unsettled(plan, v, out): return False
     res = pretrain_results(plan, out)
+    if any(next_clf_rate(plan, res, v, kind) is not None for kind in CLF_KINDS): return False
+    if next_last_stage(plan, res, v) is not None: return False
     for kind in CLF_KINDS:
-        if next_clf_rate(plan, res, v, kind) is not None: return False
-        lr = best_clf_rate(res, v, kind) if plan.clf_lrs(kind) else None
+        rates = chosen_rates(plan, res, v, kind)
         for f in (a/kind/f'seed{s}'/'results.json' for s in plan.seeds):
-            if not f.exists(): return False
-            if lr is not None and not np.isclose(json.loads(f.read_text())['lr'], lr): return False
+            if not f.exists() or not _at_rates(json.loads(f.read_text()), rates): return False
     return True
 
 # %% ../../nbs/25a_finetune_plans.ipynb #2ef615fe
 def _say_trained(plan, v:str, kind:str, seed:int, f:Path, res:dict):
-    "The line a finished classifier prints: its arm, kind, phase, seed, rate and scores."
-    print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} at {res['lr']:.2g}: valid "
+    "The line a finished classifier prints: its arm, kind, phase, seed, rates and scores."
+    last = (f" (last stage {res['lr_last']:.2g}, spread {res['factor_last']:g})"
+            if 'lr_last' in res else '')
+    print(f"[{plan.name}] {v} {kind} {_phase(f)} {seed} at {res['lr']:.2g}{last}: valid "
           f"{100 * res['valid_acc']:.1f}%, test {100 * res['test_acc']:.1f}%, "
           f"{res['secs']:.0f} s", flush=True)
+
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f007
+def _arm_trainer(plan, v, out, source, lm_learn, progress):
+    ("`train(kind, seed, rates, run)`: a classifier of arm `v` in folder `run` at `rates`, unless "
+     "it finished there at them; a run there at other rates is set aside first.")
+    data_ = None
+    def train(kind:str, seed:int, rates:dict, run:Path):
+        nonlocal data_
+        if rates and (moved := _supersede(run, **rates)) and progress:
+            print(f"[{plan.name}] {v} {kind} {run.name}: the search now chooses {rates}; the run "
+                  f"before it is kept in {moved}", flush=True)
+        if (f := run/'results.json').exists(): return
+        data_ = data_ or _clf_data(plan, lm_learn, source, out)
+        # what a resumed run is at (a search's folder names its rate)
+        if rates and _phase(f) != 'search': atomic_write(run/'rate.json', json.dumps(rates))
+        pretrained = lm_learn if kind == 'ulmfit' else None
+        res = _classifier(plan, v, data_, run, seed, pretrained, **rates)
+        atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
+        if progress: _say_trained(plan, v, kind, seed, f, res)
+    return train
+
+# %% ../../nbs/25a_finetune_plans.ipynb #b1e2f008
+def _last_run(a:Path, nxt:dict)->Path:
+    "The folder of a last-stage search run: `ulmfit/last/lr<rate>/`, or `ulmfit/spread/f<factor>/`."
+    if 'factor_last' in nxt: return a/'ulmfit'/'spread'/f"f{nxt['factor_last']:g}"
+    return a/'ulmfit'/'last'/f"lr{nxt['lr_last']:g}"
 
 # %% ../../nbs/25a_finetune_plans.ipynb #819de3dd
 def _train_arm(plan, v, out, source, progress):
     ("One arm of a pretraining plan, resumably: its language model, each kind's rate search "
-     "(`next_clf_rate`), then both kinds at every seed, at the search's choice.")
+     "(`next_clf_rate`), the fine-tune's last stage's (`next_last_stage`), then both kinds at "
+     "every seed, at the searches' choice (`chosen_rates`).")
     a = Path(out)/plan.name/v
     # pretrained, or read back
     lm_learn, lm_res = _lm_run(plan, v, out, source, 'lines' if progress else False)
     if not (a/'lm'/'results.json').exists():
         atomic_write(a/'lm'/'results.json', json.dumps(lm_res, indent=1))
-    data_ = None
-    def train(kind, seed, lr, f):
-        nonlocal data_
-        data_ = data_ or _clf_data(plan, lm_learn, source, out)
-        # what a resumed seed is at (a search's folder says)
-        if lr is not None and _phase(f) == 'seed':
-            atomic_write(f.parent/'rate.json', json.dumps(dict(lr=lr)))
-        pretrained = lm_learn if kind == 'ulmfit' else None
-        res = _classifier(plan, v, data_, f.parent, seed, pretrained, lr)
-        atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
-        if progress: _say_trained(plan, v, kind, seed, f, res)
+    train = _arm_trainer(plan, v, out, source, lm_learn, progress)
     # each kind's search at seed 0: its grid, then past an edge
     for kind in CLF_KINDS:
         while (lr := next_clf_rate(plan, pretrain_results(plan, out), v, kind)) is not None:
-            train(kind, 0, lr, a/kind/'search'/f'lr{lr:g}'/'results.json')
+            train(kind, 0, dict(lr=lr), a/kind/'search'/f'lr{lr:g}')
+    # the last stage's, at the head's choice
+    while (nxt := next_last_stage(plan, res := pretrain_results(plan, out), v)) is not None:
+        train('ulmfit', 0, dict(lr=best_clf_rate(res, v, 'ulmfit')) | nxt, _last_run(a, nxt))
     for s in plan.seeds:
         for kind in CLF_KINDS:
-            f = a/kind/f'seed{s}'/'results.json'
-            lr = best_clf_rate(pretrain_results(plan, out), v, kind) if plan.clf_lrs(kind) else None
-            if lr is not None and (moved := _supersede(f.parent, lr)) and progress:
-                print(f"[{plan.name}] {v} {kind} seed {s}: the search now chooses {lr:g}; the run "
-                      f"before it is kept in {moved}", flush=True)
-            if not f.exists(): train(kind, s, lr, f)
+            rates = chosen_rates(plan, pretrain_results(plan, out), v, kind)
+            train(kind, s, rates, a/kind/f'seed{s}')
 
 # %% ../../nbs/25a_finetune_plans.ipynb #ba769a86
 def _arms_of(plan, arms)->list:
@@ -360,8 +398,8 @@ def run_pretrain_plan(
     arms=None,              # the arms to work on (default: all, in the plan's order)
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, its classifiers' rate "
-     "searches, then per seed its fine-tuned and from-scratch classifiers; an arm another process "
-     "is training is left to it.")
+     "searches (the fine-tune's last stage's too), then per seed its fine-tuned and from-scratch "
+     "classifiers; an arm another process is training is left to it.")
     arms = _arms_of(plan, arms)
     source = task_source('imdb', data)
     if source is None:
@@ -376,106 +414,6 @@ def run_pretrain_plan(
             elif progress:
                 print(f"[{plan.name}] {v}: process {other} is training it; left to it", flush=True)
     return pretrain_results(plan, out)
-
-# %% ../../nbs/25a_finetune_plans.ipynb #63b83384
-# what a run's row reports
-_SCORES = ('test_acc', 'valid_acc', 'valid_loss', 'test_ppl', 'lr', 'epochs')
-
-# %% ../../nbs/25a_finetune_plans.ipynb #8d767b61
-# beside a kind's seeds: finished runs at a rate the search no longer chooses
-_SUPERSEDED = 'superseded'
-
-# %% ../../nbs/25a_finetune_plans.ipynb #535d09e6
-def _phase(f:Path)->str:
-    ("A classifier run's phase, from where its `results.json` lies: `<kind>/search/lr<rate>/`, "
-     "`<kind>/seed<s>/`, or `superseded/` (`_supersede`).")
-    if _SUPERSEDED in f.parts: return _SUPERSEDED
-    return 'search' if f.parent.parent.name == 'search' else 'seed'
-
-# %% ../../nbs/25a_finetune_plans.ipynb #6fe5ab0e
-def pretrain_results(
-    plan:PretrainPlan,      # the plan
-    out='runs/pretrain',    # the runs' root folder
-# one row per finished run: arm, kind ('lm', 'ulmfit', 'scratch'), phase, seed, scores,
-# the classifier's cap, secs
-)->pd.DataFrame:
-    "The finished runs of a pretraining plan, read from their `results.json`."
-    rows = []
-    for f in sorted(Path(out, plan.name).glob('*/*/**/results.json')):
-        # kept, but the plan has moved on (`_supersede`)
-        if _SUPERSEDED in f.parts: continue
-        r = json.loads(f.read_text())
-        kind = 'lm' if f.parent.name == 'lm' else r['kind']
-        phase = 'lm' if kind == 'lm' else _phase(f)
-        secs = r.get('train_secs') if kind == 'lm' else r.get('secs')
-        arm = f.relative_to(Path(out, plan.name)).parts[0]
-        rows.append(dict(arm=arm, kind=kind, phase=phase, seed=r.get('seed'), secs=secs,
-                         max_epochs=r.get('max_epochs')) | {k: r.get(k) for k in _SCORES})
-    return pd.DataFrame(rows, columns=['arm', 'kind', 'phase', 'seed', *_SCORES, 'max_epochs',
-                                       'secs'])
-
-# %% ../../nbs/25a_finetune_plans.ipynb #f3e42148
-def clf_runs(
-    # `pretrain_results`, or its CSV (one written before phases were recorded: seeds all)
-    results:pd.DataFrame,
-    # 'seed': the runs the table reports; 'search': those that chose the rates
-    phase:str='seed',
-)->pd.DataFrame:            # the classifier runs of that phase
-    "A plan's classifier runs of one phase."
-    ph = results.phase if 'phase' in results else pd.Series('seed', index=results.index)
-    phase = check_choice(phase, ('seed', 'search'), 'phase')
-    return results[(results.kind != 'lm') & (ph == phase)]
-
-# %% ../../nbs/25a_finetune_plans.ipynb #16cff412
-def best_clf_rate(
-    results:pd.DataFrame,   # `pretrain_results`
-    arm:str,                # the arm
-    kind:str,               # 'ulmfit' or 'scratch'
-# the searched rate of the highest validation accuracy (the lower loss among equals)
-)->float:
-    ("The rate a classifier kind's seeds train at: its search's best on validation, as the fair "
-     "protocol chooses.")
-    r = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
-    if not len(r): raise ValueError(f"{arm} {kind}: no search run has finished")
-    r = r[np.isfinite(r.valid_loss.astype(float))]
-    if not len(r): raise ValueError(f"{arm} {kind}: every search run diverged")
-    return float(r.sort_values(['valid_acc', 'valid_loss'], ascending=[False, True]).lr.iloc[0])
-
-# %% ../../nbs/25a_finetune_plans.ipynb #15d0fa04
-def past_edge(
-    lr:float,     # a rate
-    down:bool,    # below it (True) or above it
-# the next rate of the half-decade ladder 1, 3, 10, 30, ... (times a power of ten) past `lr`
-)->float:
-    "The next rate past `lr` on the half-decade ladder the plans' grids are drawn from."
-    # lr = m × 10^e, 1 <= m < 10
-    e = math.floor(math.log10(lr) + 1e-9); m = lr / 10 ** e
-    x = (max(v for v in (0.3, 1, 3) if v < m * (1 - 1e-9)) if down
-         else min(v for v in (3, 10) if v > m * (1 + 1e-9)))
-    return float(f"{x * 10 ** e:.3g}")
-
-# %% ../../nbs/25a_finetune_plans.ipynb #46b1d00e
-def next_clf_rate(
-    plan:PretrainPlan,      # the plan
-    results:pd.DataFrame,   # `pretrain_results`
-    arm:str,                # the arm
-    kind:str,               # 'ulmfit' or 'scratch'
-# the rate to train at seed 0 next; None once the search has chosen (or `lr_find` chooses)
-)->float|None:
-    ("A classifier kind's next search run: a rate of its grid not run yet, else one rate past the "
-     "edge its best sits at, at most `edge_steps` past the grid's.")
-    grid = plan.clf_lrs(kind)
-    if not grid: return None
-    done = clf_runs(results, 'search').pipe(lambda d: d[(d.arm == arm) & (d.kind == kind)])
-    tried = sorted(float(x) for x in done.lr)
-    new = lambda x: not any(np.isclose(x, t) for t in tried)
-    if left := [x for x in grid if new(x)]: return left[0]
-    best = best_clf_rate(results, arm, kind)
-    for edge, down, past in ((tried[0], True, sum(t < min(grid) * (1 - 1e-9) for t in tried)),
-                             (tried[-1], False, sum(t > max(grid) * (1 + 1e-9) for t in tried))):
-        if np.isclose(best, edge) and past < plan.edge_steps and new(x := past_edge(edge, down)):
-            return x
-    return None
 
 # %% ../../nbs/25a_finetune_plans.ipynb #63b83385
 def pretrain_progress(
@@ -494,29 +432,42 @@ def pretrain_progress(
     return pd.DataFrame(rows, columns=['arm', 'epoch', 'part', 'valid_ppl', 'secs'])
 
 # %% ../../nbs/25a_finetune_plans.ipynb #321a5209
-PRETRAIN_STUDIES = {p.name: p for p in (
-    PretrainPlan('ulmfit-imdb', ('transformer-prenorm', 'transject'),
-                 model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
-                 lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8,
-                         patience=2, warmup=100),
-                 clf=dict(max_len=256, bs=32, epochs=40, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
-                 ulmfit_lrs=(3e-3, 1e-2, 3e-2), scratch_lrs=(1e-3, 3e-3, 1e-2),
-                 note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, "
-                      "in 8 parts (an epoch each, checkpointed), at the rate its first part chose "
-                      "among the language-model studies' three (their warm-up too); IMDb's repro "
-                      "split at 256 tokens; each classifier's rate searched on validation, past an "
-                      "edge of its grid while the best sits there (the fine-tune's head around "
-                      "ULMFiT's 2e-2)"),
-)}
+_ULMFIT_IMDB = PretrainPlan(
+    'ulmfit-imdb', ('transformer-prenorm', 'transject'),
+    model=dict(d_model=64, n_layers=4, n_heads=4, d_ff=128),
+    lm=dict(n_valid=500, n_test=500, max_len=128, vocab_size=8192, epochs=8, shards=8, patience=2,
+            warmup=100),
+    clf=dict(max_len=256, bs=32, epochs=40, patience=3), lm_lrs=(1e-3, 3e-3, 1e-2),
+    ulmfit_lrs=(3e-3, 1e-2, 3e-2), scratch_lrs=(1e-3, 3e-3, 1e-2), lm_edge=False,
+    note="d 64, 4 layers; one pass over the 75,000 unlabelled and training reviews, in 8 parts (an "
+         "epoch each, checkpointed), at the rate its first part chose among the language-model "
+         "studies' three (their warm-up too; that grid was never extended past its edge, as it "
+         "ran); IMDb's repro split at 256 tokens; each classifier's rate searched on validation, "
+         "past an edge of its grid while the best sits there (the fine-tune's head around ULMFiT's "
+         "2e-2)")
+PRETRAIN_STUDIES = {p.name: p for p in (_ULMFIT_IMDB, replace(
+    _ULMFIT_IMDB, name='ulmfit-imdb-tuned', lm_edge=True, last_lrs=(1e-3, 3e-3, 1e-2),
+    last_factors=(1.,),
+    note="ulmfit-imdb corrected, started from its committed snapshot (--start-from "
+         "nbs/results/lm/ulmfit-imdb/state): its passes, searches and runs from scratch read back; "
+         "the pass's rates past their edge (0.01 sat at the top), a new pass only if the choice "
+         "moves; the last stage's top rate searched at the chosen head rate among the rates from "
+         "scratch, past an edge while the best sits there, then its spread (1, every group alike, "
+         "against ULMFiT's 2.6); the fine-tuned seeds again at the choice"))}
 
 # %% ../../nbs/25a_finetune_plans.ipynb #01238371
 def _check_pretrained(plan, variant, out):
-    "Refuse an arm that is not the plan's, or whose language model has not finished."
+    ("Refuse an arm that is not the plan's, or whose language model has not finished at its "
+     "search's choice.")
     check_choice(variant, plan.arms, f"arm of plan {plan.name!r}")
     if not (Path(out)/plan.name/variant/'lm'/'results.json').is_file():
         raise FileNotFoundError(f"the language model of {variant!r} in plan {plan.name!r} has not "
                                 f"finished under {out}: run_pretrain_plan (`transject-nb study "
                                 f"{plan.name}`) pretrains it first")
+    if why := _lm_unsettled(plan, variant, out):
+        raise ValueError(f"the language model of {variant!r} in plan {plan.name!r} is not the "
+                         f"plan's yet ({why}): run_pretrain_plan (`transject-nb study "
+                         f"{plan.name}`) settles it first")
 
 # %% ../../nbs/25a_finetune_plans.ipynb #97a84516
 def pretrained_lm(

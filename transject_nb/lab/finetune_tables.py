@@ -18,9 +18,9 @@ __all__ = ['fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table', '
 
 # %% ../../nbs/25c_finetune_tables.ipynb #77bc45fc
 from .stats import ALPHA, verdict_of, welch
-from .finetune_plans import (CLF_KINDS, KIND_NAMES, PretrainPlan,
-                                             best_pretrain_rate, clf_runs)
-from .finetune_plans import _SUPERSEDED, _clock_secs, _history_of, _phase
+from .finetune_plans import CLF_KINDS, KIND_NAMES, PretrainPlan
+from .finetune_search import SEARCH_PHASES, best_pretrain_rate, clf_runs
+from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
 
 # %% ../../nbs/25c_finetune_tables.ipynb #ee0c71f8
 def _runs_folder(folder)->Path:
@@ -66,12 +66,12 @@ def clf_progress(
         # finished, or the plan moved on
         if (run/'results.json').exists() or _SUPERSEDED in run.parts: continue
         h, (arm, kind) = _history_of(run), run.relative_to(folder).parts[:2]
-        phase = _phase(run/'results.json'); search = phase == 'search'
+        phase = _phase(run/'results.json'); search = phase in SEARCH_PHASES
         stages = sorted(int(f.stem.removeprefix('stage'))
                         for f in (run/'models').glob('stage*.pth'))
         rows.append(dict(arm=arm, kind=kind, phase=phase,
                          seed=0 if search else int(run.name.removeprefix('seed')),
-                         lr=float(run.name.removeprefix('lr')) if search else np.nan,
+                         lr=float(run.name[2:]) if search and run.name.startswith('lr') else np.nan,
                          stage=(stages[-1] if stages else 0) if kind == 'ulmfit' else np.nan,
                          epochs=len(h), valid_acc=h.accuracy.max() if len(h) else np.nan,
                          minutes=sum(map(_clock_secs, h.time)) / 60 if len(h) else 0.))
@@ -81,7 +81,7 @@ def clf_progress(
 # %% ../../nbs/25c_finetune_tables.ipynb #cd972560
 def clf_capped(
     results:pd.DataFrame,   # `pretrain_results` (or its CSV)
-    phase:str='seed',       # 'seed' or 'search' (`clf_runs`)
+    phase:str='seed',       # 'seed' or a search's (`clf_runs`)
 # arm, kind (in words), seed, lr, epochs, max_epochs; no row where the cap ended none
 )->pd.DataFrame:
     "The classifier runs of a phase that used every epoch of their cap."
@@ -121,8 +121,9 @@ def pretrain_table(
     t = pd.DataFrame(dict(test_acc=g.test_acc.mean(), test_acc_std=g.test_acc.std(),
                           seeds=g.seed.count(), lr=g.lr.first() if 'lr' in results else np.nan,
                           clf_minutes=g.secs.mean() / 60))
-    # every rate tried, all of it
-    search = clf_runs(results, 'search').groupby(['arm', 'kind']).secs.sum() / 60
+    # every rate tried, all of it (a fine-tune's last stage's too)
+    tried = pd.concat([clf_runs(results, p) for p in SEARCH_PHASES])
+    search = tried.groupby(['arm', 'kind']).secs.sum() / 60
     t['search_minutes'] = search.reindex(t.index).fillna(0.)
     t['pretrain_minutes'] = [pre.get(a, np.nan) / 60 if k == 'ulmfit' else 0. for a, k in t.index]
     return t.assign(minutes=t.clf_minutes + t.search_minutes + t.pretrain_minutes)

@@ -8,8 +8,8 @@ Docs: https://transject-nb.github.io/transject_nb/study_command.html.md"""
 from __future__ import annotations
 from pathlib import Path
 from ..training.utils import copy_new
-from .finetune_plans import (PRETRAIN_STUDIES, pretrain_progress, pretrain_rates,
-                                             pretrain_results, run_pretrain_plan)
+from .finetune_plans import PRETRAIN_STUDIES, pretrain_progress, run_pretrain_plan
+from .finetune_search import pretrain_rates, pretrain_results
 from .finetune_tables import clf_progress
 from .finetune_controls import (control_progress, control_results, export_pretrain,
                                                 run_controls, snapshot_pretrain, superseded_runs)

@@ -16,7 +16,7 @@ with fastai_quietly():   # fastai's import, without its `torch.jit.script` Futur
     from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['SHAPELESS', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune']
+__all__ = ['SHAPELESS', 'ULMFIT_FACTOR', 'layer_groups', 'load_pretrained', 'Stage', 'ulmfit_schedule', 'fine_tune']
 
 # %% ../../nbs/14a_finetune.ipynb #d9dc8dc0
 from ..core import EncoderClassifier, unwrap
@@ -38,7 +38,7 @@ def layer_groups(
 
 # %% ../../nbs/14a_finetune.ipynb #82f35524
 # config fields that shape no weight: they may differ between pretraining and fine-tuning
-SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel')
+SHAPELESS = ('max_len', 'causal', 'n_classes', 'pooling', 'kernel', 'dropout')
 
 # %% ../../nbs/14a_finetune.ipynb #df925efa
 def _pretrained_encoder(pretrained)->EncoderClassifier:
@@ -89,8 +89,13 @@ class Stage(NamedTuple):
     # k: constant rates until the validation loss has not improved for k epochs
     patience:int|None = None
 
+# %% ../../nbs/14a_finetune.ipynb #a5921c17
+# fastai's AWD-LSTM ratio of neighbouring groups' rates (ULMFiT's 2.6)
+ULMFIT_FACTOR = 2.6
+
 # %% ../../nbs/14a_finetune.ipynb #a4158fee
-def _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last):
+def _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last, lr_last=None,
+                    factor_last=None):
     "Refuse a schedule that cannot be: a gradual stage per group, a rate or factor out of range."
     if not 1 <= n_gradual < n_groups:
         raise ValueError(f"n_gradual must lie in 1..{n_groups - 1} for {n_groups} groups "
@@ -100,6 +105,9 @@ def _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last)
                          f"got lr={lr}, factor={factor}, epochs_last={epochs_last}")
     if patience_last is not None and (not isinstance(patience_last, int) or patience_last < 1):
         raise ValueError(f"patience_last must be None or an int >= 1, got {patience_last!r}")
+    if not (lr_last is None or lr_last > 0) or not (factor_last is None or factor_last >= 1):
+        raise ValueError("lr_last must be None or a rate > 0, and factor_last None or >= 1, "
+                         f"got lr_last={lr_last!r}, factor_last={factor_last!r}")
 
 # %% ../../nbs/14a_finetune.ipynb #77fe7216
 def ulmfit_schedule(
@@ -109,19 +117,25 @@ def ulmfit_schedule(
     n_gradual:int=3,
     # epochs of the last stage, every group unfrozen (with `patience_last`: the most)
     epochs_last:int=2,
-    factor:float=2.6,      # each group's rate is this many times its upper neighbour's smaller
+    # each group's rate is this many times its upper neighbour's smaller
+    factor:float=ULMFIT_FACTOR,
     # None: the last stage is one cycle, as ULMFiT's;
     # k: it trains until its validation loss stalls for k epochs
     patience_last:int|None=None,
+    # the last stage's top rate (None: ULMFiT's, a fifth of the last gradual stage's)
+    lr_last:float|None=None,
+    factor_last:float|None=None,  # the last stage's spread (None: `factor`)
 )->list:                   # the `Stage`s, in order
-    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, "
-     "one more group per stage at half the rate, then all at a fifth.")
-    _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last)
-    spread = lambda r: r / factor ** (n_groups - 1)
+    ("ULMFiT's IMDb schedule for a model of `n_groups` groups: the head at `lr`, one more group "
+     "per stage at half the rate, then all at a fifth (or at `lr_last`).")
+    _check_schedule(lr, n_groups, n_gradual, epochs_last, factor, patience_last, lr_last,
+                    factor_last)
+    spread = lambda r, f=factor: r / f ** (n_groups - 1)
     stages = [Stage(-1, 1, lr, None)] + [Stage(-k, 1, lr / 2 ** (k - 1), spread(lr / 2 ** (k - 1)))
                                          for k in range(2, n_gradual + 1)]
-    last = lr / 2 ** (n_gradual - 1) / 5
-    return stages + [Stage(0, epochs_last, last, spread(last), patience_last)]
+    last = lr / 2 ** (n_gradual - 1) / 5 if lr_last is None else lr_last
+    last_spread = spread(last, factor_last or factor)
+    return stages + [Stage(0, epochs_last, last, last_spread, patience_last)]
 
 # %% ../../nbs/14a_finetune.ipynb #809dfb06
 def _stage_checkpoint(learn, k:int, s:Stage, resume:bool)->dict|None:
