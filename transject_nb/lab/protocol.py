@@ -73,6 +73,13 @@ def _patient(rule, patience:int):
         warnings.filterwarnings('ignore', category=optuna.exceptions.ExperimentalWarning)
         return optuna.pruners.PatientPruner(rule, patience)
 
+# %% ../../nbs/24_protocol.ipynb #regrid
+def _regrid(p, lrs:tuple)->dict:
+    "`lrs` as a protocol's grid, the rest of `p`'s ladder below and above it (nearest first)."
+    ladder = sorted({*p.lrs, *p.below, *p.above, *lrs})
+    return dict(lrs=lrs, below=tuple(x for x in ladder[::-1] if x < min(lrs)),
+                above=tuple(x for x in ladder if x > max(lrs)))
+
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-2
 @dataclass(frozen=True)
 class Protocol:
@@ -95,18 +102,16 @@ class Protocol:
     warmup:int = 0                              # language models: steps of linear warm-up (0: none)
 
     def __post_init__(self):
-        lrs, seeds = _grid_and_seeds(self)
-        _check_budget(self)
+        (lrs, seeds), _ = _grid_and_seeds(self), _check_budget(self)
         object.__setattr__(self, 'lrs', lrs); object.__setattr__(self, 'seeds', seeds)
 
     def train_fields(self)->dict:
         "The training fields every run of this protocol shares."
-        return (dict(epochs=self.epochs, patience=self.patience, sched='constant')
-                | (dict(warmup=self.warmup) if self.warmup else {}))
+        warm = dict(warmup=self.warmup) if self.warmup else {}
+        return dict(epochs=self.epochs, patience=self.patience, sched='constant') | warm
 
     def pruner(self)->optuna.pruners.BasePruner:
-        ("The pruner of every search run: the median rule, made patient where `prune_patience` is "
-         "set.")
+        "The pruner of every search run: the median rule, made patient by `prune_patience`."
         rule = optuna.pruners.MedianPruner(n_startup_trials=self.prune_startup,
                                            n_warmup_steps=self.prune_warmup)
         return rule if self.prune_patience is None else _patient(rule, self.prune_patience)
@@ -121,10 +126,7 @@ class Protocol:
 
     def starting_at(self, lrs:tuple)->Protocol:
         "The same rules from another grid; every other rate of the ladder stays beyond its edges."
-        lrs = _rates(lrs, 'lrs')
-        ladder = sorted({*self.lrs, *self.below, *self.above, *lrs})
-        return replace(self, lrs=lrs, below=tuple(x for x in ladder[::-1] if x < min(lrs)),
-                       above=tuple(x for x in ladder if x > max(lrs)))
+        return replace(self, **_regrid(self, _rates(lrs, 'lrs')))
 
 # %% ../../nbs/24_protocol.ipynb #553ccc0e-3
 @dataclass(frozen=True)
@@ -226,23 +228,20 @@ class StudyPlan:
     objective:str|None = None           # None: classify; 'causal' or 'masked': language models
     device:str|None = None              # None: CUDA if available, else CPU; 'cuda': a GPU plan only
     extends:StudyPlan|None = None       # a plan whose runs this one continues, for more epochs
-    # seed runs record token similarity per layer at initialisation and after training
-    measures:bool = False
+    measures:bool = False               # seed runs record token similarity at init and after training
 
     def __post_init__(self): object.__setattr__(self, 'arms', _check_plan(self))   # as `Arm`s
 
     def arm(self, label:str)->Arm:
         "The arm of that label."
-        labels = [a.label for a in self.arms]
-        return self.arms[labels.index(check_choice(label, labels, 'arm'))]
+        return {a.label: a for a in self.arms}[check_choice(label, [a.label for a in self.arms], 'arm')]
 
     def protocol_for(self, arm:Arm)->Protocol:
         "The rules one arm follows: the plan's, from the arm's own grid where it has one."
         return self.protocol if arm.lrs is None else self.protocol.starting_at(arm.lrs)
 
     def snapshot_name(self)->str:
-        ("The file of its committed snapshot: `studies.db`; a GPU plan's runs keep to their own, "
-         "`studies-gpu.db`.")
+        "Its committed snapshot's file: `studies.db`, or a GPU plan's own `studies-gpu.db`."
         return 'studies.db' if self.device is None else 'studies-gpu.db'
 
     def study_name(self, arm:Arm)->str:
@@ -250,14 +249,12 @@ class StudyPlan:
         return f"{self.name}/{arm.label}"
 
     def run_dir(self, out, arm:Arm, lr:float, seed:int, phase:str='search')->Path:
-        ("The folder of one run (a recheck's beside its pruned run's): its checkpoint lets a "
-         "retried trial resume.")
+        "One run's folder (a recheck's beside its pruned run's): its checkpoint resumes a retry."
         run = f"seed{seed}" + ('-recheck' if phase == 'recheck' else '')
         return Path(out)/self.name/arm.label/f"lr={lr:g}"/run
 
     def fixed_for(self, variant:str)->dict:
-        ("`fixed` as one variant's runs take it: a model field the variant lacks (TransJect's "
-         "d_ff) left out.")
+        "`fixed` as one variant's runs take it: without the model fields it lacks (TransJect's d_ff)."
         own = model_fields(variant)
         return {k: v for k, v in self.fixed.items() if k not in _ANY_MODEL_FIELD or k in own}
 
