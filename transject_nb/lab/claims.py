@@ -197,7 +197,7 @@ def depth_claims(
     g, S, L = depth_grid(results), min(DEPTHS), max(DEPTHS)
     row = lambda paper, claim, eff, **kw: claim_row(paper, claim, 'depth', f"{_DEPTH}, L {S}, {L}",
                                                     eff, '35_depth.ipynb#the-answer', **kw)
-    rows = [row('Yu & Zhang', f"§1: post-norm collapses with depth (L {L} < L {S})",
+    rows = [row('Yu & Zhang', f"§1: post-norm cannot go deep (L {L} < L {S})",
                 _depth_effect(g, ('transformer', L), ('transformer', S)), direction=-1),
             row('TransJect', f"§3.4, Fig. 3: TransJect prefers shallow (L {S} > L {L})",
                 _depth_effect(g, ('transject', S), ('transject', L)))]
@@ -563,7 +563,7 @@ HEADLINES = (   # the claims a reader comes with first
     '§4, IMDb: neutreno > transformer', 'abstract, IMDb: similarity-removal > transformer',
     'Table 3: NeuTRENO < transformer', "§1.2: NeuTRENO's slope below post-norm's",
     "§1: removal's slope below post-norm's",
-    '§1: post-norm collapses with depth (L 32 < L 2)',
+    '§1: post-norm cannot go deep (L 32 < L 2)',
     'at L 32: similarity-removal > transformer',
     '§3.4, Fig. 3: TransJect prefers shallow (L 2 > L 32)',
     'Tables 2–3 as a masked LM, L 2: transject < transformer',
