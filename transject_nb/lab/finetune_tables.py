@@ -13,14 +13,16 @@ import pandas as pd
 from scipy.stats import ttest_1samp
 
 # %% auto #0
-__all__ = ['fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table', 'pretrain_verdicts', 'lengths_table', 'pass_table',
-           'plot_pretrain_progress']
+__all__ = ['RECIPE_STEPS', 'fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table', 'pretrain_verdicts',
+           'recipe_steps', 'recipe_table', 'lengths_table', 'pass_table', 'plot_pretrain_progress']
 
 # %% ../../nbs/25c_finetune_tables.ipynb #77bc45fc
 from .stats import ALPHA, verdict_of, welch
 from .finetune_plans import CLF_KINDS, KIND_NAMES, PretrainPlan
 from .finetune_search import SEARCH_PHASES, best_pretrain_rate, clf_runs
 from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
+from .finetune_search import _best_run, _last_runs
+from ..training.finetune import ULMFIT_FACTOR
 
 # %% ../../nbs/25c_finetune_tables.ipynb #ee0c71f8
 def _runs_folder(folder)->Path:
@@ -163,6 +165,74 @@ def pretrain_verdicts(
         # the baseline is a number without spread: the one-sample t-test
         if len(ft): rows.append(_baseline_row(arm, ft, baseline, alpha))
     return pd.DataFrame(rows, columns=['arm', 'claim', 'diff', 'lo', 'hi', 'p', 'verdict', 'seeds'])
+
+# %% ../../nbs/25c_finetune_tables.ipynb #8daca3c2
+# the steps from ULMFiT's recipe to the corrected one, as `recipe_table` rows them
+RECIPE_STEPS = ("ULMFiT's stages", "the last stage's own rate", "and its spread",
+                "the corrected recipe")
+
+# %% ../../nbs/25c_finetune_tables.ipynb #d86121dd
+def _rates(runs:pd.DataFrame)->tuple:
+    "The `(lr, lr_last, factor_last)` the runs share; NaNs where there are none."
+    cols = ('lr', 'lr_last', 'factor_last')
+    return tuple(float(runs[c].iloc[0]) if len(runs) and c in runs else np.nan for c in cols)
+
+def _best_of(runs:pd.DataFrame)->pd.DataFrame:
+    "The search run `_best_run` chooses, as a one-row frame (empty where none has finished)."
+    return runs if not len(runs) else _best_run(runs, 'the step').to_frame().T
+
+# %% ../../nbs/25c_finetune_tables.ipynb #be610f5e
+def _recipe_row(arm:str, step:int, runs:pd.DataFrame, rates:tuple, refs:dict, alpha:float)->dict:
+    ("Step `step` of `arm`: its runs' count, rates `(lr, lr_last, factor_last)` and mean "
+     "accuracies (%), and Welch's interval against each reference's seeds in `refs`.")
+    nan, acc = np.nan, runs.test_acc.to_numpy(float)
+    row = dict(arm=arm, step=RECIPE_STEPS[step], runs=len(runs),
+               **dict(zip(('lr', 'lr_last', 'factor_last'), rates)),
+               **{'valid %': 100 * runs.valid_acc.mean() if len(runs) else nan,
+                  'test %': 100 * acc.mean() if len(runs) else nan})
+    for name, ref in refs.items():                # a single run has no interval
+        w = welch(acc, ref, alpha) if min(len(acc), len(ref)) >= 2 else {}
+        row |= {name: 100 * w.get('diff', nan), f'{name} lo': 100 * w.get('lo', nan),
+                f'{name} hi': 100 * w.get('hi', nan)}
+    return row
+
+# %% ../../nbs/25c_finetune_tables.ipynb #c47f01d7
+def recipe_steps(
+    tuned:pd.DataFrame,         # the corrected recipe's `pretrain_results` (or its CSV)
+    arm:str,                    # the arm
+# the last stage's best search run, the spread's best (one row each), the seeds at that choice;
+# each empty until it has run
+)->tuple:
+    "The corrected recipe's runs for `arm`, one frame per step after ULMFiT's stages."
+    last = _best_of(_last_runs(tuned, arm, 'last'))
+    spread = _last_runs(tuned, arm, 'spread')
+    best = _best_of(pd.concat([last, spread])) if len(spread) else spread
+    seeds = clf_runs(tuned).query("arm == @arm and kind == 'ulmfit'")
+    at = np.logical_and.reduce([np.isclose(seeds[c].astype(float), x) for c, x in
+                                zip(('lr', 'lr_last', 'factor_last'), _rates(best))])
+    return last, best, seeds[at & (len(best) > 0)]
+
+# %% ../../nbs/25c_finetune_tables.ipynb #5bc259d9
+def recipe_table(
+    first:pd.DataFrame,         # the first recipe's `pretrain_results` (or its CSV)
+    tuned:pd.DataFrame,         # the corrected recipe's (no rows where it has not run)
+    plan:PretrainPlan,          # the first recipe's plan: its stages give ULMFiT's last rate
+    alpha:float=ALPHA,          # the intervals' level
+# per arm and step: runs, rates, mean accuracies (%), and the change in test accuracy (points)
+# against the seeds from scratch and the first recipe's, with Welch's intervals
+)->pd.DataFrame:
+    ("What each change to ULMFiT's last stage bought: its own rate, then its spread (the search's "
+     "best run of each), then the corrected recipe's seeds at that choice.")
+    rows = []
+    for a, f in clf_runs(first).query("kind == 'ulmfit'").groupby('arm', sort=False):
+        refs = {'vs scratch': clf_runs(first).query("arm == @a and kind == 'scratch'").test_acc}
+        head = float(f.lr.iloc[0])                     # `ulmfit_schedule`'s last stage, from it:
+        rows.append(_recipe_row(a, 0, f, (head, head / 2 ** (plan.n_gradual - 1) / 5,
+                                          ULMFIT_FACTOR), refs, alpha))
+        refs['vs first'] = f.test_acc
+        for i, r in enumerate(recipe_steps(tuned, a), 1):
+            rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha))
+    return pd.DataFrame(rows).set_index(['arm', 'step'])
 
 # %% ../../nbs/25c_finetune_tables.ipynb #0123836d
 def lengths_table(

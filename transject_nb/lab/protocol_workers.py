@@ -22,7 +22,7 @@ from ..core import variant_spec
 from ..training.tasks import TaskData, load_task, task_source
 from ..training.config import resolve_config
 from ..training.checkpoint import load_checkpoint
-from ..training.learner import get_learner, train_learner, evaluate, history
+from ..training.learner import get_learner, train_learner, evaluate, history, best_epoch
 from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .depth_measures import depth_measures, probe_batch
 from .protocol import Arm, StudyPlan
@@ -218,7 +218,7 @@ def _record(trial, learn):
     h = history(learn) if learn.recorder.values else None
     if h is None or not len(h) or _taken_over(trial): return
     trial.set_user_attr('epochs', len(h))
-    trial.set_user_attr('best_epoch', int(h['valid_loss'].idxmin()))
+    trial.set_user_attr('best_epoch', best_epoch(h))        # None: it diverged from epoch 0
     secs = round(float(h['seconds'].sum()), 1) if 'seconds' in h else None
     trial.set_user_attr('train_secs', secs)
     trial.set_user_attr('data_key', learn.config['data_key'])

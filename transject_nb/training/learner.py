@@ -13,8 +13,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['LR_FIND', 'TokenDataLoaders', 'get_dls', 'AuxLoss', 'ReconLoss', 'has_aux_loss', 'TaskLearner', 'amp_mode',
-           'train_callbacks', 'get_learner', 'EpochLines', 'train_learner', 'history', 'evaluate', 'plot_curves',
-           'find_lr', 'end_distributed']
+           'train_callbacks', 'get_learner', 'EpochLines', 'train_learner', 'history', 'best_epoch', 'evaluate',
+           'plot_curves', 'find_lr', 'end_distributed']
 
 # %% ../../nbs/13_learner.ipynb #8c1f26f2
 import numpy as np
@@ -435,6 +435,14 @@ def history(
         df['seconds'] = np.round(t, 2)
     return df
 
+# %% ../../nbs/13_learner.ipynb #14d6e68d
+def best_epoch(
+    h:pd.DataFrame,      # a `history`: one row per epoch, with `valid_loss`
+)->int|None:             # the epoch of least validation loss; None where every epoch's is NaN
+    "The epoch a run keeps, by validation loss; None for a run that diverged from its first epoch."
+    v = h['valid_loss'].astype(float)
+    return int(v.idxmin()) if v.notna().any() else None
+
 # %% ../../nbs/13_learner.ipynb #e585dfbe
 def _fit_summary(
     learn:TaskLearner,   # a trained learner
@@ -442,7 +450,7 @@ def _fit_summary(
     "How the learner's training went, from its `history`."
     h = history(learn) if learn.recorder.values else None
     return dict(epochs=0 if h is None else len(h),
-                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
+                best_epoch=None if h is None else best_epoch(h),
                 train_secs=(None if h is None or 'seconds' not in h
                             else round(float(h['seconds'].sum()), 1)))
 

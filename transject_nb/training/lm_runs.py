@@ -37,7 +37,7 @@ from .tasks import cache_key, default_cache_dir
 from .readers import read_imdb
 from .config import resolve_config
 from .fastai_fixes import FixedLearner
-from .learner import ReconLoss, has_aux_loss, history, train_callbacks
+from .learner import ReconLoss, has_aux_loss, train_callbacks, _fit_summary
 from .lm import (OBJECTIVES, LanguageModel, MaskedAccuracy, MaskedLMCallback,
                                       MaskedLMLoss, lm_loader, lm_stream)
 
@@ -430,13 +430,8 @@ def evaluate_lm(
         va, te = learn.validate(), learn.validate(dl=dl(c.test, 'test'))
         # as many training documents as validation ones
         tr = learn.validate(dl=dl(c.train[:len(c.valid)], 'training'))
-    h = history(learn) if learn.recorder.values else None
     return dict(task=learn.task, objective=learn.lm_cfg.objective, variant=learn.variant,
                 seed=tcfg.seed, valid_loss=float(va[0]), valid_ppl=float(va[2]),
                 valid_acc=float(va[1]), test_loss=float(te[0]), test_ppl=float(te[2]),
                 test_acc=float(te[1]), train_loss=float(tr[0]), train_ppl=float(tr[2]),
-                params=n_params(learn.model),
-                epochs=0 if h is None else len(h),
-                best_epoch=None if h is None else int(h['valid_loss'].idxmin()),
-                train_secs=(None if h is None or 'seconds' not in h
-                            else round(float(h['seconds'].sum()), 1)))
+                params=n_params(learn.model), **_fit_summary(learn))
