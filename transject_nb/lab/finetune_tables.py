@@ -208,9 +208,10 @@ def recipe_steps(
     spread = _last_runs(tuned, arm, 'spread')
     best = _best_of(pd.concat([last, spread])) if len(spread) else spread
     seeds = clf_runs(tuned).query("arm == @arm and kind == 'ulmfit'")
+    if not len(best): return last, best, seeds.iloc[:0]       # the seeds wait for the choice
     at = np.logical_and.reduce([np.isclose(seeds[c].astype(float), x) for c, x in
                                 zip(('lr', 'lr_last', 'factor_last'), _rates(best))])
-    return last, best, seeds[at & (len(best) > 0)]
+    return last, best, seeds[at]
 
 # %% ../../nbs/25c_finetune_tables.ipynb #5bc259d9
 def recipe_table(
