@@ -14,7 +14,7 @@ from scipy.stats import ttest_1samp
 
 # %% auto #0
 __all__ = ['RECIPE_STEPS', 'fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table', 'pretrain_verdicts',
-           'recipe_steps', 'recipe_table', 'lengths_table', 'pass_table', 'plot_pretrain_progress']
+           'recipe_steps', 'recipe_table', 'recipe_cost', 'lengths_table', 'pass_table', 'plot_pretrain_progress']
 
 # %% ../../nbs/25c_finetune_tables.ipynb #77bc45fc
 from .stats import ALPHA, verdict_of, welch
@@ -234,6 +234,25 @@ def recipe_table(
         for i, r in enumerate(recipe_steps(tuned, a), 1):
             rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha))
     return pd.DataFrame(rows).set_index(['arm', 'step'])
+
+# %% ../../nbs/25c_finetune_tables.ipynb #c4d09d03
+def recipe_cost(
+    plan:PretrainPlan,          # the corrected plan: its `last_lrs`, `last_factors`, `seeds`
+    first:pd.DataFrame,         # the first recipe's `pretrain_results` (or its CSV): its timings
+    tries:pd.DataFrame,         # its `pretrain_rates`: the pass's first-part tries, with `secs`
+# per arm: hours of a pass's try, fine-tunes, hours of one, hours in all (one CPU thread)
+)->pd.DataFrame:
+    "Thread-hours of the corrected recipe's new runs per arm, estimated from the first's timings."
+    rows, first = [], clf_runs(first)
+    for a in plan.arms:
+        ft, sc = (first[(first.arm == a) & (first.kind == k)] for k in ('ulmfit', 'scratch'))
+        epoch = ft.secs.sum() / (ft.epochs + plan.n_gradual).sum()   # every stage's epochs alike
+        run = epoch * (plan.n_gradual + sc.epochs.mean())  # its last stage as long as from scratch
+        n = len(plan.last_lrs) + 1 + len(plan.last_factors) + len(plan.seeds)  # 1: past an edge
+        try_secs = tries[tries.arm == a].secs.mean()
+        rows.append(dict(arm=a, try_hours=try_secs / 3600, fine_tunes=n,
+                         hours_a_fine_tune=run / 3600, hours=(try_secs + n * run) / 3600))
+    return pd.DataFrame(rows).set_index('arm')
 
 # %% ../../nbs/25c_finetune_tables.ipynb #0123836d
 def lengths_table(
