@@ -364,6 +364,8 @@ def _say_trial(t, secs, metric='accuracy')->str:
     val += '' if t.state == TrialState.COMPLETE else f"{', ' if val else ''}{t.state.name.lower()}"
     test = ('' if 'test_loss' not in u else f", test {100 * u['test_acc']:.1f}%" if acc
             else f", test perplexity {math.exp(u['test_loss']):.1f}")
+    kept = u.get('best_epoch', '?')
+    kept = 'none: it diverged from its first epoch' if kept is None else f'kept {kept}'
     return (f"{u.get('phase', '?')} lr={p.get('lr', float('nan')):g} seed {p.get('seed')}: "
-            f"{val}{test}, {u.get('epochs', '?')} epochs (kept {u.get('best_epoch', '?')}), "
+            f"{val}{test}, {u.get('epochs', '?')} epochs ({kept}), "
             f"{secs:.0f} s")
