@@ -1,5 +1,6 @@
 "Pretraining, then fine-tuning: the encoder's weights reach the classifier, and each stage trains what it says."
 import subprocess, sys, textwrap, warnings
+from pathlib import Path
 import numpy as np
 import pytest, torch
 import torch.nn as nn
@@ -240,3 +241,21 @@ def test_the_controls_table_judges_each_step_across_seeds():
     assert (t.lo <= t['change (points)']).all() and (t['change (points)'] <= t.hi).all()
     one = controls_table(ctl[ctl.seed == 1], runs).loc['t']           # one seed in common: no test
     assert one.p.isna().all() and one['change (points)'].notna().all()
+
+
+RESULTS = Path(__file__).parent.parent/'nbs'/'results'/'lm'
+
+
+@pytest.mark.parametrize('name', [n for n in PRETRAIN_STUDIES if (RESULTS/n/'state').is_dir()])
+def test_a_committed_pretraining_export_is_its_snapshot_read_back(tmp_path, name):
+    "Every committed pretraining plan's runs.csv is what its committed `state/` reads back as: no number by hand."
+    import pandas as pd
+    from transject_nb.lab.finetune_plans import _start_from
+    from transject_nb.lab.finetune_search import pretrain_results
+    plan = PRETRAIN_STUDIES[name]
+    _start_from(plan, tmp_path, RESULTS/name/'state')
+    back, runs = pretrain_results(plan, tmp_path), pd.read_csv(RESULTS/name/'runs.csv')
+    assert len(back) == len(runs) > 0
+    key, cols = ['arm', 'kind', 'phase', 'seed', 'lr'], list(runs.columns)
+    tidy = lambda d: d[cols].sort_values(key).reset_index(drop=True).astype({'seed': float})
+    pd.testing.assert_frame_equal(tidy(back), tidy(runs), check_dtype=False, atol=1e-6)
