@@ -22,7 +22,7 @@ from .finetune_plans import CLF_KINDS, KIND_NAMES, PretrainPlan
 from .finetune_search import SEARCH_PHASES, best_pretrain_rate, clf_runs
 from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
 from .finetune_search import _best_run, _last_runs
-from ..training.finetune import ULMFIT_FACTOR
+from ..training.finetune import ULMFIT_FACTOR, ulmfit_schedule
 
 # %% ../../nbs/25c_finetune_tables.ipynb #ee0c71f8
 def _runs_folder(folder)->Path:
@@ -227,9 +227,9 @@ def recipe_table(
     rows = []
     for a, f in clf_runs(first).query("kind == 'ulmfit'").groupby('arm', sort=False):
         refs = {'vs scratch': clf_runs(first).query("arm == @a and kind == 'scratch'").test_acc}
-        head = float(f.lr.iloc[0])                     # `ulmfit_schedule`'s last stage, from it:
-        rows.append(_recipe_row(a, 0, f, (head, head / 2 ** (plan.n_gradual - 1) / 5,
-                                          ULMFIT_FACTOR), refs, alpha))
+        head = float(f.lr.iloc[0])                                     # the last stage, from it
+        last = ulmfit_schedule(head, plan.model['n_layers'] + 2, plan.n_gradual)[-1].lr_max
+        rows.append(_recipe_row(a, 0, f, (head, last, ULMFIT_FACTOR), refs, alpha))
         refs['vs first'] = f.test_acc
         for i, r in enumerate(recipe_steps(tuned, a), 1):
             rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha))
