@@ -219,8 +219,9 @@ def recipe_table(
     tuned:pd.DataFrame,         # the corrected recipe's (no rows where it has not run)
     plan:PretrainPlan,          # the first recipe's plan: its stages give ULMFiT's last rate
     alpha:float=ALPHA,          # the intervals' level
-# per arm and step: runs, rates, mean accuracies (%), and the change in test accuracy (points)
-# against the seeds from scratch and the first recipe's, with Welch's intervals
+# per arm and step: runs, the search runs behind a choice, rates, mean accuracies (%), and the
+# change in test accuracy (points) against the seeds from scratch and the first recipe's, with
+# Welch's intervals
 )->pd.DataFrame:
     ("What each change to ULMFiT's last stage bought: its own rate, then its spread (the search's "
      "best run of each), then the corrected recipe's seeds at that choice.")
@@ -231,9 +232,13 @@ def recipe_table(
         last = ulmfit_schedule(head, plan.model['n_layers'] + 2, plan.n_gradual)[-1].lr_max
         rows.append(_recipe_row(a, 0, f, (head, last, ULMFIT_FACTOR), refs, alpha))
         refs['vs first'] = f.test_acc
-        for i, r in enumerate(recipe_steps(tuned, a), 1):
-            rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha))
-    return pd.DataFrame(rows).set_index(['arm', 'step'])
+        # the best of the search runs finished so far; the spread's search counts ULMFiT's 2.6 too
+        n = [len(_last_runs(tuned, a, p)) for p in ('last', 'spread')]
+        for i, (r, k) in enumerate(zip(recipe_steps(tuned, a), [n[0], n[1] + (n[1] > 0), 0]), 1):
+            rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha) | dict(searched=k))
+    cols = ['runs', 'searched', 'lr', 'lr_last', 'factor_last', 'valid %', 'test %']
+    t = pd.DataFrame(rows).set_index(['arm', 'step'])
+    return t[cols + [c for c in t if c not in cols]].fillna({'searched': 0}).astype({'searched': int})
 
 # %% ../../nbs/25c_finetune_tables.ipynb #c4d09d03
 def recipe_cost(
