@@ -85,3 +85,14 @@ def test_the_committed_depth_trials_are_the_committed_storage():
                                   key(pd.read_csv(RESULTS/'protocol'/'trials.csv')), check_dtype=False)
     layers = json.loads((RESULTS/'protocol'/'layers.json').read_text())
     assert len(layers) == len(study_layers(DEPTH, RESULTS/'studies.db'))
+
+
+def test_a_run_that_diverges_from_its_first_epoch_finishes_and_its_worker_goes_on(tmp_path):
+    "A rate so high that every validation loss is NaN: the run is scored, keeps no epoch, and does not kill its worker."
+    arm = Arm('transformer', dict(n_layers=1), lrs=(1e8,))
+    plan = StudyPlan('tiny-diverge', 'listops', (arm,), preset='cpu', fixed=TINY,
+                     protocol=Protocol(seeds=(1,), epochs=4, patience=1, prune_warmup=3))
+    st = open_storage(tmp_path/'s.db')
+    assert work(plan, st, out=tmp_path/'runs', cache_dir=False, poll=0.1, max_trials=1, progress=False) == 1
+    t = study_trials(plan, st)
+    assert t.state.tolist() == ['COMPLETE'] and t.best_epoch.isna().all() and t.epochs.item() >= 1
