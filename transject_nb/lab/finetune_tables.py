@@ -14,14 +14,15 @@ from scipy.stats import ttest_1samp
 
 # %% auto #0
 __all__ = ['RECIPE_STEPS', 'fine_tune_stages', 'clf_progress', 'clf_capped', 'pretrain_table', 'pretrain_verdicts',
-           'recipe_steps', 'recipe_table', 'recipe_cost', 'lengths_table', 'pass_table', 'plot_pretrain_progress']
+           'recipe_steps', 'recipe_table', 'recipe_cost', 'recipe_left', 'lengths_table', 'pass_table',
+           'plot_pretrain_progress']
 
 # %% ../../nbs/25c_finetune_tables.ipynb #77bc45fc
 from .stats import ALPHA, verdict_of, welch
 from .finetune_plans import CLF_KINDS, KIND_NAMES, PretrainPlan
 from .finetune_search import SEARCH_PHASES, best_pretrain_rate, clf_runs
 from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
-from .finetune_search import _best_run, _last_runs
+from .finetune_search import _best_run, _edge_step, _last_runs
 from ..training.finetune import ULMFIT_FACTOR, ulmfit_schedule
 
 # %% ../../nbs/25c_finetune_tables.ipynb #ee0c71f8
@@ -257,6 +258,42 @@ def recipe_cost(
         try_secs = tries[tries.arm == a].secs.mean()
         rows.append(dict(arm=a, try_hours=try_secs / 3600, fine_tunes=n,
                          hours_a_fine_tune=run / 3600, hours=(try_secs + n * run) / 3600))
+    return pd.DataFrame(rows).set_index('arm')
+
+# %% ../../nbs/25c_finetune_tables.ipynb #c4d09d11
+def _fine_tunes_left(plan:PretrainPlan, tuned:pd.DataFrame, arm:str)->int:
+    "The corrected recipe's fine-tunes of `arm` still to run: last-stage grid, edge, spreads, seeds."
+    last, spread = (_last_runs(tuned, arm, p) for p in ('last', 'spread'))
+    if len(last) < len(plan.last_lrs): edge = len(plan.last_lrs) - len(last) + 1  # one past, planned
+    else: edge = _edge_step(plan.last_lrs, last.lr_last, _best_run(last, arm).lr_last,
+                            plan.edge_steps) is not None
+    spreads = max(len(plan.last_factors) - len(spread), 0)
+    return int(edge) + spreads + len(plan.seeds) - len(recipe_steps(tuned, arm)[2])
+
+# %% ../../nbs/25c_finetune_tables.ipynb #c4d09d12
+def recipe_left(
+    plan:PretrainPlan,          # the corrected plan
+    tuned:pd.DataFrame,         # its `pretrain_results` so far (or its CSV)
+    tuned_tries:pd.DataFrame,   # its `pretrain_rates`: the first's tries, read back, and its own
+    first:pd.DataFrame,         # the first recipe's `pretrain_results`: the pace before any has run
+    tries:pd.DataFrame,         # the first's `pretrain_rates`
+# per arm: fine-tunes done and left, hours done and left, and whether the pace was measured
+)->pd.DataFrame:
+    "Where the corrected recipe stands per arm: hours done, and hours left at its own runs' pace."
+    est, rows = recipe_cost(plan, first, tries), []
+    tuned_tries = tuned_tries.reset_index(drop=True)       # its own: tries not read back from the first
+    own = tuned_tries.merge(tries[['arm', 'lr']], how='left', indicator=True)._merge == 'left_only'
+    for a in plan.arms:
+        steps = [_last_runs(tuned, a, p) for p in ('last', 'spread')] + [recipe_steps(tuned, a)[2]]
+        ran = pd.concat(steps)
+        pace = ran.secs.mean() if len(ran) else est.hours_a_fine_tune[a] * 3600   # s a fine-tune
+        tried = tuned_tries[own & (tuned_tries.arm == a)].secs.sum()   # the pass's try past its edge
+        left = _fine_tunes_left(plan, tuned, a)
+        to_try = 0 if tried else est.try_hours[a] * 3600
+        rows.append(dict(arm=a, fine_tunes=len(ran), fine_tunes_left=left,
+                         pace='measured' if len(ran) else 'estimated',
+                         hours_done=(ran.secs.sum() + tried) / 3600,
+                         hours_left=(left * pace + to_try) / 3600))
     return pd.DataFrame(rows).set_index('arm')
 
 # %% ../../nbs/25c_finetune_tables.ipynb #0123836d

@@ -22,7 +22,7 @@ from ..core import variant_spec
 from ..training.tasks import TaskData, load_task, task_source
 from ..training.config import resolve_config
 from ..training.checkpoint import load_checkpoint
-from ..training.learner import get_learner, train_learner, evaluate, history, best_epoch
+from ..training.learner import get_learner, train_learner, evaluate, _fit_summary
 from ..training.lm_runs import LMCorpus, evaluate_lm, get_lm_learner, load_lm_corpus
 from .depth_measures import depth_measures, probe_batch
 from .protocol import Arm, StudyPlan
@@ -215,12 +215,9 @@ def make_objective(
 def _record(trial, learn):
     ("What a run did, kept on its trial (unless another worker has taken it over): epochs, kept "
      "epoch, seconds, data.")
-    h = history(learn) if learn.recorder.values else None
-    if h is None or not len(h) or _taken_over(trial): return
-    trial.set_user_attr('epochs', len(h))
-    trial.set_user_attr('best_epoch', best_epoch(h))        # None: it diverged from epoch 0
-    secs = round(float(h['seconds'].sum()), 1) if 'seconds' in h else None
-    trial.set_user_attr('train_secs', secs)
+    s = _fit_summary(learn)              # best_epoch is None for a run that diverged from epoch 0
+    if not s['epochs'] or _taken_over(trial): return
+    for k, v in s.items(): trial.set_user_attr(k, v)
     trial.set_user_attr('data_key', learn.config['data_key'])
 
 # %% ../../nbs/24b_protocol_workers.ipynb #553ccc0e-13
