@@ -282,7 +282,8 @@ def recipe_left(
     "Where the corrected recipe stands per arm: hours done, and hours left at its own runs' pace."
     est, rows = recipe_cost(plan, first, tries), []
     tuned_tries = tuned_tries.reset_index(drop=True)       # its own: tries not read back from the first
-    own = tuned_tries.merge(tries[['arm', 'lr']], how='left', indicator=True)._merge == 'left_only'
+    read_back = tries[['arm', 'lr']].drop_duplicates()
+    own = tuned_tries.merge(read_back, how='left', indicator=True)._merge == 'left_only'
     for a in plan.arms:
         steps = [_last_runs(tuned, a, p) for p in ('last', 'spread')] + [recipe_steps(tuned, a)[2]]
         ran = pd.concat(steps)
