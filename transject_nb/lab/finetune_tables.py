@@ -239,7 +239,8 @@ def recipe_table(
             rows.append(_recipe_row(a, i, r, _rates(r), refs, alpha) | dict(searched=k))
     cols = ['runs', 'searched', 'lr', 'lr_last', 'factor_last', 'valid %', 'test %']
     t = pd.DataFrame(rows).set_index(['arm', 'step'])
-    return t[cols + [c for c in t if c not in cols]].fillna({'searched': 0}).astype({'searched': int})
+    t = t[cols + [c for c in t if c not in cols]]
+    return t.fillna({'searched': 0}).astype({'searched': int})
 
 # %% ../../nbs/25c_finetune_tables.ipynb #c4d09d03
 def recipe_cost(
@@ -262,9 +263,9 @@ def recipe_cost(
 
 # %% ../../nbs/25c_finetune_tables.ipynb #c4d09d11
 def _fine_tunes_left(plan:PretrainPlan, tuned:pd.DataFrame, arm:str)->int:
-    "The corrected recipe's fine-tunes of `arm` still to run: last-stage grid, edge, spreads, seeds."
+    "The corrected recipe's fine-tunes of `arm` left: last-stage grid, edge, spreads, seeds."
     last, spread = (_last_runs(tuned, arm, p) for p in ('last', 'spread'))
-    if len(last) < len(plan.last_lrs): edge = len(plan.last_lrs) - len(last) + 1  # one past, planned
+    if len(last) < len(plan.last_lrs): edge = len(plan.last_lrs) - len(last) + 1   # and one past
     else: edge = _edge_step(plan.last_lrs, last.lr_last, _best_run(last, arm).lr_last,
                             plan.edge_steps) is not None
     spreads = max(len(plan.last_factors) - len(spread), 0)
@@ -275,20 +276,20 @@ def recipe_left(
     plan:PretrainPlan,          # the corrected plan
     tuned:pd.DataFrame,         # its `pretrain_results` so far (or its CSV)
     tuned_tries:pd.DataFrame,   # its `pretrain_rates`: the first's tries, read back, and its own
-    first:pd.DataFrame,         # the first recipe's `pretrain_results`: the pace before any has run
+    first:pd.DataFrame,         # the first recipe's `pretrain_results`: a pace before any ran
     tries:pd.DataFrame,         # the first's `pretrain_rates`
 # per arm: fine-tunes done and left, hours done and left, and whether the pace was measured
 )->pd.DataFrame:
     "Where the corrected recipe stands per arm: hours done, and hours left at its own runs' pace."
     est, rows = recipe_cost(plan, first, tries), []
-    tuned_tries = tuned_tries.reset_index(drop=True)       # its own: tries not read back from the first
+    tuned_tries = tuned_tries.reset_index(drop=True)   # its own: tries not read back
     read_back = tries[['arm', 'lr']].drop_duplicates()
     own = tuned_tries.merge(read_back, how='left', indicator=True)._merge == 'left_only'
     for a in plan.arms:
         steps = [_last_runs(tuned, a, p) for p in ('last', 'spread')] + [recipe_steps(tuned, a)[2]]
         ran = pd.concat(steps)
         pace = ran.secs.mean() if len(ran) else est.hours_a_fine_tune[a] * 3600   # s a fine-tune
-        tried = tuned_tries[own & (tuned_tries.arm == a)].secs.sum()   # the pass's try past its edge
+        tried = tuned_tries[own & (tuned_tries.arm == a)].secs.sum()   # the pass's try past it
         left = _fine_tunes_left(plan, tuned, a)
         to_try = 0 if tried else est.try_hours[a] * 3600
         rows.append(dict(arm=a, fine_tunes=len(ran), fine_tunes_left=left,
