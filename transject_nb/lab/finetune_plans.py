@@ -6,7 +6,7 @@ Docs: https://transject-nb.github.io/transject_nb/finetune_plans.html.md"""
 
 # %% ../../nbs/25a_finetune_plans.ipynb #e0e06777
 from __future__ import annotations
-import json, os, time
+import itertools, json, os, time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,9 +30,10 @@ from ..training.config import model_fields
 from ..training.finetune import (ULMFIT_FACTOR, fine_tune, layer_groups, load_pretrained,
                                             ulmfit_schedule)
 from .finetune_search import (best_clf_rate, best_pretrain_rate, chosen_rates,
-                                              next_clf_rate, next_last_stage, next_lm_rate,
-                                              pretrain_rates, pretrain_results)
-from .finetune_search import _SUPERSEDED, _clock_secs, _history_of, _phase
+                                              clf_runs, next_clf_rate, next_last_stage,
+                                              next_lm_rate, pretrain_rates, pretrain_results)
+from .finetune_search import (_SUPERSEDED, _clock_secs, _history_of, _last_runs,
+                                              _phase, _untried)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #c0c8362e
 # a plan's classifiers, and their names in words
@@ -253,16 +254,20 @@ def _start_from(plan, out, start_from):
 
 # %% ../../nbs/25a_finetune_plans.ipynb #d8a3c3c1
 @contextmanager
-def _arm_claim(folder:Path):
-    ("While it is held, this process trains the arm in `folder`: yields None, or the pid of the "
-     "process that holds it already (POSIX `flock`, released when its holder ends, however it "
-     "ends; elsewhere always granted).")
+def _arm_claim(
+    folder:Path,            # the arm's folder (or the folder of a run's lock)
+    name:str='.lock',       # the lock file's name in it
+    wait:bool=False,        # block until the holder lets go, instead of naming it
+):
+    ("While it is held, this process trains the arm in `folder` (or the run `name` locks): yields "
+     "None, or the pid of the process that holds it already (POSIX `flock`, released when its "
+     "holder ends, however it ends; elsewhere always granted).")
     try: import fcntl
     except ImportError: yield None; return
     folder.mkdir(parents=True, exist_ok=True)
     # not truncated: the holder's pid stays readable
-    with open(folder/'.lock', 'a+') as f:
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(folder/name, 'a+') as f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             f.seek(0); yield f.read().strip() or '?'; return
         f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
@@ -272,6 +277,11 @@ def _arm_claim(folder:Path):
 def _at_rates(rec:dict, rates:dict)->bool:
     "Whether a run's record (its `results.json` or `rate.json`) holds every rate of `rates`."
     return all(rec.get(k) is not None and np.isclose(float(rec[k]), x) for k, x in rates.items())
+
+def _finished_at(run:Path, rates:dict)->bool:
+    "Whether the run in folder `run` has finished, at `rates`."
+    f = run/'results.json'
+    return f.exists() and _at_rates(json.loads(f.read_text()), rates)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #8faeab17
 def _supersede(run:Path, lr:float, **more)->Path|None:
@@ -317,11 +327,8 @@ def _arm_done(plan, v, out)->bool:
     res = pretrain_results(plan, out)
     if any(next_clf_rate(plan, res, v, kind) is not None for kind in CLF_KINDS): return False
     if next_last_stage(plan, res, v) is not None: return False
-    for kind in CLF_KINDS:
-        rates = chosen_rates(plan, res, v, kind)
-        for f in (a/kind/f'seed{s}'/'results.json' for s in plan.seeds):
-            if not f.exists() or not _at_rates(json.loads(f.read_text()), rates): return False
-    return True
+    return all(_finished_at(a/k/f'seed{s}', chosen_rates(plan, res, v, k))
+               for k in CLF_KINDS for s in plan.seeds)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #2ef615fe
 def _say_trained(plan, v:str, kind:str, seed:int, f:Path, res:dict):
@@ -333,23 +340,32 @@ def _say_trained(plan, v:str, kind:str, seed:int, f:Path, res:dict):
           f"{res['secs']:.0f} s", flush=True)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #b1e2f007
-def _arm_trainer(plan, v, out, source, lm_learn, progress):
+def _run_lock(a:Path, run:Path)->tuple:
+    ("Where a run of the arm in `a` is claimed: `.claims/` in the arm's folder, named after the "
+     "run's path in it (outside the run, which `_supersede` may move).")
+    return a/'.claims', '-'.join(run.relative_to(a).parts) + '.lock'
+
+def _arm_trainer(plan, v, out, source, lm_learn, progress, wait:bool=True):
     ("`train(kind, seed, rates, run)`: a classifier of arm `v` in folder `run` at `rates`, unless "
-     "it finished there at them; a run there at other rates is set aside first.")
-    data_ = None
-    def train(kind:str, seed:int, rates:dict, run:Path):
+     "it finished there at them; a run there at other rates is set aside first. True where it "
+     "trained; a run another process trains is waited for (`wait`), else left to it.")
+    data_, a = None, Path(out)/plan.name/v
+    def train(kind:str, seed:int, rates:dict, run:Path)->bool:
         nonlocal data_
-        if rates and (moved := _supersede(run, **rates)) and progress:
-            print(f"[{plan.name}] {v} {kind} {run.name}: the search now chooses {rates}; the run "
-                  f"before it is kept in {moved}", flush=True)
-        if (f := run/'results.json').exists(): return
-        data_ = data_ or _clf_data(plan, lm_learn, source, out)
-        # what a resumed run is at (a search's folder names its rate)
-        if rates and _phase(f) != 'search': atomic_write(run/'rate.json', json.dumps(rates))
-        pretrained = lm_learn if kind == 'ulmfit' else None
-        res = _classifier(plan, v, data_, run, seed, pretrained, **rates)
-        atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
-        if progress: _say_trained(plan, v, kind, seed, f, res)
+        with _arm_claim(*_run_lock(a, run), wait=wait) as other:
+            if other is not None: return False
+            if rates and (moved := _supersede(run, **rates)) and progress:
+                print(f"[{plan.name}] {v} {kind} {run.name}: the search now chooses {rates}; the "
+                      f"run before it is kept in {moved}", flush=True)
+            if (f := run/'results.json').exists(): return False
+            data_ = data_ or _clf_data(plan, lm_learn, source, out)
+            # what a resumed run is at (a search's folder names its rate)
+            if rates and _phase(f) != 'search': atomic_write(run/'rate.json', json.dumps(rates))
+            pretrained = lm_learn if kind == 'ulmfit' else None
+            res = _classifier(plan, v, data_, run, seed, pretrained, **rates)
+            atomic_write(f, json.dumps(res | dict(kind=kind), indent=1, default=str))
+            if progress: _say_trained(plan, v, kind, seed, f, res)
+            return True
     return train
 
 # %% ../../nbs/25a_finetune_plans.ipynb #b1e2f008
@@ -381,6 +397,42 @@ def _train_arm(plan, v, out, source, progress):
             rates = chosen_rates(plan, pretrain_results(plan, out), v, kind)
             train(kind, s, rates, a/kind/f'seed{s}')
 
+# %% ../../nbs/25a_finetune_plans.ipynb #3ac30ce2
+def _free_runs(plan, v, out)->list:
+    ("The runs of arm `v` that wait on no result still to come, so that a second worker can train "
+     "them beside the arm's holder: `(kind, seed, rates, run)`, the holder's last first.")
+    a, res = Path(out)/plan.name/v, pretrain_results(plan, out)
+    if not (a/'lm'/'results.json').exists() or _lm_unsettled(plan, v, out): return []
+    free, settled = [], {}
+    for kind in CLF_KINDS:                             # each search's grid rates not run yet
+        done = clf_runs(res, 'search').query("arm == @v and kind == @kind").lr
+        free += [(kind, 0, dict(lr=x), a/kind/'search'/f'lr{x:g}')
+                 for x in _untried(plan.clf_lrs(kind), done)]
+        settled[kind] = next_clf_rate(plan, res, v, kind) is None
+    if settled['ulmfit'] and next_last_stage(plan, res, v) is not None:
+        head = best_clf_rate(res, v, 'ulmfit')         # the last stage's rates not run yet
+        tried = _last_runs(res, v, 'last', lr=head).lr_last
+        free += [('ulmfit', 0, dict(lr=head, lr_last=x), _last_run(a, dict(lr_last=x)))
+                 for x in _untried(plan.last_lrs, tried)]
+        settled['ulmfit'] = False
+    for s, k in itertools.product(plan.seeds, CLF_KINDS):   # the seeds, once their kind chose
+        if settled[k] and not _finished_at(a/k/f'seed{s}', r := chosen_rates(plan, res, v, k)):
+            free.append((k, s, r, a/k/f'seed{s}'))
+    return free[::-1]
+
+# %% ../../nbs/25a_finetune_plans.ipynb #cfcacd08
+def _help_arm(plan, v, out, source, progress)->int:
+    ("Beside the process that holds arm `v`, train its free runs (`_free_runs`) that no process "
+     "has claimed, until none is left; how many it trained.")
+    n, train = 0, None
+    while free := _free_runs(plan, v, out):
+        if train is None:                              # its pass, read back, nothing trained
+            lm = _lm_learner(plan, v, out, source, False)
+            train = _arm_trainer(plan, v, out, source, lm, progress, wait=False)
+        if not any(train(*r) for r in free): break    # each one claimed by another process
+        n += 1
+    return n
+
 # %% ../../nbs/25a_finetune_plans.ipynb #ba769a86
 def _arms_of(plan, arms)->list:
     "The arms to work on: the plan's, in its order, or those named (one name, or several)."
@@ -399,20 +451,25 @@ def run_pretrain_plan(
 )->pd.DataFrame:            # `pretrain_results(plan, out)`: one row per finished run
     ("Run a pretraining plan, resumably: each arm's language model, its classifiers' rate "
      "searches (the fine-tune's last stage's too), then per seed its fine-tuned and from-scratch "
-     "classifiers; an arm another process is training is left to it.")
+     "classifiers; beside the process training an arm, the runs that wait on none of its.")
     arms = _arms_of(plan, arms)
     source = task_source('imdb', data)
     if source is None:
         raise ValueError("a pretraining plan reads the IMDb reviews: "
                          "give data= a root holding imdb/ (or $TRANSJECT_DATA)")
     _start_from(plan, out, start_from)
+    held = {}
     for v in arms:
         # read back, nothing loaded
         if _arm_done(plan, v, out): continue
         with _arm_claim(Path(out)/plan.name/v) as other:
             if other is None: _train_arm(plan, v, out, source, progress)
-            elif progress:
-                print(f"[{plan.name}] {v}: process {other} is training it; left to it", flush=True)
+            else: held[v] = other
+    for v, other in held.items():                      # the arms others hold, once ours are done
+        n = _help_arm(plan, v, out, source, progress)
+        if progress: print(f"[{plan.name}] {v}: process {other} is training it; "
+                           + (f"{n} of its runs trained beside it, " if n else '')
+                           + "left to it", flush=True)
     return pretrain_results(plan, out)
 
 # %% ../../nbs/25a_finetune_plans.ipynb #63b83385
