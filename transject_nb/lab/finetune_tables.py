@@ -262,14 +262,18 @@ def recipe_cost(
     return pd.DataFrame(rows).set_index('arm')
 
 # %% ../../nbs/25c_finetune_tables.ipynb #c4d09d11
-def _fine_tunes_left(plan:PretrainPlan, tuned:pd.DataFrame, arm:str)->int:
-    "The corrected recipe's fine-tunes of `arm` left: last-stage grid, edge, spreads, seeds."
-    last, spread = (_last_runs(tuned, arm, p) for p in ('last', 'spread'))
+def _fine_tunes_left(
+    plan:PretrainPlan,          # the corrected plan
+    last:pd.DataFrame,          # an arm's runs of the last stage's search,
+    spread:pd.DataFrame,        # of its spread's,
+    seeds:pd.DataFrame,         # and its seeds at their choice (`recipe_steps`)
+)->int:
+    "The corrected recipe's fine-tunes of an arm left: last-stage grid, edge, spreads, seeds."
     if len(last) < len(plan.last_lrs): edge = len(plan.last_lrs) - len(last) + 1   # and one past
-    else: edge = _edge_step(plan.last_lrs, last.lr_last, _best_run(last, arm).lr_last,
+    else: edge = _edge_step(plan.last_lrs, last.lr_last, _best_run(last, 'the last stage').lr_last,
                             plan.edge_steps) is not None
     spreads = max(len(plan.last_factors) - len(spread), 0)
-    return int(edge) + spreads + len(plan.seeds) - len(recipe_steps(tuned, arm)[2])
+    return int(edge) + spreads + len(plan.seeds) - len(seeds)
 
 # %% ../../nbs/25c_finetune_tables.ipynb #c4d09d12
 def recipe_left(
@@ -287,10 +291,10 @@ def recipe_left(
     own = tuned_tries.merge(read_back, how='left', indicator=True)._merge == 'left_only'
     for a in plan.arms:
         steps = [_last_runs(tuned, a, p) for p in ('last', 'spread')] + [recipe_steps(tuned, a)[2]]
-        ran = pd.concat(steps)
+        ran = pd.concat(steps)                          # every fine-tune of its own
         pace = ran.secs.mean() if len(ran) else est.hours_a_fine_tune[a] * 3600   # s a fine-tune
         tried = tuned_tries[own & (tuned_tries.arm == a)].secs.sum()   # the pass's try past it
-        left = _fine_tunes_left(plan, tuned, a)
+        left = _fine_tunes_left(plan, *steps)
         to_try = 0 if tried else est.try_hours[a] * 3600
         rows.append(dict(arm=a, fine_tunes=len(ran), fine_tunes_left=left,
                          pace='measured' if len(ran) else 'estimated',
