@@ -410,17 +410,17 @@ def _worker(plan_name, storage_url, out, arms, cache_dir, data, threads, name, h
         sys.exit(1)
 
 # %% ../../nbs/24d_studies.ipynb #553ccc0e-20-join
-def _join_workers(ps:list):
-    ("Start the worker processes and wait for them; Ctrl-C or SIGTERM stops them, their running "
-     "trials queued again.")
+def _join_workers(ps:list, after:str=': the running trials are queued again, and the same '
+                  'command resumes'):
+    ("Start the worker processes and wait for them; Ctrl-C or SIGTERM stops them, and the "
+     "`Stopped` it raises says `after`.")
     with _stopping_on_sigterm():
         try:
             for p in ps: p.start()
             for p in ps: p.join()
         except (KeyboardInterrupt, Stopped) as e:
             _stop_workers(ps)
-            raise Stopped(getattr(e, 'signum', signal.SIGINT), ': the running trials are queued '
-                          'again, and the same command resumes') from None
+            raise Stopped(getattr(e, 'signum', signal.SIGINT), after) from None
 
 # %% ../../nbs/24d_studies.ipynb #b1aca1b6
 def run_workers(

@@ -6,9 +6,13 @@ Docs: https://transject-nb.github.io/transject_nb/study_command.html.md"""
 
 # %% ../../nbs/24e_study_command.ipynb #sc-imports
 from __future__ import annotations
+import dataclasses, multiprocessing as mp, os, time
 from pathlib import Path
+import pandas as pd, torch
 from ..training.utils import copy_new
-from .finetune_plans import PRETRAIN_STUDIES, pretrain_progress, run_pretrain_plan
+from .finetune_plans import (PRETRAIN_STUDIES, PretrainPlan, pretrain_progress,
+                                             run_pretrain_plan)
+from .finetune_plans import _arms_of, _start_from
 from .finetune_search import pretrain_rates, pretrain_results
 from .finetune_tables import clf_progress
 from .finetune_controls import (control_progress, control_results, export_pretrain,
@@ -17,9 +21,10 @@ from .protocol_store import check_storage, open_storage, requeue_failed
 from .protocol_results import (arm_status, export_study, snapshot_storage,
                                                study_trials)
 from .studies import STUDIES, plan_cost, run_workers, study_plan
+from .studies import _die_with, _join_workers
 
 # %% auto #0
-__all__ = ['STUDY_HELP', 'add_study_args', 'study_command']
+__all__ = ['STUDY_HELP', 'add_study_args', 'run_pretrain_workers', 'study_command']
 
 # %% ../../nbs/24e_study_command.ipynb #10ac5ba5
 STUDY_HELP = ("run, resume, watch or export a declared comparison (STUDIES): each arm's rate tuned "
@@ -44,8 +49,8 @@ def _add_run_args(p):
     p.add_argument('--threads', type=int, default=1, help='CPU threads per worker')
     p.add_argument('--arms', default=None,
                    help='comma-separated arm labels to work on (default: all); for a pretraining '
-                        'plan, its variants, and a worker leaves an arm that another process is '
-                        'training to it')
+                        'plan, its variants: a worker trains an arm no other process holds, then '
+                        'the runs free beside those others hold')
     p.add_argument('--data', default=None,
                    help='data root holding imdb/ and ag_news/ (default $TRANSJECT_DATA; none: '
                         'fastai downloads them)')
@@ -83,6 +88,45 @@ def add_study_args(p):
                         'fine-tune)')
     _add_run_args(p)
     _add_read_args(p)
+
+# %% ../../nbs/24e_study_command.ipynb #ffd9ad11
+def _pretrain_worker(fields:dict, data, out, arms, threads:int, delay:float, parent:int):
+    ("A pretraining plan's worker in its own process: `run_pretrain_plan` on `threads` threads, "
+     "the plan built again from its `fields` (one made in a notebook does not pickle).")
+    _die_with(parent); torch.set_num_threads(threads)
+    time.sleep(delay)                                  # the workers before it claim their arms
+    run_pretrain_plan(PretrainPlan(**fields), data, out, arms=arms)
+
+# %% ../../nbs/24e_study_command.ipynb #8f57f4bb
+def run_pretrain_workers(
+    plan,                   # a pretraining plan (`finetune_plans.PretrainPlan`)
+    data=None,              # the data root holding imdb/ (default $TRANSJECT_DATA)
+    out='runs/pretrain',    # the runs' root folder
+    workers:int=1,          # processes (1: this one), each with `threads` CPU threads
+    threads:int=1,          # torch threads per worker
+    start_from=None,        # a `snapshot_pretrain` folder, copied before any worker starts
+    arms=None,              # the arms to work on (default: all, in the plan's order)
+    stagger:float=10.,      # seconds between the workers' starts
+)->pd.DataFrame:            # `pretrain_results(plan, out)` once every worker has stopped
+    ("Run a pretraining plan with several worker processes on this machine, sharing its arms and "
+     "runs; Ctrl-C or SIGTERM stops them, and the same call goes on from their checkpoints.")
+    for k, v in dict(workers=workers, threads=threads).items():
+        if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    if workers == 1:
+        torch.set_num_threads(threads)
+        return run_pretrain_plan(plan, data, out, start_from=start_from, arms=arms)
+    arms = _arms_of(plan, arms); _start_from(plan, out, start_from)   # an unknown arm: refused
+    ctx = mp.get_context('spawn')
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.init}
+    ps = [ctx.Process(target=_pretrain_worker, args=(fields, data, str(out), arms, threads,
+                                                     i * stagger, os.getpid()))
+          for i in range(workers)]
+    _join_workers(ps, ': each run goes on from its checkpoints when the same command is run again')
+    if bad := {f'w{i + 1}': p.exitcode for i, p in enumerate(ps) if p.exitcode}:
+        raise RuntimeError(f"worker(s) {', '.join(bad)} ended with exit code(s) "
+                           f"{', '.join(map(str, bad.values()))} (each said why above); every "
+                           "finished run is kept, and the same command goes on")
+    return pretrain_results(plan, out)
 
 # %% ../../nbs/24e_study_command.ipynb #eab688f8
 def _pretrain_status(plan, a):
@@ -124,7 +168,7 @@ def _pretrain_command(plan, a):
         print(f"controls of {plan.name}:\n{ctl.to_string()}", flush=True)
         return ctl
     if not a.status and not a.export:
-        run_pretrain_plan(plan, a.data, a.out, start_from=a.start_from, arms=arms)
+        run_pretrain_workers(plan, a.data, a.out, a.workers, a.threads, a.start_from, arms)
     if a.export:
         rows = export_pretrain(plan, a.out, a.export)
         what = {'runs.csv': 'runs', 'progress.csv': "parts of the language models' passes",
