@@ -12,7 +12,7 @@ import pandas as pd, torch
 from ..training.utils import copy_new
 from .finetune_plans import (PRETRAIN_STUDIES, PretrainPlan, pretrain_progress,
                                              run_pretrain_plan)
-from .finetune_plans import _arms_of, _start_from
+from .finetune_plans import _arm_done, _arms_of, _start_from
 from .finetune_search import pretrain_rates, pretrain_results
 from .finetune_tables import clf_progress
 from .finetune_controls import (control_progress, control_results, export_pretrain,
@@ -138,7 +138,9 @@ def _pretrain_status(plan, a):
     # the classifiers started, not finished
     running = clf_progress(folder) if folder.is_dir() else []
     ctl_running = control_progress(plan, a.out)
-    print(f"{plan.name}: {len(res)} of at least {want} runs finished; "
+    done = sum(_arm_done(plan, v, a.out) for v in plan.arms)
+    print(f"{plan.name}: {done} of {len(plan.arms)} arms finished, {len(res)} runs (at least "
+          f"{want} in all, more where a search steps past an edge); "
           f"{plan.note}\n{res.to_string()}\n"
           + (f"rates tried on the first part:\n{rates.to_string()}\n" if len(rates) else '')
           + f"language models so far:\n{prog.to_string()}"
