@@ -112,9 +112,10 @@ def run_pretrain_workers(
      "runs; Ctrl-C or SIGTERM stops them, and the same call goes on from their checkpoints.")
     for k, v in dict(workers=workers, threads=threads).items():
         if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    if workers == 1:
-        torch.set_num_threads(threads)
-        return run_pretrain_plan(plan, data, out, start_from=start_from, arms=arms)
+    if workers == 1:                                   # here, its threads restored after
+        prev = torch.get_num_threads(); torch.set_num_threads(threads)
+        try: return run_pretrain_plan(plan, data, out, start_from=start_from, arms=arms)
+        finally: torch.set_num_threads(prev)
     arms = _arms_of(plan, arms); _start_from(plan, out, start_from)   # an unknown arm: refused
     ctx = mp.get_context('spawn')
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.init}
